@@ -1,0 +1,96 @@
+#pragma once
+// One exception hierarchy for the whole library. Every message starts with
+// where it comes from in brackets and names the bad value and what was
+// expected, e.g. "[layout] Shard(2) on mesh dim 1: the tensor has 2 dims".
+#include <stdexcept>
+#include <string>
+
+namespace dtensor {
+
+/// Base of every exception dtensor throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A caller passed a value the library cannot accept.
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Text that does not parse (placements, dtypes, shapes, meshes).
+class ParseError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+/// Shapes that do not fit together (wrong rank, negative size, mismatch).
+class ShapeError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+/// A dtype that is not the one an operation needs.
+class DTypeError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+/// Placements that do not fit the tensor or mesh (shard dim out of range,
+/// wrong number of placements, a transition no plan can make).
+class LayoutError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+/// A mesh that does not multiply out to the world, an unknown dim name.
+class MeshError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+/// A feature that this build does not have (MPI, CUDA, NCCL).
+class UnsupportedError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Any failure inside a communicator.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A collective did not complete before the communicator's deadline.
+class CommTimeout : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+/// Ranks of one group called different collectives (or the same one with
+/// different roots, dtypes or sizes).
+class CollectiveMismatch : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+/// Another rank of the group failed; this rank gives up instead of waiting.
+class PeerFailed : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+/// Raised by run_threads on the calling thread when a rank threw: names the
+/// rank and carries the original message.
+class RankFailed : public Error {
+ public:
+  RankFailed(int rank, const std::string& what)
+      : Error(what), rank_(rank) {}
+  int rank() const noexcept { return rank_; }
+
+ private:
+  int rank_;
+};
+
+}  // namespace dtensor

@@ -1,0 +1,136 @@
+#pragma once
+// Tensor: a dense, contiguous, row-major array that owns (shares) its
+// storage. Copies share storage, as in PyTorch; clone() copies the data.
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "dtensor/core/dtype.h"
+#include "dtensor/core/reduce_op.h"
+#include "dtensor/core/shape.h"
+
+namespace dtensor {
+
+class Tensor {
+ public:
+  /// An undefined tensor (defined() is false).
+  Tensor() = default;
+
+  /// Uninitialised storage.
+  static Tensor empty(Shape shape, DType dtype = DType::Float32, Device device = Device::CPU);
+  static Tensor zeros(Shape shape, DType dtype = DType::Float32);
+  static Tensor ones(Shape shape, DType dtype = DType::Float32);
+  static Tensor full(Shape shape, double value, DType dtype = DType::Float32);
+  /// 0, 1, ..., n-1 reshaped to `shape`.
+  static Tensor arange(Shape shape, DType dtype = DType::Float32);
+  /// Seeded counter-based (Philox4x32-10) values: element i of the row-major
+  /// order is a pure function of (seed, i), so any part of the tensor can be
+  /// computed alone (see fill_random). Floats are uniform in [0, 1); int64 in
+  /// [-1000, 1000).
+  static Tensor rand(Shape shape, DType dtype, std::uint64_t seed);
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values, Shape shape);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int dim() const { return static_cast<int>(shape_.size()); }
+  /// Size of dim d; negative d counts from the end. ShapeError out of range.
+  std::int64_t size(int d) const;
+  std::int64_t numel() const { return numel_; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * itemsize(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  void* data() { return storage_.get(); }
+  const void* data() const { return storage_.get(); }
+  std::byte* bytes() { return storage_.get(); }
+  const std::byte* bytes() const { return storage_.get(); }
+  /// Typed view; DTypeError if T is not the tensor's dtype.
+  template <class T>
+  T* data_as();
+  template <class T>
+  const T* data_as() const;
+
+  /// Element at a full index, converted to double (for tests and printing).
+  double get(std::span<const std::int64_t> index) const;
+  double get(std::initializer_list<std::int64_t> index) const {
+    return get(std::span<const std::int64_t>(index.begin(), index.size()));
+  }
+  void set(std::span<const std::int64_t> index, double value);
+  void set(std::initializer_list<std::int64_t> index, double value) {
+    set(std::span<const std::int64_t>(index.begin(), index.size()), value);
+  }
+
+  Tensor clone() const;
+  /// Same storage, new shape of the same numel.
+  Tensor view(Shape shape) const;
+  void fill(double value);
+  void zero_();
+
+ private:
+  std::shared_ptr<std::byte[]> storage_;
+  Shape shape_;
+  std::int64_t numel_ = 0;
+  DType dtype_ = DType::Float32;
+  Device device_ = Device::CPU;
+};
+
+/// Same shape, dtype and bitwise-equal elements.
+bool equal(const Tensor& a, const Tensor& b);
+/// Same shape and dtype and |a-b| <= atol + rtol*|b| elementwise.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-6, double atol = 1e-8);
+/// Largest |a-b| / (atol + |b|) style diagnostic: max abs difference.
+double max_abs_diff(const Tensor& a, const Tensor& b);
+
+/// Copies the box `box` of `src` into a new tensor of shape box.size.
+Tensor slice_box(const Tensor& src, const Box& box);
+/// Copies `box` of `src` into `dst` at `dst_offset` (same dtype).
+void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const std::int64_t> dst_offset);
+/// Copies `box` of `src` to contiguous bytes at `out` (row-major in the box).
+void pack_box(const Tensor& src, const Box& box, std::byte* out);
+/// Inverse of pack_box: writes contiguous bytes into `box` of `dst`.
+void unpack_box(const std::byte* in, Tensor& dst, const Box& box);
+
+/// Fills `out` with the values that Tensor::rand(global_shape, dtype, seed)
+/// has at the box (offset, out.shape()), without making the full tensor.
+void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
+                 std::span<const std::int64_t> offset);
+
+/// Elementwise reduction of `count` elements: acc = op(acc, x). Avg acts as Sum
+/// (the caller divides). Used by communicators and kernels alike.
+void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op);
+/// acc /= divisor, elementwise (integer division for int64).
+void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor);
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape) {
+  Tensor t = empty(std::move(shape), dtype_of<T>());
+  if (static_cast<std::int64_t>(values.size()) != t.numel())
+    throw ShapeError(fmt::format("[tensor] from_vector: {} values for shape {} of {} elements", values.size(),
+                                 t.shape(), t.numel()));
+  std::copy(values.begin(), values.end(), t.data_as<T>());
+  return t;
+}
+
+template <class T>
+T* Tensor::data_as() {
+  if (dtype_of<T>() != dtype_)
+    throw DTypeError(fmt::format("[tensor] data_as<{}> on a {} tensor", dtype_of<T>(), dtype_));
+  return reinterpret_cast<T*>(storage_.get());
+}
+template <class T>
+const T* Tensor::data_as() const {
+  return const_cast<Tensor*>(this)->data_as<T>();
+}
+
+}  // namespace dtensor
+
+template <>
+struct fmt::formatter<dtensor::Tensor> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  fmt::format_context::iterator format(const dtensor::Tensor& t, fmt::format_context& ctx) const;
+};

@@ -1,0 +1,135 @@
+#pragma once
+// The communicator interface: what every backend (threads, MPI, NCCL)
+// implements. It knows bytes, element types and reduce ops, never placements.
+//
+// Byte accounting. Every call adds to the per-rank CommStats the bytes this
+// rank *receives* from other ranks under the bandwidth-optimal algorithm, so
+// that the planner can predict the count exactly and every backend reports
+// the same number for the same call:
+//   all_gather      sum of the other ranks' contributions
+//   all_reduce      (n-1)*seg(r) + (count - seg(r)) elements, where seg(r) is
+//                   even_split(count, n, r).size (reduce-scatter then
+//                   all-gather; 2(n-1)/n of the data when n divides count)
+//   reduce_scatter  (n-1)*counts[r] elements
+//   all_to_all      sum of recv_bytes over the other ranks
+//   broadcast       `bytes` on every rank but the root
+//   scatter         bytes[r] on every rank but the root
+//   recv            the bytes received
+// A group of one rank receives nothing. Stats are per process rank: all
+// communicators split from one world on a rank share one CommStats.
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "dtensor/core/dtype.h"
+#include "dtensor/core/reduce_op.h"
+
+namespace dtensor {
+
+enum class CollectiveKind : std::uint8_t {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Broadcast,
+  Scatter,
+  SendRecv,
+  Barrier,
+  Split,
+};
+inline constexpr int kNumCollectiveKinds = 9;
+std::string_view collective_name(CollectiveKind kind);
+
+/// Counters of one rank: calls and received bytes per kind of collective.
+struct CommStats {
+  std::array<std::uint64_t, kNumCollectiveKinds> calls{};
+  std::array<std::uint64_t, kNumCollectiveKinds> recv_bytes_by_kind{};
+  std::uint64_t recv_bytes = 0;
+
+  void record(CollectiveKind kind, std::uint64_t bytes) {
+    calls[static_cast<int>(kind)] += 1;
+    recv_bytes_by_kind[static_cast<int>(kind)] += bytes;
+    recv_bytes += bytes;
+  }
+  std::uint64_t count(CollectiveKind kind) const { return calls[static_cast<int>(kind)]; }
+  /// Calls of the data-moving collectives (all but Barrier and Split).
+  std::uint64_t data_collectives() const;
+  void reset() { *this = CommStats{}; }
+};
+/// Counter difference, for "what happened in this scope".
+CommStats operator-(const CommStats& after, const CommStats& before);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;
+
+  /// Elementwise reduction of `count` elements of `dtype` over all ranks;
+  /// every rank gets the result. send == recv (in place) is allowed. Avg is
+  /// the sum divided by size() (integer division for int64).
+  virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+
+  /// Rank i contributes recv_bytes[i] bytes (its own entry says how much
+  /// `send` holds); `recv` gets the concatenation in rank order. Sizes may
+  /// differ and be zero. recv_bytes.size() == size().
+  virtual void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) = 0;
+
+  /// `send` holds size() blocks, block i of counts[i] elements; rank r gets
+  /// the reduction of block r over all ranks in `recv`.
+  virtual void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                              ReduceOp op) = 0;
+
+  /// Rank r sends send_bytes[p] bytes from send + send_offsets[p] to rank p,
+  /// and receives recv_bytes[p] bytes from rank p at recv + recv_offsets[p].
+  /// The self entry is copied locally. All spans have size() entries.
+  virtual void all_to_all(const void* send, std::span<const std::size_t> send_bytes,
+                          std::span<const std::size_t> send_offsets, void* recv,
+                          std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) = 0;
+
+  /// `bytes` from root's buf to every rank's buf.
+  virtual void broadcast(void* buf, std::size_t bytes, int root) = 0;
+
+  /// Root holds size() blocks back to back, block i of bytes[i]; rank i gets
+  /// block i in `recv`. `send` is read on the root only.
+  virtual void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) = 0;
+
+  /// Point to point; a send is matched by the recv with the same (src, tag).
+  virtual void send(const void* buf, std::size_t bytes, int dst, int tag = 0) = 0;
+  virtual void recv(void* buf, std::size_t bytes, int src, int tag = 0) = 0;
+
+  virtual void barrier() = 0;
+
+  /// Collective over this communicator: ranks with the same color form a new
+  /// communicator, ordered by key (ties by rank). color < 0: no group, nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  /// How long any wait may last before CommTimeout.
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  /// This process rank's counters (shared by every communicator split from
+  /// the same world on this rank).
+  virtual CommStats& stats() = 0;
+  const CommStats& stats() const { return const_cast<Communicator*>(this)->stats(); }
+
+  /// Equal-size all_gather: every rank contributes `bytes`.
+  void all_gather(const void* send, void* recv, std::size_t bytes);
+};
+
+}  // namespace dtensor
+
+template <>
+struct fmt::formatter<dtensor::CollectiveKind> : fmt::formatter<std::string_view> {
+  auto format(dtensor::CollectiveKind k, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(dtensor::collective_name(k), ctx);
+  }
+};

@@ -1,0 +1,52 @@
+#pragma once
+// The planner: a pure function of metadata that finds the cheapest sequence
+// of steps turning one layout into another. It never sees a communicator.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dtensor/core/dtype.h"
+#include "dtensor/core/placement.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/redistribute/cost_model.h"
+#include "dtensor/redistribute/plan.h"
+
+namespace dtensor {
+
+struct PlanRequest {
+  Shape mesh_shape;
+  Shape global_shape;
+  DType dtype = DType::Float32;
+  Layout from;
+  Layout to;
+  CostModel cost{};
+  bool operator==(const PlanRequest&) const = default;
+  std::size_t hash() const;
+};
+
+/// Searches over intermediate layouts (Dijkstra) with per-mesh-dim and
+/// per-group collectives, local steps, and a direct Exchange. Validates the
+/// request (LayoutError / ShapeError naming the bad value). Rejects
+/// Partial(op1) -> Partial(op2) on the same mesh dim and Shard -> Partial
+/// without a reduction in between only where no plan exists.
+Plan plan_redistribute(const PlanRequest& request);
+
+/// The plan from the calling thread's cache (computed on a miss). A hit
+/// costs a hash and a compare of the request: well under a microsecond.
+const Plan& cached_plan(const PlanRequest& request);
+
+struct PlanCacheStats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+};
+/// This thread's cache counters, and a way to empty it (for benchmarks).
+PlanCacheStats plan_cache_stats();
+void clear_plan_cache();
+
+/// The region a rank must hold real data for under `layout`: its local box,
+/// or nothing where a Partial(sum) mesh dim has a non-zero coordinate (those
+/// ranks hold zeros).
+Box needed_box(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
+               const Layout& layout, std::span<const std::int64_t> coord);
+
+}  // namespace dtensor
