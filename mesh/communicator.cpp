@@ -1,1 +1,55 @@
-// placeholder
+#include "dtensor/mesh/communicator.h"
+
+#include <vector>
+
+namespace dtensor {
+
+std::string_view collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllToAll: return "all_to_all";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Scatter: return "scatter";
+    case CollectiveKind::SendRecv: return "send_recv";
+    case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::Split: return "split";
+  }
+  return "unknown";
+}
+
+std::uint64_t CommStats::data_collectives() const {
+  std::uint64_t total = 0;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    auto kind = static_cast<CollectiveKind>(k);
+    if (kind != CollectiveKind::Barrier && kind != CollectiveKind::Split) total += calls[k];
+  }
+  return total;
+}
+
+CommStats operator-(const CommStats& after, const CommStats& before) {
+  CommStats d;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    d.calls[k] = after.calls[k] - before.calls[k];
+    d.recv_bytes_by_kind[k] = after.recv_bytes_by_kind[k] - before.recv_bytes_by_kind[k];
+  }
+  d.recv_bytes = after.recv_bytes - before.recv_bytes;
+  return d;
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::size_t bytes) {
+  // Small groups (the common case) keep the size list on the stack.
+  constexpr int kInline = 64;
+  const int n = size();
+  if (n <= kInline) {
+    std::array<std::size_t, kInline> sizes;
+    sizes.fill(bytes);
+    all_gather(send, recv, std::span<const std::size_t>(sizes.data(), static_cast<std::size_t>(n)));
+  } else {
+    std::vector<std::size_t> sizes(static_cast<std::size_t>(n), bytes);
+    all_gather(send, recv, std::span<const std::size_t>(sizes));
+  }
+}
+
+}  // namespace dtensor

@@ -1,1 +1,338 @@
-// placeholder
+#include "dtensor/core/tensor.h"
+
+#include <Random123/philox.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+
+#include "dtensor/core/error.h"
+
+namespace dtensor {
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+
+std::shared_ptr<std::byte[]> allocate(std::size_t bytes) {
+  // Round up so that a zero-byte tensor still has a valid, unique pointer.
+  std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  auto* raw = static_cast<std::byte*>(::operator new[](rounded, std::align_val_t(kAlignment)));
+  return std::shared_ptr<std::byte[]>(raw, [](std::byte* p) { ::operator delete[](p, std::align_val_t(kAlignment)); });
+}
+
+std::int64_t linear_index(const Tensor& t, std::span<const std::int64_t> index) {
+  if (static_cast<int>(index.size()) != t.dim())
+    throw ShapeError(fmt::format("[tensor] index of {} dims for a tensor of {} dims", index.size(), t.dim()));
+  std::int64_t lin = 0;
+  for (int d = 0; d < t.dim(); ++d) {
+    if (index[d] < 0 || index[d] >= t.shape()[d])
+      throw ShapeError(fmt::format("[tensor] index {} out of range for dim {} of size {}", index[d], d, t.shape()[d]));
+    lin = lin * t.shape()[d] + index[d];
+  }
+  return lin;
+}
+
+// Calls fn(src_row_offset, dst_row_offset) in elements for every row (last
+// dim run) of a box copy between two row-major tensors.
+template <class Fn>
+void for_each_row(const Shape& src_shape, const Shape& src_off, const Shape& dst_shape, const Shape& dst_off,
+                  const Shape& size, Fn&& fn) {
+  const int nd = static_cast<int>(size.size());
+  if (numel(size) == 0) return;
+  if (nd == 0) {
+    fn(0, 0, 1);
+    return;
+  }
+  Shape ss = row_major_strides(src_shape), ds = row_major_strides(dst_shape);
+  std::int64_t row = size[nd - 1];
+  // Merge trailing dims that are whole in both tensors into one long row.
+  int last = nd - 1;
+  while (last > 0 && size[last] == src_shape[last] && size[last] == dst_shape[last] && src_off[last] == 0 &&
+         dst_off[last] == 0) {
+    --last;
+    row *= size[last];
+  }
+  // Now the row spans dims last..nd-1 starting at the box's offsets.
+  Shape idx(last, 0);
+  std::int64_t sbase = 0, dbase = 0;
+  for (int d = last; d < nd; ++d) {
+    sbase += src_off[d] * ss[d];
+    dbase += dst_off[d] * ds[d];
+  }
+  while (true) {
+    std::int64_t so = sbase, dof = dbase;
+    for (int d = 0; d < last; ++d) {
+      so += (src_off[d] + idx[d]) * ss[d];
+      dof += (dst_off[d] + idx[d]) * ds[d];
+    }
+    fn(so, dof, row);
+    int d = last - 1;
+    while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}
+
+void check_box(const Shape& shape, const Box& box, std::string_view what) {
+  if (box.ndim() != static_cast<int>(shape.size()) || static_cast<int>(box.offset.size()) != box.ndim())
+    throw ShapeError(fmt::format("[tensor] {}: box {} has {} dims, the tensor {}", what, box, box.ndim(), shape.size()));
+  for (int d = 0; d < box.ndim(); ++d)
+    if (box.size[d] < 0 || (box.size[d] > 0 && (box.offset[d] < 0 || box.offset[d] + box.size[d] > shape[d])))
+      throw ShapeError(fmt::format("[tensor] {}: box {} does not fit shape {}", what, box, fmt::join(shape, "x")));
+}
+
+}  // namespace
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  check_shape(shape, "tensor");
+  if (device != Device::CPU)
+    throw UnsupportedError(fmt::format("[tensor] device {} is not available in this build", device));
+  Tensor t;
+  t.numel_ = dtensor::numel(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = allocate(t.nbytes());
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::ones(Shape shape, DType dtype) { return full(std::move(shape), 1.0, dtype); }
+
+Tensor Tensor::full(Shape shape, double value, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::arange(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data_as<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(i);
+  });
+  return t;
+}
+
+Tensor Tensor::rand(Shape shape, DType dtype, std::uint64_t seed) {
+  Tensor t = empty(shape, dtype);
+  Shape offset(shape.size(), 0);
+  fill_random(t, seed, shape, offset);
+  return t;
+}
+
+std::int64_t Tensor::size(int d) const {
+  int nd = dim();
+  int r = d < 0 ? d + nd : d;
+  if (r < 0 || r >= nd) throw ShapeError(fmt::format("[tensor] dim {} out of range for a {}-d tensor", d, nd));
+  return shape_[r];
+}
+
+double Tensor::get(std::span<const std::int64_t> index) const {
+  std::int64_t i = linear_index(*this, index);
+  return visit_dtype(dtype_, [&](auto zero) {
+    using T = decltype(zero);
+    return static_cast<double>(data_as<T>()[i]);
+  });
+}
+
+void Tensor::set(std::span<const std::int64_t> index, double value) {
+  std::int64_t i = linear_index(*this, index);
+  visit_dtype(dtype_, [&](auto zero) {
+    using T = decltype(zero);
+    data_as<T>()[i] = static_cast<T>(value);
+  });
+}
+
+Tensor Tensor::clone() const {
+  if (!defined()) return Tensor();
+  Tensor t = empty(shape_, dtype_, device_);
+  std::memcpy(t.data(), data(), nbytes());
+  return t;
+}
+
+Tensor Tensor::view(Shape shape) const {
+  check_shape(shape, "tensor");
+  if (dtensor::numel(shape) != numel_)
+    throw ShapeError(fmt::format("[tensor] view as {} ({} elements) of a tensor of shape {} ({} elements)",
+                                 fmt::join(shape, "x"), dtensor::numel(shape), fmt::join(shape_, "x"), numel_));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+void Tensor::fill(double value) {
+  visit_dtype(dtype_, [&](auto zero) {
+    using T = decltype(zero);
+    std::fill_n(data_as<T>(), numel_, static_cast<T>(value));
+  });
+}
+
+void Tensor::zero_() {
+  if (defined()) std::memset(data(), 0, nbytes());
+}
+
+bool equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return INFINITY;
+  return visit_dtype(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* pa = a.data_as<T>();
+    const T* pb = b.data_as<T>();
+    double m = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+      double d = std::abs(static_cast<double>(pa[i]) - static_cast<double>(pb[i]));
+      if (std::isnan(d)) return static_cast<double>(INFINITY);
+      m = std::max(m, d);
+    }
+    return m;
+  });
+}
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return visit_dtype(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* pa = a.data_as<T>();
+    const T* pb = b.data_as<T>();
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+      double x = static_cast<double>(pa[i]), y = static_cast<double>(pb[i]);
+      if (!(std::abs(x - y) <= atol + rtol * std::abs(y))) return false;
+    }
+    return true;
+  });
+}
+
+Tensor slice_box(const Tensor& src, const Box& box) {
+  Tensor out = Tensor::empty(box.size, src.dtype());
+  Shape zero(box.ndim(), 0);
+  copy_box(src, box, out, zero);
+  return out;
+}
+
+void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const std::int64_t> dst_offset) {
+  check_box(src.shape(), box, "copy_box source");
+  if (src.dtype() != dst.dtype())
+    throw DTypeError(fmt::format("[tensor] copy_box from {} to {}", src.dtype(), dst.dtype()));
+  Box dbox{Shape(dst_offset.begin(), dst_offset.end()), box.size};
+  check_box(dst.shape(), dbox, "copy_box destination");
+  const std::size_t is = itemsize(src.dtype());
+  const std::byte* s = src.bytes();
+  std::byte* d = dst.bytes();
+  for_each_row(src.shape(), box.offset, dst.shape(), dbox.offset, box.size,
+               [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(d + dof * is, s + so * is, n * is); });
+}
+
+void pack_box(const Tensor& src, const Box& box, std::byte* out) {
+  check_box(src.shape(), box, "pack_box");
+  const std::size_t is = itemsize(src.dtype());
+  const std::byte* s = src.bytes();
+  Shape zero(box.ndim(), 0);
+  for_each_row(src.shape(), box.offset, box.size, zero, box.size,
+               [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(out + dof * is, s + so * is, n * is); });
+}
+
+void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
+  check_box(dst.shape(), box, "unpack_box");
+  const std::size_t is = itemsize(dst.dtype());
+  std::byte* d = dst.bytes();
+  Shape zero(box.ndim(), 0);
+  for_each_row(box.size, zero, dst.shape(), box.offset, box.size,
+               [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(d + dof * is, in + so * is, n * is); });
+}
+
+void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
+                 std::span<const std::int64_t> offset) {
+  if (global_shape.size() != out.shape().size() || offset.size() != out.shape().size())
+    throw ShapeError(fmt::format("[tensor] fill_random: a {}-d box of a {}-d tensor", out.dim(), global_shape.size()));
+  Box box{Shape(offset.begin(), offset.end()), out.shape()};
+  check_box(Shape(global_shape.begin(), global_shape.end()), box, "fill_random");
+  r123::Philox4x32 rng;
+  r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+  const DType dtype = out.dtype();
+  std::byte* base = out.bytes();
+  Shape zero(box.ndim(), 0);
+  Shape gshape(global_shape.begin(), global_shape.end());
+  for_each_row(gshape, box.offset, out.shape(), zero, box.size, [&](std::int64_t gi, std::int64_t li, std::int64_t n) {
+    for (std::int64_t k = 0; k < n; ++k) {
+      std::uint64_t g = static_cast<std::uint64_t>(gi + k);
+      r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(g >> 32), 0, 0}};
+      auto r = rng(ctr, key);
+      switch (dtype) {
+        case DType::Float32:
+          reinterpret_cast<float*>(base)[li + k] = static_cast<float>(r.v[0] >> 8) * (1.0f / 16777216.0f);
+          break;
+        case DType::Float64: {
+          std::uint64_t bits = (static_cast<std::uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
+          reinterpret_cast<double*>(base)[li + k] = static_cast<double>(bits) * (1.0 / 9007199254740992.0);
+          break;
+        }
+        case DType::Int64:
+          reinterpret_cast<std::int64_t*>(base)[li + k] = static_cast<std::int64_t>(r.v[0] % 2000) - 1000;
+          break;
+        default:
+          visit_dtype(dtype, [](auto) {});  // throws DTypeError naming the dtype
+      }
+    }
+  });
+}
+
+namespace {
+template <class T, class Op>
+void reduce_loop(T* __restrict acc, const T* __restrict x, std::size_t n, Op op) {
+  for (std::size_t i = 0; i < n; ++i) acc[i] = op(acc[i], x[i]);
+}
+}  // namespace
+
+void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op) {
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* a = static_cast<T*>(acc);
+    const T* b = static_cast<const T*>(x);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: reduce_loop(a, b, count, [](T u, T v) { return u + v; }); break;
+      case ReduceOp::Max: reduce_loop(a, b, count, [](T u, T v) { return u < v ? v : u; }); break;
+      case ReduceOp::Min: reduce_loop(a, b, count, [](T u, T v) { return v < u ? v : u; }); break;
+    }
+  });
+}
+
+void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* a = static_cast<T*>(acc);
+    const T d = static_cast<T>(divisor);
+    for (std::size_t i = 0; i < count; ++i) a[i] /= d;
+  });
+}
+
+}  // namespace dtensor
+
+fmt::format_context::iterator fmt::formatter<dtensor::Tensor>::format(const dtensor::Tensor& t,
+                                                                      fmt::format_context& ctx) const {
+  auto out = ctx.out();
+  if (!t.defined()) return fmt::format_to(out, "Tensor(undefined)");
+  out = fmt::format_to(out, "Tensor({}, {}", fmt::join(t.shape(), "x"), t.dtype());
+  const std::int64_t shown = std::min<std::int64_t>(t.numel(), 16);
+  if (shown > 0) {
+    out = fmt::format_to(out, ", [");
+    dtensor::visit_dtype(t.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const T* p = t.data_as<T>();
+      for (std::int64_t i = 0; i < shown; ++i) out = fmt::format_to(out, "{}{}", i ? ", " : "", p[i]);
+    });
+    out = fmt::format_to(out, "{}]", t.numel() > shown ? ", ..." : "");
+  }
+  return fmt::format_to(out, ")");
+}

@@ -1,0 +1,147 @@
+#include "dtensor/api/dtensor_tensor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "dtensor/core/error.h"
+#include "dtensor/redistribute/executor.h"
+#include "dtensor/redistribute/planner.h"
+
+namespace dtensor {
+namespace {
+
+// The box a rank must be sent when the full tensor is distributed: nothing
+// where a Partial(sum) mesh dim has a non-zero coordinate (it holds zeros).
+Box distributed_box(const DeviceMesh& mesh, const Shape& global, const Layout& layout, int rank) {
+  return needed_box(mesh.shape(), global, layout, mesh.coordinate_of(rank));
+}
+
+}  // namespace
+
+DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost)
+    : local_(std::move(local)),
+      mesh_(std::move(mesh)),
+      layout_(std::move(layout)),
+      global_shape_(std::move(global_shape)),
+      cost_(std::move(cost)) {}
+
+DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements, std::optional<Shape> global_shape) {
+  if (!local.defined()) throw ValueError("[from_local] the local tensor is undefined");
+  const int nd = local.dim();
+  Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
+  Shape global;
+  if (global_shape) {
+    if (static_cast<int>(global_shape->size()) != nd)
+      throw ShapeError(fmt::format("[from_local] global shape {} has {} dims, the local tensor {} has {}",
+                                   fmt::join(*global_shape, "x"), global_shape->size(), fmt::join(local.shape(), "x"), nd));
+    global = *global_shape;
+  } else {
+    // Every rank learns every local shape, sums the leaves of each sharded
+    // dim's split, and checks that chunk semantics reproduce every shape.
+    const int n = static_cast<int>(mesh.size());
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n) * nd);
+    mesh.comm().all_gather(local.shape().data(), all.data(), nd * sizeof(std::int64_t));
+    global = local.shape();
+    for (int d = 0; d < nd; ++d) {
+      std::vector<int> sharding = layout.split_order(d);
+      if (sharding.empty()) continue;
+      std::int64_t total = 0;
+      for (int r = 0; r < n; ++r) {
+        Shape c = mesh.coordinate_of(r);
+        bool on_axis = true;
+        for (int m = 0; m < mesh.ndim(); ++m)
+          if (c[m] != 0 && std::find(sharding.begin(), sharding.end(), m) == sharding.end()) on_axis = false;
+        if (on_axis) total += all[static_cast<std::size_t>(r) * nd + d];
+      }
+      global[d] = total;
+    }
+    for (int r = 0; r < n; ++r) {
+      Box b = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate_of(r));
+      Shape got(all.begin() + static_cast<std::ptrdiff_t>(r) * nd, all.begin() + static_cast<std::ptrdiff_t>(r + 1) * nd);
+      if (b.size != got)
+        throw ShapeError(fmt::format(
+            "[from_local] rank {} holds a {} shard, but {} of a {} tensor gives it {}: pass global_shape or "
+            "shards that follow torch.chunk",
+            r, fmt::join(got, "x"), layout, fmt::join(global, "x"), fmt::join(b.size, "x")));
+    }
+    return DTensor(std::move(local), mesh, std::move(layout), std::move(global), CostModel{});
+  }
+  Box b = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate());
+  if (b.size != local.shape())
+    throw ShapeError(fmt::format("[from_local] rank {} passed a {} shard; {} of a {} tensor on mesh {} gives it {}",
+                                 mesh.rank(), fmt::join(local.shape(), "x"), layout, fmt::join(global, "x"),
+                                 fmt::join(mesh.shape(), "x"), fmt::join(b.size, "x")));
+  return DTensor(std::move(local), mesh, std::move(layout), std::move(global), CostModel{});
+}
+
+Box DTensor::local_box() const { return dtensor::local_box(mesh_.shape(), global_shape_, layout_, mesh_.coordinate()); }
+
+const Plan& DTensor::plan_to(const Layout& placements) const {
+  PlanRequest request{mesh_.shape(), global_shape_, local_.dtype(), layout_,
+                      validate_layout(placements, mesh_.shape(), global_shape_), cost_};
+  return cached_plan(request);
+}
+
+DTensor DTensor::redistribute(const Layout& placements) const {
+  if (placements == layout_) return *this;
+  const Plan& plan = plan_to(placements);
+  Tensor out = execute_plan(plan, mesh_, local_);
+  return DTensor(std::move(out), mesh_, plan.to, global_shape_, cost_);
+}
+
+Tensor DTensor::full_tensor() const { return redistribute(Layout::replicated(mesh_.ndim())).to_local(); }
+
+DTensor DTensor::with_cost_model(CostModel cost) const {
+  return DTensor(local_, mesh_, layout_, global_shape_, std::move(cost));
+}
+
+DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layout& placements, int src_rank) {
+  Communicator& comm = mesh.comm();
+  if (src_rank < 0 || src_rank >= comm.size())
+    throw ValueError(fmt::format("[distribute_tensor] src_rank {} is not a rank of a mesh of {}", src_rank, comm.size()));
+  const bool is_src = comm.rank() == src_rank;
+  if (is_src && !full.defined()) throw ValueError("[distribute_tensor] the source rank passed an undefined tensor");
+  // The source tells everyone the shape and dtype, so other ranks need not
+  // hold (or even know) the full tensor.
+  std::int64_t header[2] = {is_src ? full.dim() : 0, is_src ? static_cast<std::int64_t>(full.dtype()) : 0};
+  comm.broadcast(header, sizeof header, src_rank);
+  Shape global(static_cast<std::size_t>(header[0]));
+  if (is_src) global = full.shape();
+  comm.broadcast(global.data(), global.size() * sizeof(std::int64_t), src_rank);
+  const DType dtype = static_cast<DType>(header[1]);
+  Layout layout = validate_layout(placements, mesh.shape(), global);
+
+  const int n = comm.size();
+  const std::size_t is = itemsize(dtype);
+  std::vector<std::size_t> bytes(n);
+  std::vector<Box> boxes;
+  boxes.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    boxes.push_back(distributed_box(mesh, global, layout, r));
+    bytes[r] = static_cast<std::size_t>(boxes.back().numel()) * is;
+  }
+  std::vector<std::byte> packed;
+  if (is_src) {
+    std::size_t total = 0;
+    for (auto b : bytes) total += b;
+    packed.resize(total);
+    std::size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      pack_box(full, boxes[r], packed.data() + at);
+      at += bytes[r];
+    }
+  }
+  Box mine = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate());
+  Tensor local = Tensor::empty(mine.size, dtype);
+  if (boxes[comm.rank()].empty()) local.zero_();
+  comm.scatter(packed.data(), bytes, local.data(), src_rank);
+  return DTensor::from_local(std::move(local), mesh, layout, global);
+}
+
+}  // namespace dtensor
+
+fmt::format_context::iterator fmt::formatter<dtensor::DTensor>::format(const dtensor::DTensor& t,
+                                                                       fmt::format_context& ctx) const {
+  return fmt::format_to(ctx.out(), "DTensor({}, {}, mesh {}, {}, local {})", fmt::join(t.shape(), "x"), t.dtype(),
+                        fmt::join(t.mesh().shape(), "x"), t.placements(), fmt::join(t.to_local().shape(), "x"));
+}

@@ -1,0 +1,70 @@
+#pragma once
+// DTensor: a global tensor of which each rank holds only its own shard.
+#include <cstdint>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "dtensor/core/placement.h"
+#include "dtensor/core/tensor.h"
+#include "dtensor/mesh/device_mesh.h"
+#include "dtensor/redistribute/cost_model.h"
+#include "dtensor/redistribute/plan.h"
+
+namespace dtensor {
+
+class DTensor {
+ public:
+  /// Wraps this rank's shard. Without `global_shape` it is inferred from the
+  /// local shapes: sizes of sharded dims are summed over the shard groups
+  /// with one all_gather of the local shapes (exact for uneven shards, where
+  /// PyTorch's inference is wrong, #110762). With it, the local shape is
+  /// checked against the layout (ShapeError naming both).
+  static DTensor from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
+                            std::optional<Shape> global_shape = std::nullopt);
+
+  /// This rank's shard (shares storage).
+  const Tensor& to_local() const { return local_; }
+  /// The whole tensor on every rank (redistributes to all-Replicate).
+  Tensor full_tensor() const;
+  /// The same global tensor under another layout; the planner picks the
+  /// steps, cached per (mesh, shape, dtype, layouts, cost model).
+  DTensor redistribute(const Layout& placements) const;
+  /// The plan redistribute() would run.
+  const Plan& plan_to(const Layout& placements) const;
+
+  const Layout& placements() const { return layout_; }
+  const Shape& shape() const { return global_shape_; }
+  int dim() const { return static_cast<int>(global_shape_.size()); }
+  DType dtype() const { return local_.dtype(); }
+  const DeviceMesh& mesh() const { return mesh_; }
+  /// The box of the global tensor this rank holds.
+  Box local_box() const;
+
+  /// The cost model used for this tensor's redistributions.
+  const CostModel& cost_model() const { return cost_; }
+  DTensor with_cost_model(CostModel cost) const;
+
+ private:
+  DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost);
+  Tensor local_;
+  DeviceMesh mesh_;
+  Layout layout_;
+  Shape global_shape_;
+  CostModel cost_;
+};
+
+/// Splits `full` (read on `src_rank` only; other ranks may pass an undefined
+/// Tensor) into shards and sends each rank its own: one scatter of the
+/// packed shards. Replicated mesh dims get copies; Partial(sum) keeps the
+/// values on coordinate 0 and zeros elsewhere; Partial(avg|max|min) copies.
+/// No rank but src_rank ever holds more than its shard.
+DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layout& placements, int src_rank = 0);
+
+}  // namespace dtensor
+
+template <>
+struct fmt::formatter<dtensor::DTensor> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  fmt::format_context::iterator format(const dtensor::DTensor& t, fmt::format_context& ctx) const;
+};
