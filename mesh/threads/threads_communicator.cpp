@@ -1,1 +1,721 @@
-// placeholder
+// The threads backend. Every collective is one round over the group's slot
+// table:
+//   A  each rank posts a descriptor of its call and its buffer pointers into
+//      its slot and waits for the whole group (abortable: a peer failure or a
+//      timeout breaks the group, and A then never completes for anyone);
+//      every rank then checks the same table for agreement, so either all
+//      ranks of the group proceed or all throw CollectiveMismatch;
+//   M  (all_reduce, split) a second phase boundary;
+//   B  a closing barrier, after which no peer reads this rank's buffers any
+//      more, so the caller may reuse or free them.
+// Ranks read straight from each other's buffers between A and B; nothing is
+// staged centrally. Slots are double-buffered by round parity: a fast rank
+// posting round k+1 never overwrites what a slow rank still reads of round k
+// (round k+2 cannot start before every rank has left round k's A).
+// M and B are not abortable: every rank that passed A reaches them without
+// blocking on anything else, and leaving early would free buffers a peer may
+// still be reading.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtensor/core/error.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/core/tensor.h"
+#include "dtensor/mesh/threads.h"
+
+namespace dtensor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Elements reduced per step: the accumulator block stays in cache while every
+// peer's block is folded into it.
+constexpr std::size_t kReduceBlockBytes = 32 * 1024;
+
+struct Group;
+
+struct World {
+  World(int n, ThreadsOptions o) : size(n), options(o), stats(static_cast<std::size_t>(n)) {}
+
+  int size;
+  ThreadsOptions options;
+  std::vector<CommStats> stats;  // one per process rank, touched by its own thread only
+
+  std::atomic<bool> failed{false};
+  // Written once, before `failed` is released; read only after acquiring it.
+  int failed_rank = -1;
+  std::string failed_msg;
+
+  std::mutex mu;
+  std::vector<std::weak_ptr<Group>> groups;
+
+  void add_group(const std::shared_ptr<Group>& g) {
+    std::lock_guard lock(mu);
+    std::erase_if(groups, [](const std::weak_ptr<Group>& w) { return w.expired(); });
+    groups.push_back(g);
+  }
+  void fail(int rank, std::string msg);
+  bool has_failed() const { return failed.load(std::memory_order_acquire); }
+};
+
+struct Descriptor {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  DType dtype = DType::Float32;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  std::size_t count = 0;             // all_reduce elements, broadcast bytes
+  const std::size_t* v0 = nullptr;   // per-rank sizes (n entries) the group must agree on
+  const std::size_t* v1 = nullptr;   // all_to_all: recv_bytes
+  int color = 0, key = 0;            // split
+};
+
+struct alignas(64) Slot {
+  std::uint64_t seq = ~std::uint64_t{0};  // round this slot was posted for
+  Descriptor desc;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  const std::size_t* send_offsets = nullptr;
+  const std::size_t* recv_offsets = nullptr;
+  std::shared_ptr<Group> new_group;  // split: the leader publishes the group here
+};
+
+struct Message {
+  std::vector<std::byte> data;
+};
+
+struct Group {
+  Group(std::vector<int> ranks) : n(static_cast<int>(ranks.size())), world_ranks(std::move(ranks)) {
+    slots.resize(static_cast<std::size_t>(2 * n));
+  }
+  Slot& slot(int rank, std::uint64_t seq) { return slots[static_cast<std::size_t>(2 * rank) + (seq & 1)]; }
+
+  const int n;
+  const std::vector<int> world_ranks;  // group rank -> process rank
+
+  std::mutex mu;
+  std::condition_variable cv;       // barrier
+  std::condition_variable mail_cv;  // mailboxes
+  int arrived = 0;
+  std::uint64_t gen = 0;
+  // Set when a rank left barrier A without it completing: the round can
+  // never complete, and every later call on the group fails at once.
+  bool broken = false;
+  bool broken_by_timeout = false;
+  std::string broken_msg;
+
+  std::vector<Slot> slots;  // [rank][round parity]
+  std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag)
+};
+
+void World::fail(int rank, std::string msg) {
+  std::vector<std::shared_ptr<Group>> live;
+  {
+    std::lock_guard lock(mu);
+    if (!failed.load(std::memory_order_relaxed)) {
+      failed_rank = rank;
+      failed_msg = std::move(msg);
+      failed.store(true, std::memory_order_release);
+    }
+    for (auto& w : groups)
+      if (auto g = w.lock()) live.push_back(std::move(g));
+  }
+  // Taking each group's lock after setting the flag means every waiter has
+  // either seen the flag or is already blocked and gets this notification.
+  for (auto& g : live) {
+    { std::lock_guard lock(g->mu); }
+    g->cv.notify_all();
+    g->mail_cv.notify_all();
+  }
+}
+
+std::string sizes_text(const std::size_t* v, int n) {
+  if (v == nullptr) return "[]";
+  std::string out = "[";
+  for (int i = 0; i < n; ++i) {
+    if (i == 8) {
+      out += fmt::format(", ... ({} entries)", n);
+      break;
+    }
+    out += fmt::format("{}{}", i ? ", " : "", v[i]);
+  }
+  return out + "]";
+}
+
+std::string describe(const Descriptor& d, int n) {
+  const auto name = collective_name(d.kind);
+  switch (d.kind) {
+    case CollectiveKind::AllReduce:
+      return fmt::format("{}(count={}, dtype={}, op={})", name, d.count, d.dtype, d.op);
+    case CollectiveKind::AllGather: return fmt::format("{}(recv_bytes={})", name, sizes_text(d.v0, n));
+    case CollectiveKind::ReduceScatter:
+      return fmt::format("{}(counts={}, dtype={}, op={})", name, sizes_text(d.v0, n), d.dtype, d.op);
+    case CollectiveKind::AllToAll:
+      return fmt::format("{}(send_bytes={}, recv_bytes={})", name, sizes_text(d.v0, n), sizes_text(d.v1, n));
+    case CollectiveKind::Broadcast: return fmt::format("{}(bytes={}, root={})", name, d.count, d.root);
+    case CollectiveKind::Scatter: return fmt::format("{}(bytes={}, root={})", name, sizes_text(d.v0, n), d.root);
+    default: return fmt::format("{}()", name);
+  }
+}
+
+bool same_sizes(const std::size_t* a, const std::size_t* b, int n) {
+  return n == 0 || std::equal(a, a + n, b);
+}
+
+std::size_t prefix(std::span<const std::size_t> v, int i) {
+  std::size_t s = 0;
+  for (int j = 0; j < i; ++j) s += v[static_cast<std::size_t>(j)];
+  return s;
+}
+std::size_t prefix(const std::size_t* v, int i) {
+  std::size_t s = 0;
+  for (int j = 0; j < i; ++j) s += v[j];
+  return s;
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+class ThreadsCommunicator final : public Communicator {
+ public:
+  ThreadsCommunicator(std::shared_ptr<World> world, std::shared_ptr<Group> group, int rank)
+      : world_(std::move(world)), group_(std::move(group)), rank_(rank),
+        world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]),
+        stats_(&world_->stats[static_cast<std::size_t>(world_rank_)]) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->n; }
+  std::string_view backend() const override { return "threads"; }
+  std::chrono::milliseconds timeout() const override { return world_->options.timeout; }
+  CommStats& stats() override { return *stats_; }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    constexpr auto kind = CollectiveKind::AllReduce;
+    const std::size_t isz = check_dtype(kind, dtype);
+    const int n = size();
+    const auto deadline = enter(kind);
+    if (n == 1) {
+      copy_bytes(recv, send, count * isz);
+      stats_->record(kind, 0);
+      return;
+    }
+    Slot s;
+    s.desc = {.kind = kind, .dtype = dtype, .op = op, .count = count};
+    s.send = send;
+    s.recv = recv;
+    const auto seq = post(s, deadline);
+
+    const auto seg = even_split(static_cast<std::int64_t>(count), n, rank_);
+    const std::size_t seg_off = static_cast<std::size_t>(seg.offset) * isz;
+    const std::size_t seg_elems = static_cast<std::size_t>(seg.size);
+    // Reduce-scatter: this rank owns segment r and folds every peer's
+    // segment r into its own recv. In place, peers read only segments p != r
+    // of this buffer, so writing segment r is race-free.
+    auto* acc = static_cast<std::byte*>(recv) + seg_off;
+    const auto* own = static_cast<const std::byte*>(send) + seg_off;
+    const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
+    for (std::size_t b = 0; b < seg_elems; b += block) {
+      const std::size_t m = std::min(block, seg_elems - b);
+      copy_bytes(acc + b * isz, own + b * isz, m * isz);
+      for (int k = 1; k < n; ++k) {
+        const int p = (rank_ + k) % n;
+        const auto* src = static_cast<const std::byte*>(group_->slot(p, seq).send) + seg_off + b * isz;
+        reduce_into(acc + b * isz, src, m, dtype, op);
+      }
+    }
+    if (op == ReduceOp::Avg && seg_elems != 0) divide_by(acc, seg_elems, dtype, n);
+    wait_phase(kind, deadline);
+    // All-gather: copy every other segment from its owner's recv. After M no
+    // one reads send buffers, so overwriting them in place is safe.
+    for (int k = 1; k < n; ++k) {
+      const int p = (rank_ + k) % n;
+      const auto sp = even_split(static_cast<std::int64_t>(count), n, p);
+      const std::size_t off = static_cast<std::size_t>(sp.offset) * isz;
+      copy_bytes(static_cast<std::byte*>(recv) + off,
+                 static_cast<const std::byte*>(group_->slot(p, seq).recv) + off,
+                 static_cast<std::size_t>(sp.size) * isz);
+    }
+    wait_phase(kind, deadline);
+    stats_->record(kind, ((n - 1) * seg_elems + (count - seg_elems)) * isz);
+  }
+
+  void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
+    constexpr auto kind = CollectiveKind::AllGather;
+    const int n = size();
+    check_entries(kind, "recv_bytes", recv_bytes.size());
+    const auto deadline = enter(kind);
+    auto* out = static_cast<std::byte*>(recv);
+    const std::size_t my_off = prefix(recv_bytes, rank_);
+    if (n == 1) {
+      copy_bytes(out + my_off, send, recv_bytes[0]);
+      stats_->record(kind, 0);
+      return;
+    }
+    Slot s;
+    s.desc = {.kind = kind, .v0 = recv_bytes.data()};
+    s.send = send;
+    const auto seq = post(s, deadline);
+    copy_bytes(out + my_off, send, recv_bytes[static_cast<std::size_t>(rank_)]);
+    std::size_t off = 0, received = 0;
+    for (int p = 0; p < n; ++p) {
+      const std::size_t b = recv_bytes[static_cast<std::size_t>(p)];
+      if (p != rank_) {
+        copy_bytes(out + off, group_->slot(p, seq).send, b);
+        received += b;
+      }
+      off += b;
+    }
+    wait_phase(kind, deadline);
+    stats_->record(kind, received);
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                      ReduceOp op) override {
+    constexpr auto kind = CollectiveKind::ReduceScatter;
+    const std::size_t isz = check_dtype(kind, dtype);
+    const int n = size();
+    check_entries(kind, "counts", counts.size());
+    const auto deadline = enter(kind);
+    const std::size_t my_count = counts[static_cast<std::size_t>(rank_)];
+    const std::size_t my_off = prefix(counts, rank_) * isz;
+    const auto* own = static_cast<const std::byte*>(send) + my_off;
+    if (n == 1) {
+      copy_bytes(recv, own, my_count * isz);
+      stats_->record(kind, 0);
+      return;
+    }
+    Slot s;
+    s.desc = {.kind = kind, .dtype = dtype, .op = op, .v0 = counts.data()};
+    s.send = send;
+    const auto seq = post(s, deadline);
+    // recv may alias this rank's own block of send (peers never read it);
+    // any other overlap with send would race with peers, so reduce into a
+    // scratch buffer and copy out after the closing barrier.
+    const auto* send_begin = static_cast<const std::byte*>(send);
+    const auto* send_end = send_begin + prefix(counts, n) * isz;
+    auto* out = static_cast<std::byte*>(recv);
+    const bool overlaps = my_count != 0 && out < send_end && out + my_count * isz > send_begin && out != own;
+    thread_local std::vector<std::byte> scratch;
+    std::byte* acc = out;
+    if (overlaps) {
+      scratch.resize(my_count * isz);
+      acc = scratch.data();
+    }
+    const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
+    for (std::size_t b = 0; b < my_count; b += block) {
+      const std::size_t m = std::min(block, my_count - b);
+      copy_bytes(acc + b * isz, own + b * isz, m * isz);
+      for (int k = 1; k < n; ++k) {
+        const int p = (rank_ + k) % n;
+        const auto* src = static_cast<const std::byte*>(group_->slot(p, seq).send) + my_off + b * isz;
+        reduce_into(acc + b * isz, src, m, dtype, op);
+      }
+    }
+    if (op == ReduceOp::Avg && my_count != 0) divide_by(acc, my_count, dtype, n);
+    wait_phase(kind, deadline);
+    if (overlaps) copy_bytes(out, acc, my_count * isz);
+    stats_->record(kind, (n - 1) * my_count * isz);
+  }
+
+  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
+                  void* recv, std::span<const std::size_t> recv_bytes,
+                  std::span<const std::size_t> recv_offsets) override {
+    constexpr auto kind = CollectiveKind::AllToAll;
+    const int n = size();
+    check_entries(kind, "send_bytes", send_bytes.size());
+    check_entries(kind, "send_offsets", send_offsets.size());
+    check_entries(kind, "recv_bytes", recv_bytes.size());
+    check_entries(kind, "recv_offsets", recv_offsets.size());
+    const auto r = static_cast<std::size_t>(rank_);
+    if (send_bytes[r] != recv_bytes[r])
+      throw ValueError(fmt::format("[threads] all_to_all on rank {}: sends {} bytes to itself but expects {}",
+                                   rank_, send_bytes[r], recv_bytes[r]));
+    const auto deadline = enter(kind);
+    auto* out = static_cast<std::byte*>(recv);
+    copy_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
+    if (n == 1) {
+      stats_->record(kind, 0);
+      return;
+    }
+    Slot s;
+    s.desc = {.kind = kind, .v0 = send_bytes.data(), .v1 = recv_bytes.data()};
+    s.send = send;
+    s.send_offsets = send_offsets.data();
+    const auto seq = post(s, deadline);
+    std::size_t received = 0;
+    for (int k = 1; k < n; ++k) {
+      const int p = (rank_ + k) % n;
+      const Slot& peer = group_->slot(p, seq);
+      const std::size_t b = recv_bytes[static_cast<std::size_t>(p)];
+      copy_bytes(out + recv_offsets[static_cast<std::size_t>(p)],
+                 static_cast<const std::byte*>(peer.send) + peer.send_offsets[r], b);
+      received += b;
+    }
+    wait_phase(kind, deadline);
+    stats_->record(kind, received);
+  }
+
+  void broadcast(void* buf, std::size_t bytes, int root) override {
+    constexpr auto kind = CollectiveKind::Broadcast;
+    check_root(kind, root);
+    const auto deadline = enter(kind);
+    if (size() == 1) {
+      stats_->record(kind, 0);
+      return;
+    }
+    Slot s;
+    s.desc = {.kind = kind, .root = root, .count = bytes};
+    s.recv = buf;
+    const auto seq = post(s, deadline);
+    if (rank_ != root) copy_bytes(buf, group_->slot(root, seq).recv, bytes);
+    wait_phase(kind, deadline);
+    stats_->record(kind, rank_ != root ? bytes : 0);
+  }
+
+  void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
+    constexpr auto kind = CollectiveKind::Scatter;
+    check_entries(kind, "bytes", bytes.size());
+    check_root(kind, root);
+    const auto deadline = enter(kind);
+    const std::size_t mine = bytes[static_cast<std::size_t>(rank_)];
+    if (size() == 1) {
+      copy_bytes(recv, send, mine);
+      stats_->record(kind, 0);
+      return;
+    }
+    Slot s;
+    s.desc = {.kind = kind, .root = root, .v0 = bytes.data()};
+    s.send = send;
+    const auto seq = post(s, deadline);
+    copy_bytes(recv, static_cast<const std::byte*>(group_->slot(root, seq).send) + prefix(bytes, rank_), mine);
+    wait_phase(kind, deadline);
+    stats_->record(kind, rank_ != root ? mine : 0);
+  }
+
+  void send(const void* buf, std::size_t bytes, int dst, int tag) override {
+    constexpr auto kind = CollectiveKind::SendRecv;
+    check_peer("send to", dst);
+    enter(kind);
+    Message m;
+    m.data.resize(bytes);
+    copy_bytes(m.data.data(), buf, bytes);
+    {
+      std::lock_guard lock(group_->mu);
+      group_->mail[{rank_, dst, tag}].push_back(std::move(m));
+    }
+    group_->mail_cv.notify_all();
+    stats_->record(kind, 0);
+  }
+
+  void recv(void* buf, std::size_t bytes, int src, int tag) override {
+    constexpr auto kind = CollectiveKind::SendRecv;
+    check_peer("recv from", src);
+    const auto deadline = enter(kind);
+    Message m;
+    {
+      std::unique_lock lock(group_->mu);
+      const std::tuple<int, int, int> key{src, rank_, tag};
+      for (;;) {
+        auto it = group_->mail.find(key);
+        if (it != group_->mail.end() && !it->second.empty()) {
+          m = std::move(it->second.front());
+          it->second.pop_front();
+          if (it->second.empty()) group_->mail.erase(it);
+          break;
+        }
+        if (world_->has_failed()) throw peer_failed(kind);
+        if (group_->mail_cv.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+          it = group_->mail.find(key);
+          if (it == group_->mail.end() || it->second.empty())
+            throw CommTimeout(fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}) timed out after {} ms",
+                                          rank_, size(), src, tag, timeout().count()));
+        }
+      }
+    }
+    if (m.data.size() != bytes)
+      throw CommError(fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but "
+                                  "the matching send has {} bytes",
+                                  rank_, size(), src, tag, bytes, m.data.size()));
+    copy_bytes(buf, m.data.data(), bytes);
+    stats_->record(kind, bytes);
+  }
+
+  void barrier() override {
+    constexpr auto kind = CollectiveKind::Barrier;
+    const auto deadline = enter(kind);
+    if (size() > 1) {
+      Slot s;
+      s.desc = {.kind = kind};
+      post(s, deadline);  // one barrier suffices: no buffers are shared
+    }
+    stats_->record(kind, 0);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    constexpr auto kind = CollectiveKind::Split;
+    const auto deadline = enter(kind);
+    const int n = size();
+    std::shared_ptr<Group> group;
+    int new_rank = 0;
+    if (n == 1) {
+      if (color >= 0) {
+        group = std::make_shared<Group>(std::vector<int>{world_rank_});
+        world_->add_group(group);
+      }
+    } else {
+      Slot s;
+      s.desc = {.kind = kind, .color = color, .key = key};
+      const auto seq = post(s, deadline);
+      if (color >= 0) {
+        std::vector<std::pair<int, int>> members;  // (key, group rank)
+        for (int p = 0; p < n; ++p) {
+          const auto& d = group_->slot(p, seq).desc;
+          if (d.color == color) members.emplace_back(d.key, p);
+        }
+        std::sort(members.begin(), members.end());
+        for (std::size_t i = 0; i < members.size(); ++i)
+          if (members[i].second == rank_) new_rank = static_cast<int>(i);
+        if (new_rank == 0) {
+          std::vector<int> ranks;
+          for (auto& m : members) ranks.push_back(group_->world_ranks[static_cast<std::size_t>(m.second)]);
+          group = std::make_shared<Group>(std::move(ranks));
+          world_->add_group(group);
+          group_->slot(rank_, seq).new_group = group;
+        }
+        wait_phase(kind, deadline);
+        if (new_rank != 0) group = group_->slot(members[0].second, seq).new_group;
+      } else {
+        wait_phase(kind, deadline);
+      }
+      // The leader's slot still holds the group until it is posted again;
+      // the closing barrier keeps it from being reset while peers read it.
+      wait_phase(kind, deadline);
+      if (new_rank == 0 && group) group_->slot(rank_, seq).new_group.reset();
+    }
+    stats_->record(kind, 0);
+    if (!group) return nullptr;
+    return std::make_unique<ThreadsCommunicator>(world_, std::move(group), new_rank);
+  }
+
+ private:
+  std::size_t check_dtype(CollectiveKind kind, DType dtype) const {
+    if (!is_cpu_supported(dtype))
+      throw DTypeError(fmt::format("[threads] {} on rank {}: dtype {} has no CPU reduction; expected f32, f64 or i64",
+                                   collective_name(kind), rank_, dtype));
+    return itemsize(dtype);
+  }
+  void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
+    if (entries != static_cast<std::size_t>(size()))
+      throw ValueError(fmt::format("[threads] {} on rank {}: {} has {} entries; expected one per rank ({})",
+                                   collective_name(kind), rank_, what, entries, size()));
+  }
+  void check_root(CollectiveKind kind, int root) const {
+    if (root < 0 || root >= size())
+      throw ValueError(fmt::format("[threads] {} on rank {}: root {} is not a rank of a group of {}",
+                                   collective_name(kind), rank_, root, size()));
+  }
+  void check_peer(std::string_view what, int peer) const {
+    if (peer < 0 || peer >= size())
+      throw ValueError(
+          fmt::format("[threads] {} rank {} on rank {}: expected a rank in [0, {})", what, peer, rank_, size()));
+  }
+
+  PeerFailed peer_failed(CollectiveKind kind) const {
+    return PeerFailed(fmt::format("[threads] {} on rank {} of {}: rank {} failed: {}", collective_name(kind), rank_,
+                                  size(), world_->failed_rank, world_->failed_msg));
+  }
+
+  // Fails at once if the world has failed (a broken group is caught when
+  // posting); returns the deadline of this call.
+  Clock::time_point enter(CollectiveKind kind) {
+    if (world_->has_failed()) throw peer_failed(kind);
+    return Clock::now() + timeout();
+  }
+
+  [[noreturn]] void throw_broken(CollectiveKind kind) const {
+    const auto msg = fmt::format("[threads] {} on rank {} of {}: the group is unusable: {}", collective_name(kind),
+                                 rank_, size(), group_->broken_msg);
+    if (group_->broken_by_timeout) throw CommTimeout(msg);
+    throw PeerFailed(msg);
+  }
+
+  std::string missing_ranks(std::uint64_t seq) const {
+    std::vector<int> missing;
+    for (int p = 0; p < size(); ++p)
+      if (group_->slot(p, seq).seq != seq) missing.push_back(p);
+    return fmt::format("{}", fmt::join(missing, ", "));
+  }
+
+  // Phase A: post this rank's slot, wait for the group, check agreement.
+  std::uint64_t post(const Slot& s, Clock::time_point deadline) {
+    const std::uint64_t seq = seq_++;
+    const auto kind = s.desc.kind;
+    Group& g = *group_;
+    {
+      std::unique_lock lock(g.mu);
+      if (g.broken) throw_broken(kind);
+      Slot& mine = g.slot(rank_, seq);
+      mine = s;
+      mine.seq = seq;
+      const std::uint64_t my_gen = g.gen;
+      if (++g.arrived == g.n) {
+        g.arrived = 0;
+        ++g.gen;
+        lock.unlock();
+        g.cv.notify_all();
+      } else {
+        while (g.gen == my_gen) {
+          if (g.broken) throw_broken(kind);
+          if (world_->has_failed()) {
+            g.broken = true;
+            g.broken_msg = fmt::format("rank {} failed: {}", world_->failed_rank, world_->failed_msg);
+            lock.unlock();
+            g.cv.notify_all();
+            throw peer_failed(kind);
+          }
+          if (g.cv.wait_until(lock, deadline) == std::cv_status::timeout && g.gen == my_gen && !g.broken &&
+              !world_->has_failed()) {
+            const auto msg = fmt::format("{} on rank {} of {} timed out after {} ms waiting for rank(s) {}",
+                                         collective_name(kind), rank_, g.n, timeout().count(), missing_ranks(seq));
+            g.broken = true;
+            g.broken_by_timeout = true;
+            g.broken_msg = msg;
+            lock.unlock();
+            g.cv.notify_all();
+            throw CommTimeout("[threads] " + msg);
+          }
+        }
+      }
+    }
+    if (auto msg = check_agreement(seq); !msg.empty()) {
+      wait_phase(kind, deadline);  // peers may still read this round's slots
+      throw CollectiveMismatch(msg);
+    }
+    return seq;
+  }
+
+  // M and B: not abortable (see the file comment).
+  void wait_phase(CollectiveKind kind, Clock::time_point deadline) {
+    Group& g = *group_;
+    std::unique_lock lock(g.mu);
+    const std::uint64_t my_gen = g.gen;
+    if (++g.arrived == g.n) {
+      g.arrived = 0;
+      ++g.gen;
+      lock.unlock();
+      g.cv.notify_all();
+      return;
+    }
+    if (!g.cv.wait_until(lock, deadline, [&] { return g.gen != my_gen; })) {
+      g.broken = true;
+      g.broken_by_timeout = true;
+      g.broken_msg = fmt::format("{} on rank {} of {} timed out after {} ms inside the collective",
+                                 collective_name(kind), rank_, g.n, timeout().count());
+      lock.unlock();
+      g.cv.notify_all();
+      throw CommTimeout("[threads] " + g.broken_msg);
+    }
+  }
+
+  // A pure function of the round's slot table, so every rank reaches the
+  // same verdict. Empty when the calls agree.
+  std::string check_agreement(std::uint64_t seq) const {
+    const Group& g = *group_;
+    const int n = g.n;
+    auto d = [&](int p) -> const Descriptor& { return const_cast<Group&>(g).slot(p, seq).desc; };
+    auto mismatch = [&](int a, int b, std::string_view why) {
+      return fmt::format("[threads] collective mismatch in a group of {} (seen on rank {}): rank {} called {} but rank "
+                         "{} called {}{}",
+                         n, rank_, a, describe(d(a), n), b, describe(d(b), n), why);
+    };
+    const Descriptor& d0 = d(0);
+    for (int p = 1; p < n; ++p) {
+      const Descriptor& dp = d(p);
+      if (dp.kind != d0.kind) return mismatch(0, p, "");
+      switch (d0.kind) {
+        case CollectiveKind::AllReduce:
+          if (dp.count != d0.count || dp.dtype != d0.dtype || dp.op != d0.op) return mismatch(0, p, "");
+          break;
+        case CollectiveKind::AllGather:
+          if (!same_sizes(dp.v0, d0.v0, n)) return mismatch(0, p, "");
+          break;
+        case CollectiveKind::ReduceScatter:
+          if (!same_sizes(dp.v0, d0.v0, n) || dp.dtype != d0.dtype || dp.op != d0.op) return mismatch(0, p, "");
+          break;
+        case CollectiveKind::Broadcast:
+          if (dp.count != d0.count || dp.root != d0.root) return mismatch(0, p, "");
+          break;
+        case CollectiveKind::Scatter:
+          if (!same_sizes(dp.v0, d0.v0, n) || dp.root != d0.root) return mismatch(0, p, "");
+          break;
+        default: break;
+      }
+    }
+    if (d0.kind == CollectiveKind::AllToAll) {
+      for (int p = 0; p < n; ++p)
+        for (int q = 0; q < n; ++q)
+          if (d(p).v0[q] != d(q).v1[p])
+            return mismatch(p, q,
+                            fmt::format(" (rank {} sends {} bytes to rank {}, which expects {})", p, d(p).v0[q], q,
+                                        d(q).v1[p]));
+    }
+    return {};
+  }
+
+  std::shared_ptr<World> world_;
+  std::shared_ptr<Group> group_;
+  int rank_;
+  int world_rank_;
+  CommStats* stats_;
+  std::uint64_t seq_ = 0;  // rounds this rank has posted on the group
+};
+
+}  // namespace
+
+void run_threads(int world_size, const std::function<void(Communicator& world)>& fn, ThreadsOptions options) {
+  if (world_size < 1)
+    throw ValueError(fmt::format("[run_threads] world_size {}; expected at least 1", world_size));
+  std::vector<int> ranks(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  auto world = std::make_shared<World>(world_size, options);
+  auto group = std::make_shared<Group>(std::move(ranks));
+  world->add_group(group);
+
+  auto body = [&](int r) {
+    try {
+      ThreadsCommunicator comm(world, group, r);
+      fn(comm);
+    } catch (const std::exception& e) {
+      world->fail(r, e.what());
+    } catch (...) {
+      world->fail(r, "an exception not derived from std::exception");
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  try {
+    for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
+  } catch (const std::exception& e) {
+    world->fail(-1, fmt::format("[run_threads] could not start rank {}: {}", threads.size(), e.what()));
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  for (auto& t : threads) t.join();
+  if (world->has_failed())
+    throw RankFailed(world->failed_rank,
+                     fmt::format("[run_threads] rank {} failed: {}", world->failed_rank, world->failed_msg));
+}
+
+}  // namespace dtensor
