@@ -178,11 +178,6 @@ std::size_t prefix(std::span<const std::size_t> v, int i) {
   for (int j = 0; j < i; ++j) s += v[static_cast<std::size_t>(j)];
   return s;
 }
-std::size_t prefix(const std::size_t* v, int i) {
-  std::size_t s = 0;
-  for (int j = 0; j < i; ++j) s += v[j];
-  return s;
-}
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);

@@ -1,1 +1,91 @@
-// placeholder
+#include "dtensor/redistribute/plan.h"
+
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+namespace dtensor {
+
+std::string_view step_name(StepKind kind) {
+  switch (kind) {
+    case StepKind::AllGather: return "all_gather";
+    case StepKind::AllReduce: return "all_reduce";
+    case StepKind::ReduceScatter: return "reduce_scatter";
+    case StepKind::AllToAll: return "all_to_all";
+    case StepKind::Exchange: return "exchange";
+    case StepKind::Slice: return "slice";
+    case StepKind::ZeroFill: return "zero_fill";
+    case StepKind::Relabel: return "relabel";
+  }
+  return "unknown";
+}
+
+bool is_local(StepKind kind) {
+  return kind == StepKind::Slice || kind == StepKind::ZeroFill || kind == StepKind::Relabel;
+}
+
+std::int64_t PlanStep::max_recv_bytes() const {
+  return recv_bytes.empty() ? 0 : *std::max_element(recv_bytes.begin(), recv_bytes.end());
+}
+
+std::int64_t Plan::max_recv_bytes() const {
+  return recv_bytes.empty() ? 0 : *std::max_element(recv_bytes.begin(), recv_bytes.end());
+}
+
+int Plan::num_collectives() const {
+  int n = 0;
+  for (const PlanStep& s : steps) {
+    if (is_local(s.kind)) continue;
+    // An exchange in which no rank needs another's data issues no collective.
+    if (s.kind == StepKind::Exchange &&
+        std::none_of(s.blocks.begin(), s.blocks.end(), [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; }))
+      continue;
+    ++n;
+  }
+  return n;
+}
+
+namespace {
+
+std::string human_bytes(std::int64_t b) {
+  if (b < 1024) return fmt::format("{} B", b);
+  double v = static_cast<double>(b);
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.3g} {}", v, units[u]);
+}
+
+std::string human_seconds(double s) {
+  if (s == 0) return "0 s";
+  if (s < 1e-3) return fmt::format("{:.3g} us", s * 1e6);
+  if (s < 1) return fmt::format("{:.3g} ms", s * 1e3);
+  return fmt::format("{:.3g} s", s);
+}
+
+}  // namespace
+}  // namespace dtensor
+
+fmt::format_context::iterator fmt::formatter<dtensor::PlanStep>::format(const dtensor::PlanStep& s,
+                                                                        fmt::format_context& ctx) const {
+  return fmt::format_to(ctx.out(), "{} on mesh dims [{}]: {} -> {}, {}, {}", s.kind, fmt::join(s.mesh_dims, ","),
+                        s.from, s.to, dtensor::human_bytes(s.max_recv_bytes()), dtensor::human_seconds(s.est_seconds));
+}
+
+fmt::format_context::iterator fmt::formatter<dtensor::Plan>::format(const dtensor::Plan& p,
+                                                                    fmt::format_context& ctx) const {
+  auto out = fmt::format_to(ctx.out(), "plan {} -> {} on mesh {}, tensor {} {}: ", p.from, p.to,
+                            fmt::join(p.mesh_shape, "x"), fmt::join(p.global_shape, "x"), p.dtype);
+  if (p.steps.empty()) return fmt::format_to(out, "nothing to do");
+  out = fmt::format_to(out, "{} step{} ({} collective{}), busiest rank receives {}, {}", p.steps.size(),
+                       p.steps.size() == 1 ? "" : "s", p.num_collectives(), p.num_collectives() == 1 ? "" : "s",
+                       dtensor::human_bytes(p.max_recv_bytes()), dtensor::human_seconds(p.est_seconds));
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    out = fmt::format_to(out, "\n  {}. {}", i + 1, p.steps[i]);
+    if (!p.steps[i].reason.empty()) out = fmt::format_to(out, "\n     {}", p.steps[i].reason);
+  }
+  return out;
+}

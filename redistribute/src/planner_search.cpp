@@ -1,0 +1,472 @@
+#include "planner_search.h"
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+
+#include "dtensor/core/error.h"
+
+namespace dtensor::planner {
+
+void normalize(Pls& p, int k) {
+  std::array<std::int32_t, kMaxDims> lv{};
+  for (int m = 0; m < k; ++m) {
+    if (p[m].kind != kShard) continue;
+    int rank = 0;
+    for (int o = 0; o < k; ++o)
+      if (o != m && p[o].kind == kShard && p[o].dim == p[m].dim &&
+          (p[o].level < p[m].level || (p[o].level == p[m].level && o < m)))
+        ++rank;
+    lv[m] = rank;
+  }
+  for (int m = 0; m < kMaxDims; ++m) {
+    if (m >= k) {
+      p[m] = Pl{};
+    } else if (p[m].kind == kShard) {
+      p[m].level = lv[m];
+      p[m].op = ReduceOp::Sum;
+    } else {
+      p[m].dim = -1;
+      p[m].level = -1;
+      if (p[m].kind == kRep) p[m].op = ReduceOp::Sum;
+    }
+  }
+}
+
+std::uint64_t key_of(const Pls& p, int k) {
+  std::uint64_t key = 0;
+  for (int m = 0; m < k; ++m) {
+    std::uint64_t code = 0;
+    if (p[m].kind == kPar) code = 1 + static_cast<std::uint64_t>(p[m].op);
+    if (p[m].kind == kShard) code = 8 + static_cast<std::uint64_t>(p[m].dim) * 4 + static_cast<std::uint64_t>(p[m].level);
+    key |= code << (16 * m);
+  }
+  return key;
+}
+
+Search::Search(Problem& problem, const Pls& src, const Pls& dst) : P_(problem) {
+  states_.reserve(64);
+  intern(src);
+  goal_ = intern(dst);
+  limit_ = std::max(states_[0].max_numel, states_[goal_].max_numel);
+  goal_needs_.assign(P_.ranks, 1);
+  for (int r = 0; r < P_.ranks; ++r)
+    for (int m = 0; m < P_.k; ++m)
+      if (dst[m].kind == kPar && dst[m].op == ReduceOp::Sum && P_.c(r, m) != 0) goal_needs_[r] = 0;
+}
+
+int Search::intern(const Pls& p) {
+  std::uint64_t key = key_of(p, P_.k);
+  auto [it, inserted] = index_.try_emplace(key, static_cast<int>(states_.size()));
+  if (!inserted) return it->second;
+  State s;
+  s.pl = p;
+  for (int m = 0; m < P_.k; ++m) s.partial = s.partial || p[m].kind == kPar;
+  fill_boxes(s);
+  states_.push_back(std::move(s));
+  return it->second;
+}
+
+void Search::fill_boxes(State& s) const {
+  const int nd = P_.nd, k = P_.k;
+  s.off.assign(static_cast<std::size_t>(P_.ranks) * nd, 0);
+  s.sz.resize(static_cast<std::size_t>(P_.ranks) * nd);
+  s.numel.resize(P_.ranks);
+  // Mesh dims in nesting order: level 0 of every tensor dim first, and so on.
+  std::array<int, kMaxDims> order{};
+  int no = 0;
+  for (int lv = 0; lv < k; ++lv)
+    for (int m = 0; m < k; ++m)
+      if (s.pl[m].kind == kShard && s.pl[m].level == lv) order[no++] = m;
+  s.max_numel = 0;
+  for (int r = 0; r < P_.ranks; ++r) {
+    std::int64_t* o = &s.off[static_cast<std::size_t>(r) * nd];
+    std::int64_t* z = &s.sz[static_cast<std::size_t>(r) * nd];
+    std::copy(P_.global.begin(), P_.global.end(), z);
+    for (int i = 0; i < no; ++i) {
+      int m = order[i], d = s.pl[m].dim;
+      Chunk c = chunk(z[d], P_.n[m], P_.c(r, m));
+      o[d] += c.offset;
+      z[d] = c.size;
+    }
+    std::int64_t n = 1;
+    for (int d = 0; d < nd; ++d) n *= z[d];
+    s.numel[r] = n;
+    s.max_numel = std::max(s.max_numel, n);
+  }
+}
+
+void Search::fill_leaders(State& s) const {
+  if (!s.leader.empty()) return;
+  const int nd = P_.nd;
+  s.leader.assign(P_.ranks, -1);
+  for (int r = 0; r < P_.ranks; ++r) {
+    if (s.numel[r] == 0) continue;
+    const std::int64_t* o = &s.off[static_cast<std::size_t>(r) * nd];
+    for (int l : s.leaders) {
+      const std::int64_t* lo = &s.off[static_cast<std::size_t>(l) * nd];
+      const std::int64_t* lz = &s.sz[static_cast<std::size_t>(l) * nd];
+      if (std::equal(o, o + nd, lo) && std::equal(&s.sz[static_cast<std::size_t>(r) * nd],
+                                                  &s.sz[static_cast<std::size_t>(r) * nd] + nd, lz)) {
+        s.leader[r] = l;
+        break;
+      }
+    }
+    if (s.leader[r] < 0) {
+      s.leader[r] = r;
+      s.leaders.push_back(r);
+    }
+  }
+}
+
+namespace {
+
+// Elements in the intersection of rank a's box in A and rank b's box in B.
+std::int64_t inter_numel(const State& A, int a, const State& B, int b, int nd) {
+  std::int64_t n = 1;
+  const std::size_t ia = static_cast<std::size_t>(a) * nd, ib = static_cast<std::size_t>(b) * nd;
+  for (int d = 0; d < nd; ++d) {
+    std::int64_t lo = std::max(A.off[ia + d], B.off[ib + d]);
+    std::int64_t hi = std::min(A.off[ia + d] + A.sz[ia + d], B.off[ib + d] + B.sz[ib + d]);
+    if (hi <= lo) return 0;
+    n *= hi - lo;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool Search::better(const Cost& a, const Cost& b) const {
+  if (P_.bytes_first) {
+    if (a.bytes != b.bytes) return a.bytes < b.bytes;
+    return a.time < b.time;
+  }
+  if (a.time != b.time) return a.time < b.time;
+  return a.bytes < b.bytes;
+}
+
+template <class F>
+void Search::edges(int si, F&& f) const {
+  const Pls p = states_[si].pl;
+  const int k = P_.k, nd = P_.nd;
+  const Pls& dst = states_[goal_].pl;
+  auto emit = [&](Edge e, Pls t) {
+    normalize(t, k);
+    f(e, t);
+  };
+  constexpr std::int32_t kInner = 1 << 20;  // a new shard goes innermost
+
+  // AllGather S(d) -> R on the innermost splits of d, outer to inner.
+  for (int d = 0; d < nd; ++d) {
+    std::array<int, kMaxDims> order{};
+    int L = 0;
+    for (int lv = 0; lv < k; ++lv)
+      for (int m = 0; m < k; ++m)
+        if (p[m].kind == kShard && p[m].dim == d && p[m].level == lv) order[L++] = m;
+    for (int len = 1; len <= L; ++len) {
+      Edge e{StepKind::AllGather};
+      e.dim = d;
+      Pls t = p;
+      for (int i = L - len; i < L; ++i) {
+        e.g[e.ng++] = static_cast<std::int8_t>(order[i]);
+        t[order[i]] = Pl{};
+      }
+      emit(e, t);
+    }
+  }
+
+  // Partial mesh dims: AllReduce on any subset, ReduceScatter on any ordered subset.
+  std::array<int, kMaxDims> q{};
+  int nq = 0;
+  for (int m = 0; m < k; ++m)
+    if (p[m].kind == kPar) q[nq++] = m;
+  for (int mask = 1; mask < (1 << nq); ++mask) {
+    Edge e{StepKind::AllReduce};
+    Pls t = p;
+    for (int i = 0; i < nq; ++i)
+      if (mask & (1 << i)) {
+        e.g[e.ng++] = static_cast<std::int8_t>(q[i]);
+        t[q[i]] = Pl{};
+      }
+    emit(e, t);
+  }
+  if (nq > 0) {
+    // Every ordered sequence of distinct partial dims, by depth-first search.
+    std::array<int, kMaxDims> seq{};
+    auto dfs = [&](auto&& self, int len, int used) -> void {
+      if (len > 0) {
+        for (int d = 0; d < nd; ++d) {
+          Edge e{StepKind::ReduceScatter};
+          e.dim = d;
+          Pls t = p;
+          for (int i = 0; i < len; ++i) {
+            e.g[e.ng++] = static_cast<std::int8_t>(seq[i]);
+            t[seq[i]] = Pl{kShard, ReduceOp::Sum, d, kInner + i};
+          }
+          emit(e, t);
+        }
+      }
+      for (int i = 0; i < nq; ++i)
+        if (!(used & (1 << i))) {
+          seq[len] = q[i];
+          self(self, len + 1, used | (1 << i));
+        }
+    };
+    dfs(dfs, 0, 0);
+  }
+
+  // AllToAll: the innermost split of i moves to j (as j's innermost split).
+  for (int m = 0; m < k; ++m) {
+    if (p[m].kind != kShard) continue;
+    bool innermost = true;
+    for (int o = 0; o < k; ++o)
+      if (p[o].kind == kShard && p[o].dim == p[m].dim && p[o].level > p[m].level) innermost = false;
+    if (!innermost) continue;
+    for (int j = 0; j < nd; ++j) {
+      if (j == p[m].dim) continue;
+      Edge e{StepKind::AllToAll};
+      e.g[e.ng++] = static_cast<std::int8_t>(m);
+      e.dim = j;
+      e.src = p[m].dim;
+      Pls t = p;
+      t[m] = Pl{kShard, ReduceOp::Sum, j, kInner};
+      emit(e, t);
+    }
+  }
+
+  // Local steps on replicated mesh dims.
+  bool target_partial = false;
+  ReduceOp top = ReduceOp::Sum;
+  for (int m = 0; m < k; ++m)
+    if (dst[m].kind == kPar) {
+      target_partial = true;
+      top = dst[m].op;
+    }
+  bool op_ok = true;  // no Partial of another op in this state
+  for (int m = 0; m < k; ++m)
+    if (p[m].kind == kPar && (!target_partial || p[m].op != top)) op_ok = false;
+  for (int m = 0; m < k; ++m) {
+    if (p[m].kind != kRep) continue;
+    for (int d = 0; d < nd; ++d) {
+      Edge e{StepKind::Slice};
+      e.g[e.ng++] = static_cast<std::int8_t>(m);
+      e.dim = d;
+      Pls t = p;
+      t[m] = Pl{kShard, ReduceOp::Sum, d, kInner};
+      emit(e, t);
+    }
+    // Only the target's Partial op is worth creating.
+    if (target_partial && op_ok) {
+      Edge e{top == ReduceOp::Sum ? StepKind::ZeroFill : StepKind::Relabel};
+      e.g[e.ng++] = static_cast<std::int8_t>(m);
+      Pls t = p;
+      t[m] = Pl{kPar, top, -1, -1};
+      emit(e, t);
+    }
+  }
+}
+
+Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& bytes) {
+  const State& S = states_[from];
+  const State& T = states_[to];
+  const int R = P_.ranks;
+  const std::int64_t isz = P_.itemsize;
+  bytes.assign(R, 0);
+  std::int64_t n = 1;
+  auto& dims = P_.full_dims_scratch;
+  dims.clear();
+  for (int i = 0; i < e.ng; ++i) {
+    n *= P_.n[e.g[i]];
+    dims.push_back(P_.full[e.g[i]]);
+  }
+  Eval out;
+  std::int64_t hops = n - 1;
+  switch (e.kind) {
+    case StepKind::AllGather:
+      for (int r = 0; r < R; ++r) bytes[r] = (T.numel[r] - S.numel[r]) * isz;
+      break;
+    case StepKind::AllReduce:
+      hops = 2 * (n - 1);
+      for (int r = 0; r < R; ++r) {
+        std::int64_t gr = 0;
+        for (int i = 0; i < e.ng; ++i) gr = gr * P_.n[e.g[i]] + P_.c(r, e.g[i]);
+        std::int64_t count = S.numel[r], seg = even_split(count, n, gr).size;
+        bytes[r] = ((n - 1) * seg + (count - seg)) * isz;
+      }
+      break;
+    case StepKind::ReduceScatter:
+      for (int r = 0; r < R; ++r) bytes[r] = (n - 1) * T.numel[r] * isz;
+      break;
+    case StepKind::AllToAll:
+      for (int r = 0; r < R; ++r) bytes[r] = (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * isz;
+      break;
+    case StepKind::Slice:
+      out.time = static_cast<double>(T.max_numel * isz) / P_.cost->local_copy_Bps;
+      return out;
+    case StepKind::ZeroFill:
+      out.time = static_cast<double>(S.max_numel * isz) / P_.cost->local_copy_Bps;
+      return out;
+    case StepKind::Relabel:
+      return out;
+    case StepKind::Exchange:
+      return exchange(from, bytes, nullptr);
+  }
+  out.max_bytes = *std::max_element(bytes.begin(), bytes.end());
+  out.time = P_.cost->collective_seconds(dims, hops, out.max_bytes);
+  return out;
+}
+
+Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<ExchangeBlock>* blocks) {
+  fill_leaders(states_[from]);
+  const State& S = states_[from];
+  const State& T = states_[goal_];
+  const int R = P_.ranks, nd = P_.nd;
+  const std::int64_t isz = P_.itemsize;
+  bytes.assign(R, 0);
+  std::vector<std::int64_t> sent(R, 0);
+  double max_lat = 0, max_bw_time = 0;
+  int max_peers = 0;
+  bool remote = false;
+  auto make_box = [&](int a, int b) {
+    Box box{Shape(nd), Shape(nd)};
+    const std::size_t ia = static_cast<std::size_t>(a) * nd, ib = static_cast<std::size_t>(b) * nd;
+    for (int d = 0; d < nd; ++d) {
+      std::int64_t lo = std::max(S.off[ia + d], T.off[ib + d]);
+      std::int64_t hi = std::min(S.off[ia + d] + S.sz[ia + d], T.off[ib + d] + T.sz[ib + d]);
+      box.offset[d] = lo;
+      box.size[d] = hi - lo;
+    }
+    return box;
+  };
+  for (int r = 0; r < R; ++r) {
+    if (!needs(r) || T.numel[r] == 0) continue;
+    const int own = S.leader[r];
+    int peers = 0;
+    double bw_time = 0;
+    for (int l : S.leaders) {
+      std::int64_t n = inter_numel(S, l, T, r, nd);
+      if (n == 0) continue;
+      if (l == own) {
+        if (blocks) blocks->push_back(ExchangeBlock{r, r, make_box(l, r)});
+        continue;
+      }
+      // Holder: the replica reached over the fastest link (sharing the
+      // receiver's coordinates on slow dims), then the least loaded, then the lowest rank.
+      int best = -1;
+      for (int h = l; h < R; ++h) {
+        if (S.leader[h] != l) continue;
+        if (best < 0) {
+          best = h;
+          continue;
+        }
+        const std::size_t ih = static_cast<std::size_t>(h) * R + r, ib = static_cast<std::size_t>(best) * R + r;
+        if (P_.pair_bw[ih] != P_.pair_bw[ib]) {
+          if (P_.pair_bw[ih] > P_.pair_bw[ib]) best = h;
+          continue;
+        }
+        if (P_.pair_lat[ih] != P_.pair_lat[ib]) {
+          if (P_.pair_lat[ih] < P_.pair_lat[ib]) best = h;
+          continue;
+        }
+        if (sent[h] < sent[best]) best = h;
+      }
+      const std::int64_t b = n * isz;
+      const std::size_t ip = static_cast<std::size_t>(best) * R + r;
+      sent[best] += b;
+      bytes[r] += b;
+      bw_time += static_cast<double>(b) / P_.pair_bw[ip];
+      max_lat = std::max(max_lat, P_.pair_lat[ip]);
+      ++peers;
+      remote = true;
+      if (blocks) blocks->push_back(ExchangeBlock{best, r, make_box(l, r)});
+    }
+    max_peers = std::max(max_peers, peers);
+    max_bw_time = std::max(max_bw_time, bw_time);
+  }
+  if (blocks)
+    std::sort(blocks->begin(), blocks->end(), [](const ExchangeBlock& a, const ExchangeBlock& b) {
+      if (a.dst_rank != b.dst_rank) return a.dst_rank < b.dst_rank;
+      if (a.src_rank != b.src_rank) return a.src_rank < b.src_rank;
+      return a.box.offset < b.box.offset;
+    });
+  Eval out;
+  out.max_bytes = *std::max_element(bytes.begin(), bytes.end());
+  if (!remote)  // every rank already holds what it needs: local copies only
+    out.time = static_cast<double>(T.max_numel * isz) / P_.cost->local_copy_Bps;
+  else
+    out.time = P_.cost->base_latency_s + max_peers * max_lat + max_bw_time;
+  return out;
+}
+
+std::vector<StepKind> Search::path_kinds(int s) const {
+  std::vector<StepKind> kinds;
+  while (s != 0 && pred_[s].first >= 0) {
+    kinds.push_back(pred_[s].second.kind);
+    s = pred_[s].first;
+  }
+  std::reverse(kinds.begin(), kinds.end());
+  return kinds;
+}
+
+std::vector<Search::Link> Search::run() {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const Cost unreached{std::numeric_limits<std::int64_t>::max(), kInf};
+  dist_.assign(states_.size(), unreached);
+  pred_.assign(states_.size(), {-1, Edge{}});
+  std::vector<char> done(states_.size(), 0);
+  dist_[0] = Cost{};
+
+  struct Item {
+    Cost c;
+    int s;
+  };
+  auto cmp = [this](const Item& a, const Item& b) { return better(b.c, a.c); };
+  std::priority_queue<Item, std::vector<Item>, decltype(cmp)> pq(cmp);
+  pq.push({Cost{}, 0});
+
+  std::vector<std::int64_t> bytes;
+  std::vector<std::pair<Edge, Pls>> out_edges;
+  auto grow = [&] {
+    if (dist_.size() < states_.size()) {
+      dist_.resize(states_.size(), unreached);
+      pred_.resize(states_.size(), {-1, Edge{}});
+      done.resize(states_.size(), 0);
+    }
+  };
+  auto relax = [&](int u, int t, const Edge& e, const Eval& ev) {
+    Cost c{dist_[u].bytes + ev.max_bytes, dist_[u].time + ev.time};
+    if (t == goal_) cands_.push_back(Candidate{c, u, e.kind});
+    if (better(c, dist_[t])) {
+      dist_[t] = c;
+      pred_[t] = {u, e};
+      pq.push({c, t});
+    }
+  };
+
+  while (!pq.empty()) {
+    Item it = pq.top();
+    pq.pop();
+    const int u = it.s;
+    if (done[u]) continue;
+    done[u] = 1;
+    if (u == goal_) break;
+    out_edges.clear();
+    edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
+    for (const auto& [e, tp] : out_edges) {
+      const int t = intern(tp);
+      grow();
+      if (t == u || done[t]) continue;
+      if (t != goal_ && states_[t].max_numel > limit_) continue;  // memory bound
+      relax(u, t, e, eval(u, t, e, bytes));
+    }
+    if (!states_[u].partial) relax(u, goal_, Edge{StepKind::Exchange}, exchange(u, bytes, nullptr));
+  }
+  if (pred_[goal_].first < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
+
+  std::vector<Link> chain;
+  for (int s = goal_; s != 0; s = pred_[s].first) chain.push_back(Link{pred_[s].first, s, pred_[s].second});
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+}  // namespace dtensor::planner

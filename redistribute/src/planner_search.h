@@ -1,0 +1,138 @@
+#pragma once
+// Internal to the planner: compact layouts over the mesh dims of size > 1,
+// their per-rank boxes, the edges between them and the Dijkstra search.
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "dtensor/core/reduce_op.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/redistribute/cost_model.h"
+#include "dtensor/redistribute/plan.h"
+
+namespace dtensor::planner {
+
+// DeviceMesh allows 4 dims; each takes 16 bits of a state key.
+constexpr int kMaxDims = 4;
+
+enum Kind : std::int8_t { kRep = 0, kPar = 1, kShard = 2 };
+
+/// One mesh dim's placement: kind, op (Partial), tensor dim and nesting level (Shard).
+struct Pl {
+  std::int8_t kind = kRep;
+  ReduceOp op = ReduceOp::Sum;
+  std::int32_t dim = -1;
+  std::int32_t level = -1;
+};
+using Pls = std::array<Pl, kMaxDims>;
+
+/// Renumbers the levels of each tensor dim's shards 0..k-1, keeping their order.
+void normalize(Pls& p, int k);
+std::uint64_t key_of(const Pls& p, int k);
+
+/// The request reduced to the mesh dims of size > 1 (size-1 dims never split,
+/// so ranks are numbered the same in the full and the reduced mesh).
+struct Problem {
+  int k = 0;                              // reduced mesh ndim
+  std::array<int, kMaxDims> full{};       // reduced -> full mesh dim
+  std::array<std::int64_t, kMaxDims> n{}; // sizes
+  int nd = 0;                             // tensor ndim
+  Shape global;
+  int ranks = 1;
+  std::vector<std::int64_t> coord;  // ranks * k
+  std::int64_t itemsize = 4;
+  const CostModel* cost = nullptr;
+  bool bytes_first = true;  // objective: (bytes, time) without Partial source, else (time, bytes)
+  // Exchange links per (src, dst) pair: the slowest link among the mesh dims they differ on.
+  std::vector<double> pair_bw, pair_lat;
+  std::vector<int> full_dims_scratch;
+
+  std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
+};
+
+struct State {
+  Pls pl{};
+  bool partial = false;
+  std::int64_t max_numel = 0;
+  std::vector<std::int64_t> off, sz;  // ranks * nd
+  std::vector<std::int64_t> numel;    // ranks
+  // Exchange sources, computed on first use: per rank the first rank holding
+  // the same non-empty box (-1 for an empty box), and the leaders in order.
+  std::vector<int> leader;
+  std::vector<int> leaders;
+};
+
+struct Edge {
+  StepKind kind = StepKind::Relabel;
+  std::int8_t ng = 0;
+  std::array<std::int8_t, kMaxDims> g{};  // reduced mesh dims, group order
+  std::int32_t dim = -1;                  // gathered / scattered / new shard dim
+  std::int32_t src = -1;                  // AllToAll: old shard dim
+};
+
+struct Cost {
+  std::int64_t bytes = 0;
+  double time = 0;
+};
+
+struct Eval {
+  std::int64_t max_bytes = 0;
+  double time = 0;
+};
+
+/// A candidate complete plan seen while relaxing the goal: its cost and the
+/// state it came from with the last edge.
+struct Candidate {
+  Cost cost;
+  int pred;
+  StepKind last;
+};
+
+class Search {
+ public:
+  Search(Problem& problem, const Pls& src, const Pls& dst);
+
+  /// Runs Dijkstra; returns the chain of (from state, to state, edge).
+  struct Link {
+    int from;
+    int to;
+    Edge edge;
+  };
+  std::vector<Link> run();
+
+  bool better(const Cost& a, const Cost& b) const;
+  /// Per-rank bytes and time of one edge between two states.
+  Eval eval(int from, int to, const Edge& e, std::vector<std::int64_t>& bytes);
+  /// The direct exchange from `from` to the goal; blocks if asked.
+  Eval exchange(int from, std::vector<std::int64_t>& bytes, std::vector<ExchangeBlock>* blocks);
+
+  const State& state(int i) const { return states_[i]; }
+  int source() const { return 0; }
+  int goal() const { return goal_; }
+  std::int64_t limit() const { return limit_; }
+  const std::vector<Candidate>& candidates() const { return cands_; }
+  /// The step kinds of the best known path to a settled state.
+  std::vector<StepKind> path_kinds(int s) const;
+  std::size_t num_states() const { return states_.size(); }
+
+ private:
+  int intern(const Pls& p);
+  void fill_boxes(State& s) const;
+  void fill_leaders(State& s) const;
+  bool needs(int r) const { return goal_needs_[r] != 0; }
+  template <class F>
+  void edges(int s, F&& f) const;
+
+  Problem& P_;
+  std::vector<State> states_;
+  std::unordered_map<std::uint64_t, int> index_;
+  int goal_ = 0;
+  std::int64_t limit_ = 0;
+  std::vector<char> goal_needs_;
+  std::vector<Cost> dist_;
+  std::vector<std::pair<int, Edge>> pred_;
+  std::vector<Candidate> cands_;
+};
+
+}  // namespace dtensor::planner

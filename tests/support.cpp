@@ -1,0 +1,82 @@
+#include "support.h"
+
+#include <algorithm>
+
+namespace dtensor::testing {
+
+Tensor integer_tensor(const Shape& shape, DType dtype, std::uint64_t seed) {
+  Tensor u = Tensor::rand(shape, DType::Float64, seed);
+  Tensor t = Tensor::empty(shape, dtype);
+  const double* p = u.data_as<double>();
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* q = t.data_as<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) q[i] = static_cast<T>(std::floor(p[i] * 1024.0) - 512.0);
+  });
+  return t;
+}
+
+Tensor source_shard(const Tensor& full, const Shape& mesh_shape, const Layout& layout, const Shape& coord,
+                    std::uint64_t seed) {
+  Box box = local_box(mesh_shape, full.shape(), layout, coord);
+  Tensor local = slice_box(full, box);
+  // Index of this rank among the ranks of its Partial group, and group size.
+  std::int64_t index = 0, group = 1;
+  ReduceOp op = ReduceOp::Sum;
+  for (int m = 0; m < layout.mesh_ndim(); ++m) {
+    if (auto* p = std::get_if<Partial>(&layout[m])) {
+      index = index * mesh_shape[m] + coord[m];
+      group *= mesh_shape[m];
+      op = p->op;
+    }
+  }
+  if (group == 1) return local;
+  // Per-rank integer perturbations, from a seed that depends on the box and
+  // the group index; index 0 balances them so the reduction is the value.
+  auto perturbation = [&](std::int64_t k) {
+    Tensor d = Tensor::empty(box.size, DType::Float64);
+    fill_random(d, seed * 1000003 + static_cast<std::uint64_t>(k), box.size, Shape(box.size.size(), 0));
+    return d;
+  };
+  visit_dtype(full.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* v = local.data_as<T>();
+    const std::int64_t n = local.numel();
+    if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
+      // Sum: rank k>0 holds a_k, rank 0 holds x - sum a_k.
+      // Avg: rank k>0 holds x + a_k, rank 0 holds x - sum a_k.
+      std::vector<T> total(n, T(0));
+      for (std::int64_t k = 1; k < group; ++k) {
+        Tensor d = perturbation(k);
+        for (std::int64_t i = 0; i < n; ++i) total[i] += static_cast<T>(std::floor(d.data_as<double>()[i] * 64) - 32);
+      }
+      if (index == 0) {
+        for (std::int64_t i = 0; i < n; ++i) v[i] = v[i] - total[i];
+      } else {
+        Tensor d = perturbation(index);
+        for (std::int64_t i = 0; i < n; ++i) {
+          T a = static_cast<T>(std::floor(d.data_as<double>()[i] * 64) - 32);
+          v[i] = op == ReduceOp::Sum ? a : v[i] + a;
+        }
+      }
+    } else if (index != 0) {
+      Tensor d = perturbation(index);
+      for (std::int64_t i = 0; i < n; ++i) {
+        T a = static_cast<T>(std::floor(d.data_as<double>()[i] * 64));
+        v[i] = op == ReduceOp::Max ? v[i] - a : v[i] + a;
+      }
+    }
+  });
+  return local;
+}
+
+std::int64_t lower_bound_elements(const Shape& mesh_shape, const Shape& global, const Layout& from, const Layout& to,
+                                  const Shape& coord) {
+  Box held = local_box(mesh_shape, global, from, coord);
+  Box needed = local_box(mesh_shape, global, to, coord);
+  for (int m = 0; m < to.mesh_ndim(); ++m)
+    if (auto* p = std::get_if<Partial>(&to[m]); p && p->op == ReduceOp::Sum && coord[m] != 0) return 0;
+  return needed.numel() - intersect(needed, held).numel();
+}
+
+}  // namespace dtensor::testing
