@@ -164,7 +164,7 @@ void Search::edges(int si, F&& f) const {
       for (int m = 0; m < k; ++m)
         if (p[m].kind == kShard && p[m].dim == d && p[m].level == lv) order[L++] = m;
     for (int len = 1; len <= L; ++len) {
-      Edge e{StepKind::AllGather};
+      Edge e = edge_of(StepKind::AllGather);
       e.dim = d;
       Pls t = p;
       for (int i = L - len; i < L; ++i) {
@@ -181,7 +181,7 @@ void Search::edges(int si, F&& f) const {
   for (int m = 0; m < k; ++m)
     if (p[m].kind == kPar) q[nq++] = m;
   for (int mask = 1; mask < (1 << nq); ++mask) {
-    Edge e{StepKind::AllReduce};
+    Edge e = edge_of(StepKind::AllReduce);
     Pls t = p;
     for (int i = 0; i < nq; ++i)
       if (mask & (1 << i)) {
@@ -196,7 +196,7 @@ void Search::edges(int si, F&& f) const {
     auto dfs = [&](auto&& self, int len, int used) -> void {
       if (len > 0) {
         for (int d = 0; d < nd; ++d) {
-          Edge e{StepKind::ReduceScatter};
+          Edge e = edge_of(StepKind::ReduceScatter);
           e.dim = d;
           Pls t = p;
           for (int i = 0; i < len; ++i) {
@@ -224,7 +224,7 @@ void Search::edges(int si, F&& f) const {
     if (!innermost) continue;
     for (int j = 0; j < nd; ++j) {
       if (j == p[m].dim) continue;
-      Edge e{StepKind::AllToAll};
+      Edge e = edge_of(StepKind::AllToAll);
       e.g[e.ng++] = static_cast<std::int8_t>(m);
       e.dim = j;
       e.src = p[m].dim;
@@ -248,7 +248,7 @@ void Search::edges(int si, F&& f) const {
   for (int m = 0; m < k; ++m) {
     if (p[m].kind != kRep) continue;
     for (int d = 0; d < nd; ++d) {
-      Edge e{StepKind::Slice};
+      Edge e = edge_of(StepKind::Slice);
       e.g[e.ng++] = static_cast<std::int8_t>(m);
       e.dim = d;
       Pls t = p;
@@ -257,7 +257,7 @@ void Search::edges(int si, F&& f) const {
     }
     // Only the target's Partial op is worth creating.
     if (target_partial && op_ok) {
-      Edge e{top == ReduceOp::Sum ? StepKind::ZeroFill : StepKind::Relabel};
+      Edge e = edge_of(top == ReduceOp::Sum ? StepKind::ZeroFill : StepKind::Relabel);
       e.g[e.ng++] = static_cast<std::int8_t>(m);
       Pls t = p;
       t[m] = Pl{kPar, top, -1, -1};
@@ -459,7 +459,7 @@ std::vector<Search::Link> Search::run() {
       if (t != goal_ && states_[t].max_numel > limit_) continue;  // memory bound
       relax(u, t, e, eval(u, t, e, bytes));
     }
-    if (!states_[u].partial) relax(u, goal_, Edge{StepKind::Exchange}, exchange(u, bytes, nullptr));
+    if (!states_[u].partial) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, bytes, nullptr));
   }
   if (pred_[goal_].first < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
 

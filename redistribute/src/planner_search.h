@@ -71,6 +71,12 @@ struct Edge {
   std::int32_t src = -1;                  // AllToAll: old shard dim
 };
 
+inline Edge edge_of(StepKind kind) {
+  Edge e;
+  e.kind = kind;
+  return e;
+}
+
 struct Cost {
   std::int64_t bytes = 0;
   double time = 0;

@@ -1,0 +1,233 @@
+// Bandwidth of the threads backend's collectives: all_gather, all_reduce,
+// reduce_scatter and all_to_all on 2, 4 and 8 ranks, 1 to 256 MiB.
+//
+//   collectives [--quick] [--ranks=2,4,8] [--max-mib=N] [--reps=N]
+//   DTENSOR_BENCH_QUICK=1 acts as --quick (sizes up to 16 MiB).
+//
+// S is the nccl-tests size: the output of all_gather, the input of
+// reduce_scatter, the buffer of all_reduce, the send (= recv) buffer of one
+// rank for all_to_all. algbw = S/t; busbw = algbw * (n-1)/n for all_gather,
+// reduce_scatter and all_to_all, algbw * 2(n-1)/n for all_reduce.
+//
+// Memory traffic: the bytes a shared-memory algorithm must read plus write,
+// summed over the n ranks (a rank's own block is not counted where it needs
+// no copy, as in place):
+//   all_gather      each rank reads (n-1)/n S from peers and writes it: 2(n-1) S
+//   all_to_all      the same per rank:                                   2(n-1) S
+//   reduce_scatter  each rank reads its block from all n ranks (S) and writes
+//                   S/n:                                                 (n+1) S
+//   all_reduce      reduce-scatter (S read, S/n written) then all-gather
+//                   ((n-1)/n S read and written) per rank:               (3n-1) S
+// efficiency = (traffic / t) / memcpy bandwidth, where the memcpy bandwidth is
+// measured in the same run: n threads each memcpy S bytes between their own
+// buffers at once (read + write = 2nS bytes), so that the working set and
+// thread count match the collective's. Timings are the median of several
+// repetitions after warm-up, taken on rank 0 from a barrier to the return of
+// the call (every collective ends with a closing barrier).
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtensor/mesh/threads.h"
+
+using namespace dtensor;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Coll { AllGather, AllReduce, ReduceScatter, AllToAll };
+constexpr Coll kColls[] = {Coll::AllGather, Coll::AllReduce, Coll::ReduceScatter, Coll::AllToAll};
+
+std::string_view name(Coll c) {
+  switch (c) {
+    case Coll::AllGather: return "all_gather";
+    case Coll::AllReduce: return "all_reduce";
+    case Coll::ReduceScatter: return "reduce_scatter";
+    case Coll::AllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
+double bus_factor(Coll c, int n) {
+  const double f = static_cast<double>(n - 1) / n;
+  return c == Coll::AllReduce ? 2 * f : f;
+}
+
+double traffic(Coll c, int n, double s) {
+  switch (c) {
+    case Coll::AllGather:
+    case Coll::AllToAll: return 2.0 * (n - 1) * s;
+    case Coll::ReduceScatter: return (n + 1) * s;
+    case Coll::AllReduce: return (3.0 * n - 1) * s;
+  }
+  return 0;
+}
+
+struct Options {
+  std::vector<int> ranks{2, 4, 8};
+  std::size_t max_mib = 256;
+  int reps = 0;  // 0: by size
+};
+
+struct Buffer {
+  explicit Buffer(std::size_t bytes) : data(new std::byte[std::max<std::size_t>(bytes, 64)]), size(bytes) {
+    std::memset(data.get(), 1, std::max<std::size_t>(bytes, 64));  // first touch by the owning rank
+  }
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size;
+  std::byte* get() { return data.get(); }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Row {
+  Coll coll;
+  int n;
+  std::size_t bytes;
+  double seconds;
+  double memcpy_bw;
+};
+
+template <class Fn>
+double time_it(Communicator& comm, int warmup, int reps, Fn&& fn) {
+  std::vector<double> times;
+  for (int i = 0; i < warmup + reps; ++i) {
+    comm.barrier();
+    const auto t0 = Clock::now();
+    fn();
+    const auto t1 = Clock::now();
+    if (i >= warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  return median(std::move(times));
+}
+
+void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt, std::vector<Row>& rows) {
+  std::vector<Row> local;
+  run_threads(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (std::size_t s : sizes) {
+      const int reps = opt.reps > 0 ? opt.reps : (s >= (64u << 20) ? 5 : 9);
+      const int warmup = s >= (64u << 20) ? 1 : 2;
+      const std::size_t block = s / static_cast<std::size_t>(n);
+      double memcpy_bw = 0;
+      {
+        Buffer src(s), dst(s);
+        const double t = time_it(comm, warmup, reps, [&] {
+          std::memcpy(dst.get(), src.get(), s);
+          comm.barrier();
+        });
+        memcpy_bw = 2.0 * n * static_cast<double>(s) / t;
+      }
+      for (Coll c : kColls) {
+        double t = 0;
+        switch (c) {
+          case Coll::AllGather: {
+            Buffer send(block), recv(block * n);
+            t = time_it(comm, warmup, reps, [&] { comm.all_gather(send.get(), recv.get(), block); });
+            break;
+          }
+          case Coll::AllReduce: {
+            Buffer send(s), recv(s);
+            std::memset(send.get(), 0, s);
+            t = time_it(comm, warmup, reps,
+                        [&] { comm.all_reduce(send.get(), recv.get(), s / 4, DType::Float32, ReduceOp::Sum); });
+            break;
+          }
+          case Coll::ReduceScatter: {
+            Buffer send(block * n), recv(block);
+            std::memset(send.get(), 0, block * n);
+            std::vector<std::size_t> counts(static_cast<std::size_t>(n), block / 4);
+            t = time_it(comm, warmup, reps,
+                        [&] { comm.reduce_scatter(send.get(), recv.get(), counts, DType::Float32, ReduceOp::Sum); });
+            break;
+          }
+          case Coll::AllToAll: {
+            Buffer send(block * n), recv(block * n);
+            std::vector<std::size_t> bytes(static_cast<std::size_t>(n), block), offsets(static_cast<std::size_t>(n));
+            for (int p = 0; p < n; ++p) offsets[static_cast<std::size_t>(p)] = block * static_cast<std::size_t>(p);
+            t = time_it(comm, warmup, reps,
+                        [&] { comm.all_to_all(send.get(), bytes, offsets, recv.get(), bytes, offsets); });
+            break;
+          }
+        }
+        if (r == 0) local.push_back({c, n, block * static_cast<std::size_t>(n), t, memcpy_bw});
+      }
+    }
+  });
+  rows.insert(rows.end(), local.begin(), local.end());
+}
+
+void print(const std::vector<Row>& rows) {
+  fmt::print("{:<15} {:>5} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>6}\n", "collective", "ranks", "size", "time_ms",
+             "algbw", "busbw", "traffic", "memcpy", "eff");
+  fmt::print("{:<15} {:>5} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>6}\n", "", "", "MiB", "", "GB/s", "GB/s",
+             "GB/s", "GB/s", "");
+  for (Coll c : kColls) {
+    for (const Row& row : rows) {
+      if (row.coll != c) continue;
+      const double s = static_cast<double>(row.bytes);
+      const double algbw = s / row.seconds / 1e9;
+      const double traffic_bw = traffic(c, row.n, s) / row.seconds / 1e9;
+      fmt::print("{:<15} {:>5} {:>9.0f} {:>10.3f} {:>9.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>6.2f}\n", name(c), row.n,
+                 s / (1 << 20), row.seconds * 1e3, algbw, algbw * bus_factor(c, row.n), traffic_bw,
+                 row.memcpy_bw / 1e9, traffic_bw / (row.memcpy_bw / 1e9));
+    }
+  }
+}
+
+std::vector<int> parse_list(std::string_view text) {
+  std::vector<int> out;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    out.push_back(std::atoi(std::string(text.substr(0, comma)).c_str()));
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  if (const char* q = std::getenv("DTENSOR_BENCH_QUICK"); q && *q && std::string_view(q) != "0") opt.max_mib = 16;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--quick") {
+      opt.max_mib = 16;
+    } else if (arg.starts_with("--ranks=")) {
+      opt.ranks = parse_list(arg.substr(8));
+    } else if (arg.starts_with("--max-mib=")) {
+      opt.max_mib = static_cast<std::size_t>(std::atoi(std::string(arg.substr(10)).c_str()));
+    } else if (arg.starts_with("--reps=")) {
+      opt.reps = std::atoi(std::string(arg.substr(7)).c_str());
+    } else {
+      fmt::print(stderr, "[collectives] unknown argument '{}'; expected --quick, --ranks=2,4,8, --max-mib=N, --reps=N\n",
+                 arg);
+      return 2;
+    }
+  }
+  std::vector<std::size_t> sizes;
+  for (std::size_t mib = 1; mib <= opt.max_mib; mib *= 4) sizes.push_back(mib << 20);
+
+  fmt::print("threads backend collectives ({} hardware threads)\n", std::thread::hardware_concurrency());
+  fmt::print("S: all_gather output, reduce_scatter input, all_reduce buffer, all_to_all per-rank send; f32 sum\n");
+  fmt::print("algbw = S/t; busbw = algbw*(n-1)/n (all_gather, reduce_scatter, all_to_all), algbw*2(n-1)/n (all_reduce)\n");
+  fmt::print("traffic (bytes read+written by all ranks): all_gather, all_to_all 2(n-1)S; reduce_scatter (n+1)S; "
+             "all_reduce (3n-1)S\n");
+  fmt::print("eff = traffic bandwidth / memcpy bandwidth of n threads each copying S bytes (2nS bytes moved)\n\n");
+  std::vector<Row> rows;
+  for (int n : opt.ranks) run_ranks(n, sizes, opt, rows);
+  print(rows);
+  return 0;
+}

@@ -1,0 +1,31 @@
+#pragma once
+// Pictures of layouts for dtensor-plan: which rank holds which block of a
+// tensor, drawn for a person learning sharding.
+#include <cstdint>
+#include <string>
+
+#include "dtensor/core/placement.h"
+#include "dtensor/core/shape.h"
+
+namespace dtensor::cli {
+
+/// "512 B", "28 KiB", "1.5 MiB".
+std::string human_bytes(std::int64_t bytes);
+/// "7.2 us", "1.3 ms", "2.1 s".
+std::string human_seconds(double seconds);
+
+/// One line per mesh dim saying what its placement does, e.g.
+/// "mesh dim 1 (4 ranks): S(1) splits tensor dim 1 into 4 chunks".
+std::string explain_placements(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
+                               const std::string& indent);
+
+/// Where the blocks of the tensor live under `layout`: an ASCII grid of the
+/// tensor (1-D and 2-D) with each block labelled by the lowest rank holding
+/// it, a legend for replicated and partial blocks, and a per-rank table of
+/// boxes for tensors of other ranks (or grids too dense to draw). `layout`
+/// must be validated against the mesh and shape. Every line starts with
+/// `indent` and ends with '\n'.
+std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize,
+                        const Layout& layout, const std::string& indent);
+
+}  // namespace dtensor::cli
