@@ -21,9 +21,11 @@
 // efficiency = (traffic / t) / memcpy bandwidth, where the memcpy bandwidth is
 // measured in the same run: n threads each memcpy S bytes between their own
 // buffers at once (read + write = 2nS bytes), so that the working set and
-// thread count match the collective's. Timings are the median of several
-// repetitions after warm-up, taken on rank 0 from a barrier to the return of
-// the call (every collective ends with a closing barrier).
+// thread count match the collective's; its repetitions alternate with the
+// collective's, so both see the same load on a shared machine. Timings are
+// the median of several repetitions after warm-up, taken on rank 0 from a
+// barrier to the return of the call (every collective ends with a closing
+// barrier).
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -31,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -99,17 +102,26 @@ struct Row {
   double memcpy_bw;
 };
 
+// Times `fn` and, interleaved with it, the memcpy baseline (each rank copies
+// S bytes between its own buffers), so that both see the same machine load.
+// Returns the medians {collective, memcpy}.
 template <class Fn>
-double time_it(Communicator& comm, int warmup, int reps, Fn&& fn) {
-  std::vector<double> times;
+std::pair<double, double> time_it(Communicator& comm, int warmup, int reps, Buffer& src, Buffer& dst, Fn&& fn) {
+  std::vector<double> times, copy_times;
   for (int i = 0; i < warmup + reps; ++i) {
     comm.barrier();
     const auto t0 = Clock::now();
-    fn();
+    std::memcpy(dst.get(), src.get(), src.size);
+    comm.barrier();
     const auto t1 = Clock::now();
-    if (i >= warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    fn();
+    const auto t2 = Clock::now();
+    if (i >= warmup) {
+      copy_times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      times.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
   }
-  return median(std::move(times));
+  return {median(std::move(times)), median(std::move(copy_times))};
 }
 
 void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt, std::vector<Row>& rows) {
@@ -120,27 +132,20 @@ void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt,
       const int reps = opt.reps > 0 ? opt.reps : (s >= (64u << 20) ? 5 : 9);
       const int warmup = s >= (64u << 20) ? 1 : 2;
       const std::size_t block = s / static_cast<std::size_t>(n);
-      double memcpy_bw = 0;
-      {
-        Buffer src(s), dst(s);
-        const double t = time_it(comm, warmup, reps, [&] {
-          std::memcpy(dst.get(), src.get(), s);
-          comm.barrier();
-        });
-        memcpy_bw = 2.0 * n * static_cast<double>(s) / t;
-      }
+      Buffer copy_src(s), copy_dst(s);
       for (Coll c : kColls) {
-        double t = 0;
+        std::pair<double, double> t;
         switch (c) {
           case Coll::AllGather: {
             Buffer send(block), recv(block * n);
-            t = time_it(comm, warmup, reps, [&] { comm.all_gather(send.get(), recv.get(), block); });
+            t = time_it(comm, warmup, reps, copy_src, copy_dst,
+                        [&] { comm.all_gather(send.get(), recv.get(), block); });
             break;
           }
           case Coll::AllReduce: {
             Buffer send(s), recv(s);
             std::memset(send.get(), 0, s);
-            t = time_it(comm, warmup, reps,
+            t = time_it(comm, warmup, reps, copy_src, copy_dst,
                         [&] { comm.all_reduce(send.get(), recv.get(), s / 4, DType::Float32, ReduceOp::Sum); });
             break;
           }
@@ -148,7 +153,7 @@ void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt,
             Buffer send(block * n), recv(block);
             std::memset(send.get(), 0, block * n);
             std::vector<std::size_t> counts(static_cast<std::size_t>(n), block / 4);
-            t = time_it(comm, warmup, reps,
+            t = time_it(comm, warmup, reps, copy_src, copy_dst,
                         [&] { comm.reduce_scatter(send.get(), recv.get(), counts, DType::Float32, ReduceOp::Sum); });
             break;
           }
@@ -156,12 +161,13 @@ void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt,
             Buffer send(block * n), recv(block * n);
             std::vector<std::size_t> bytes(static_cast<std::size_t>(n), block), offsets(static_cast<std::size_t>(n));
             for (int p = 0; p < n; ++p) offsets[static_cast<std::size_t>(p)] = block * static_cast<std::size_t>(p);
-            t = time_it(comm, warmup, reps,
+            t = time_it(comm, warmup, reps, copy_src, copy_dst,
                         [&] { comm.all_to_all(send.get(), bytes, offsets, recv.get(), bytes, offsets); });
             break;
           }
         }
-        if (r == 0) local.push_back({c, n, block * static_cast<std::size_t>(n), t, memcpy_bw});
+        if (r == 0)
+          local.push_back({c, n, block * static_cast<std::size_t>(n), t.first, 2.0 * n * static_cast<double>(s) / t.second});
       }
     }
   });

@@ -26,7 +26,9 @@
 using namespace dtensor;
 namespace bdata = boost::unit_test::data;
 
-namespace {
+// Named (not anonymous) so that test-case lambdas may capture these types
+// without -Wsubobject-linkage.
+namespace comm_test {
 
 const std::vector<int> kWorldSizes{1, 2, 3, 4, 6, 8};
 constexpr DType kDTypes[] = {DType::Float32, DType::Float64, DType::Int64};
@@ -106,7 +108,8 @@ std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int n, std::size_t m
   return v;
 }
 
-}  // namespace
+}  // namespace comm_test
+using namespace comm_test;
 
 BOOST_AUTO_TEST_SUITE(threads_communicator)
 
@@ -146,10 +149,12 @@ BOOST_DATA_TEST_CASE(all_reduce_values_and_bytes, bdata::make(kWorldSizes), n) {
       EXPECT_R(comm.backend() == "threads", "backend {}", comm.backend());
       std::vector<std::byte> send, recv;
       std::uint64_t case_seed = seed;
+      // 25000 spans several reduce blocks per segment; only a few cases.
       for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n - 1),
-                                static_cast<std::size_t>(3 * n + 1), std::size_t{1000}}) {
+                                static_cast<std::size_t>(3 * n + 1), std::size_t{1000}, std::size_t{25000}}) {
         for (DType dtype : kDTypes) {
           for (ReduceOp op : kOps) {
+            if (count == 25000 && (dtype != DType::Float64 || op == ReduceOp::Min || op == ReduceOp::Avg)) continue;
             for (bool in_place : {false, true}) {
               ++case_seed;
               visit_dtype(dtype, [&](auto zero) {
@@ -623,7 +628,7 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(device_mesh)
 
-namespace {
+namespace mesh_test {
 
 // Every ordered selection of distinct dims of an ndim mesh (including none).
 void ordered_subsets(int ndim, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
@@ -647,7 +652,8 @@ std::vector<MeshCase> mesh_cases() {
           {6, {1, 2, 3}}, {8, {8}},       {8, {2, 4}},    {8, {2, 2, 2}}, {8, {2, 2, 2, 1}}, {8, {1, 2, 2, 2}}};
 }
 
-}  // namespace
+}  // namespace mesh_test
+using namespace mesh_test;
 
 BOOST_AUTO_TEST_CASE(layout_groups_and_submeshes) {
   const std::vector<std::string> all_names{"a", "b", "c", "d"};

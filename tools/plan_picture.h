@@ -9,6 +9,8 @@
 
 namespace dtensor::cli {
 
+/// "64x128", "10-element", "scalar".
+std::string shape_text(const Shape& shape);
 /// "512 B", "28 KiB", "1.5 MiB".
 std::string human_bytes(std::int64_t bytes);
 /// "7.2 us", "1.3 ms", "2.1 s".

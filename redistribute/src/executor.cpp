@@ -1,1 +1,253 @@
-// placeholder
+// Runs plan steps. Every step works from boxes (local_box of the step's two
+// layouts at this rank and at the other ranks of its group), so the code
+// does not depend on how the planner named the layouts.
+#include "dtensor/redistribute/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <fmt/ranges.h>
+
+#include "dtensor/core/error.h"
+
+namespace dtensor {
+namespace {
+
+struct Ctx {
+  const Plan& plan;
+  const DeviceMesh& mesh;
+  Shape coord;
+  std::size_t isz;
+
+  Box box(const Layout& l, std::span<const std::int64_t> c) const {
+    return local_box(plan.mesh_shape, plan.global_shape, l, c);
+  }
+  Box box(const Layout& l) const { return box(l, coord); }
+  // The coordinate of rank i of the group over `dims` (mixed radix, first dim most significant).
+  Shape group_coord(const std::vector<int>& dims, std::int64_t i) const {
+    Shape c = coord;
+    for (int j = static_cast<int>(dims.size()) - 1; j >= 0; --j) {
+      std::int64_t n = plan.mesh_shape[dims[j]];
+      c[dims[j]] = i % n;
+      i /= n;
+    }
+    return c;
+  }
+  std::int64_t group_rank(const std::vector<int>& dims) const {
+    std::int64_t i = 0;
+    for (int m : dims) i = i * plan.mesh_shape[m] + coord[m];
+    return i;
+  }
+};
+
+// `inner` in the coordinates of `outer`.
+Box relative(const Box& inner, const Box& outer) {
+  Box b = inner;
+  for (int d = 0; d < b.ndim(); ++d) b.offset[d] -= outer.offset[d];
+  return b;
+}
+
+// True when the non-empty pieces, in order, tile `whole` as consecutive
+// row-major ranges: every dim before `dim` has size 1 in `whole`, and each
+// piece spans `whole` on the other dims and starts where the last ended on `dim`.
+bool consecutive(const std::vector<Box>& pieces, const Box& whole, std::int64_t dim) {
+  for (std::int64_t d = 0; d < dim; ++d)
+    if (whole.size[d] != 1) return false;
+  std::int64_t at = whole.offset[dim];
+  for (const Box& p : pieces) {
+    if (p.empty()) continue;
+    for (int d = 0; d < whole.ndim(); ++d)
+      if (d != dim && (p.offset[d] != whole.offset[d] || p.size[d] != whole.size[d])) return false;
+    if (p.offset[dim] != at) return false;
+    at += p.size[dim];
+  }
+  return true;
+}
+
+ReduceOp partial_op(const Layout& l, const std::vector<int>& dims) {
+  for (int m : dims)
+    if (auto* q = std::get_if<Partial>(&l[m])) return q->op;
+  throw LayoutError(fmt::format("[redistribute] internal: step on mesh dims {} of {} has no Partial", fmt::join(dims, ","), l));
+}
+
+Tensor all_gather(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
+  Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
+  const int n = comm.size();
+  const Box nb = cx.box(s.to);
+  Tensor out = Tensor::empty(nb.size, cur.dtype());
+  std::vector<Box> pieces(n);
+  std::vector<std::size_t> sizes(n);
+  for (int i = 0; i < n; ++i) {
+    pieces[i] = cx.box(s.from, cx.group_coord(s.mesh_dims, i));
+    sizes[i] = static_cast<std::size_t>(pieces[i].numel()) * cx.isz;
+  }
+  if (consecutive(pieces, nb, s.tensor_dim)) {
+    comm.all_gather(cur.data(), out.data(), sizes);
+    return out;
+  }
+  std::size_t total = 0;
+  for (auto b : sizes) total += b;
+  std::vector<std::byte> staging(total);
+  comm.all_gather(cur.data(), staging.data(), sizes);
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    if (sizes[i]) unpack_box(staging.data() + at, out, relative(pieces[i], nb));
+    at += sizes[i];
+  }
+  return out;
+}
+
+Tensor reduce_scatter(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
+  Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
+  const int n = comm.size();
+  const Box ob = cx.box(s.from);
+  std::vector<Box> pieces(n);
+  std::vector<std::size_t> counts(n);
+  for (int i = 0; i < n; ++i) {
+    pieces[i] = cx.box(s.to, cx.group_coord(s.mesh_dims, i));
+    counts[i] = static_cast<std::size_t>(pieces[i].numel());
+  }
+  Tensor out = Tensor::empty(pieces[cx.group_rank(s.mesh_dims)].size, cur.dtype());
+  const ReduceOp op = partial_op(s.from, s.mesh_dims);
+  if (consecutive(pieces, ob, s.tensor_dim)) {
+    comm.reduce_scatter(cur.data(), out.data(), counts, cur.dtype(), op);
+    return out;
+  }
+  std::vector<std::byte> send(static_cast<std::size_t>(ob.numel()) * cx.isz);
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    if (counts[i]) pack_box(cur, relative(pieces[i], ob), send.data() + at);
+    at += counts[i] * cx.isz;
+  }
+  comm.reduce_scatter(send.data(), out.data(), counts, cur.dtype(), op);
+  return out;
+}
+
+Tensor all_reduce(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
+  Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
+  Tensor out = cur.clone();
+  comm.all_reduce(out.data(), out.data(), static_cast<std::size_t>(out.numel()), out.dtype(),
+                  partial_op(s.from, s.mesh_dims));
+  return out;
+}
+
+Tensor all_to_all(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
+  Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
+  const int n = comm.size();
+  const Box ob = cx.box(s.from), nb = cx.box(s.to);
+  Tensor out = Tensor::empty(nb.size, cur.dtype());
+  std::vector<Box> send_boxes(n), recv_boxes(n);
+  std::vector<std::size_t> sb(n), so(n), rb(n), ro(n);
+  std::size_t send_total = 0, recv_total = 0;
+  for (int i = 0; i < n; ++i) {
+    Shape c = cx.group_coord(s.mesh_dims, i);
+    send_boxes[i] = intersect(ob, cx.box(s.to, c));
+    recv_boxes[i] = intersect(cx.box(s.from, c), nb);
+    sb[i] = static_cast<std::size_t>(send_boxes[i].numel()) * cx.isz;
+    rb[i] = static_cast<std::size_t>(recv_boxes[i].numel()) * cx.isz;
+    so[i] = send_total;
+    ro[i] = recv_total;
+    send_total += sb[i];
+    recv_total += rb[i];
+  }
+  std::vector<std::byte> send(send_total), recv(recv_total);
+  for (int i = 0; i < n; ++i)
+    if (sb[i]) pack_box(cur, relative(send_boxes[i], ob), send.data() + so[i]);
+  comm.all_to_all(send.data(), sb, so, recv.data(), rb, ro);
+  for (int i = 0; i < n; ++i)
+    if (rb[i]) unpack_box(recv.data() + ro[i], out, relative(recv_boxes[i], nb));
+  return out;
+}
+
+Tensor exchange(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
+  const int me = cx.mesh.rank();
+  const Box ob = cx.box(s.from), nb = cx.box(s.to);
+  // Ranks off coordinate 0 of a target Partial(sum) dim hold zeros.
+  bool needs = true;
+  for (int m = 0; m < s.to.mesh_ndim(); ++m)
+    if (auto* q = std::get_if<Partial>(&s.to[m]); q && q->op == ReduceOp::Sum && cx.coord[m] != 0) needs = false;
+  Tensor out = needs ? Tensor::empty(nb.size, cur.dtype()) : Tensor::zeros(nb.size, cur.dtype());
+  const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
+                                  [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
+  for (const ExchangeBlock& b : s.blocks)
+    if (b.src_rank == me && b.dst_rank == me)
+      copy_box(cur, relative(b.box, ob), out, relative(b.box, nb).offset);
+  if (!remote) return out;
+
+  Communicator& comm = cx.mesh.comm();
+  const int n = comm.size();
+  std::vector<std::size_t> sb(n, 0), so(n, 0), rb(n, 0), ro(n, 0);
+  // Blocks are sorted by (dst, src, offset): both sides walk them in that order.
+  for (const ExchangeBlock& b : s.blocks) {
+    if (b.src_rank == b.dst_rank) continue;
+    const auto bytes = static_cast<std::size_t>(b.box.numel()) * cx.isz;
+    if (b.src_rank == me) sb[b.dst_rank] += bytes;
+    if (b.dst_rank == me) rb[b.src_rank] += bytes;
+  }
+  std::size_t send_total = 0, recv_total = 0;
+  for (int p = 0; p < n; ++p) {
+    so[p] = send_total;
+    ro[p] = recv_total;
+    send_total += sb[p];
+    recv_total += rb[p];
+  }
+  std::vector<std::byte> send(send_total), recv(recv_total);
+  std::vector<std::size_t> put = so;
+  for (const ExchangeBlock& b : s.blocks)
+    if (b.src_rank == me && b.dst_rank != me) {
+      pack_box(cur, relative(b.box, ob), send.data() + put[b.dst_rank]);
+      put[b.dst_rank] += static_cast<std::size_t>(b.box.numel()) * cx.isz;
+    }
+  comm.all_to_all(send.data(), sb, so, recv.data(), rb, ro);
+  std::vector<std::size_t> get = ro;
+  for (const ExchangeBlock& b : s.blocks)
+    if (b.dst_rank == me && b.src_rank != me) {
+      unpack_box(recv.data() + get[b.src_rank], out, relative(b.box, nb));
+      get[b.src_rank] += static_cast<std::size_t>(b.box.numel()) * cx.isz;
+    }
+  return out;
+}
+
+Tensor run_step(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
+  switch (s.kind) {
+    case StepKind::AllGather: return all_gather(cx, s, cur);
+    case StepKind::AllReduce: return all_reduce(cx, s, cur);
+    case StepKind::ReduceScatter: return reduce_scatter(cx, s, cur);
+    case StepKind::AllToAll: return all_to_all(cx, s, cur);
+    case StepKind::Exchange: return exchange(cx, s, cur);
+    case StepKind::Slice: {
+      const Box nb = cx.box(s.to);
+      if (nb.empty()) return Tensor::empty(nb.size, cur.dtype());  // empty shards may sit past the end
+      return slice_box(cur, relative(nb, cx.box(s.from)));
+    }
+    case StepKind::ZeroFill:
+      for (int m : s.mesh_dims)
+        if (cx.coord[m] != 0) return Tensor::zeros(cur.shape(), cur.dtype());
+      return cur;
+    case StepKind::Relabel: return cur;
+  }
+  return cur;
+}
+
+}  // namespace
+
+Tensor execute_plan(const Plan& plan, const DeviceMesh& mesh, const Tensor& local) {
+  if (mesh.shape() != plan.mesh_shape)
+    throw MeshError(fmt::format("[redistribute] a plan for mesh [{}] run on mesh [{}]", fmt::join(plan.mesh_shape, ","),
+                                fmt::join(mesh.shape(), ",")));
+  if (local.dtype() != plan.dtype)
+    throw DTypeError(fmt::format("[redistribute] local shard of dtype {}: the plan is for {}", local.dtype(), plan.dtype));
+  Ctx cx{plan, mesh, mesh.coordinate(), itemsize(plan.dtype)};
+  const Box box = cx.box(plan.from);
+  if (local.shape() != box.size)
+    throw LayoutError(fmt::format("[redistribute] local shard of shape [{}] on rank {} (coordinate [{}]): {} of a [{}] "
+                                  "tensor gives it shape [{}]",
+                                  fmt::join(local.shape(), ","), mesh.rank(), fmt::join(cx.coord, ","), plan.from,
+                                  fmt::join(plan.global_shape, ","), fmt::join(box.size, ",")));
+  Tensor cur = local;
+  for (const PlanStep& s : plan.steps) cur = run_step(cx, s, cur);
+  return cur;
+}
+
+}  // namespace dtensor

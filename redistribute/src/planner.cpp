@@ -136,7 +136,7 @@ std::string kinds_text(const std::vector<StepKind>& kinds) {
 }
 
 std::string ratio_text(const planner::Cost& next, const planner::Cost& best, bool bytes_first) {
-  auto ratio = [](double a, double b) { return b > 0 ? fmt::format("{:.3g}x", a / b) : std::string("more"); };
+  auto ratio = [](double a, double b) { return b > 0 ? fmt::format("{:.2f}x", a / b) : std::string("more"); };
   if (bytes_first && next.bytes != best.bytes)
     return fmt::format("{} the bytes", ratio(static_cast<double>(next.bytes), static_cast<double>(best.bytes)));
   return fmt::format("{} the time", ratio(next.time, best.time));
@@ -193,6 +193,7 @@ Plan plan_redistribute(const PlanRequest& req) {
   P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
   P.cost = &req.cost;
   P.bytes_first = !plan.from.has_partial();
+  P.avg_in_one_step = !is_floating(req.dtype);
   P.coord.resize(static_cast<std::size_t>(ranks) * P.k);
   for (int r = 0; r < ranks; ++r) {
     Shape c = unravel_index(r, req.mesh_shape);
@@ -209,6 +210,7 @@ Plan plan_redistribute(const PlanRequest& req) {
       LinkParams l = req.cost.group_link(diff);
       P.pair_bw[static_cast<std::size_t>(a) * ranks + b] = l.bandwidth_Bps;
       P.pair_lat[static_cast<std::size_t>(a) * ranks + b] = l.hop_latency_s;
+      if (a != b) P.max_bw = std::max(P.max_bw, l.bandwidth_Bps);
     }
 
   const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
@@ -240,8 +242,29 @@ Plan plan_redistribute(const PlanRequest& req) {
     s.src_dim = l.edge.src;
     planner::Eval ev = l.edge.kind == StepKind::Exchange ? search.exchange(l.from, bytes, &s.blocks)
                                                          : search.eval(l.from, l.to, l.edge, bytes);
-    if (l.edge.kind == StepKind::Exchange)
-      for (int m = 0; m < mesh_ndim; ++m) s.mesh_dims.push_back(m);
+    if (l.edge.kind == StepKind::Exchange) {
+      const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
+                                      [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
+      const bool zeros = std::any_of(plan.to.placements().begin(), plan.to.placements().end(), [](const Placement& p) {
+        return is_partial(p) && std::get<Partial>(p).op == ReduceOp::Sum;
+      });
+      if (!remote && !zeros && l.to == search.goal()) {
+        // Every rank already holds its new region: a local slice.
+        s.kind = StepKind::Slice;
+        s.blocks.clear();
+        const Pls& a = search.state(l.from).pl;
+        const Pls& b = search.state(l.to).pl;
+        for (int i = 0; i < P.k; ++i)
+          if (planner::key_of(Pls{a[i]}, 1) != planner::key_of(Pls{b[i]}, 1) || a[i].level != b[i].level)
+            s.mesh_dims.push_back(P.full[i]);
+        for (int i = 0; i < P.k; ++i)
+          if (b[i].kind == kShard && std::find(s.mesh_dims.begin(), s.mesh_dims.end(), P.full[i]) != s.mesh_dims.end())
+            s.tensor_dim = s.tensor_dim == -1 || s.tensor_dim == b[i].dim ? b[i].dim : -2;
+        if (s.tensor_dim == -2) s.tensor_dim = -1;
+      } else {
+        for (int m = 0; m < mesh_ndim; ++m) s.mesh_dims.push_back(m);
+      }
+    }
     s.recv_bytes = bytes;
     s.est_seconds = ev.time;
     return s;
@@ -320,12 +343,15 @@ Plan plan_redistribute(const PlanRequest& req) {
       next = &c;
     }
   }
-  if (!next || !best) {
+  const std::size_t considered = std::max<std::size_t>(search.considered(), 1);
+  if (considered == 1) {
     steps[0].reason += "; the only plan found";
+  } else if (!next || !best) {
+    steps[0].reason += fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
   } else {
     std::vector<StepKind> kinds = search.path_kinds(next->pred);
     kinds.push_back(next->last);
-    steps[0].reason += fmt::format("; cheapest of {} plans (next: {}, {})", cands.size(), kinds_text(kinds),
+    steps[0].reason += fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
                                    ratio_text(next->cost, best->cost, P.bytes_first));
   }
 

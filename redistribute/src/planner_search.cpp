@@ -180,7 +180,14 @@ void Search::edges(int si, F&& f) const {
   int nq = 0;
   for (int m = 0; m < k; ++m)
     if (p[m].kind == kPar) q[nq++] = m;
+  int must = -1;  // the only group mask allowed, or -1 for any
+  if (P_.avg_in_one_step && nq > 0 && p[q[0]].op == ReduceOp::Avg) {
+    must = 0;
+    for (int i = 0; i < nq; ++i)
+      if (dst[q[i]].kind != kPar || dst[q[i]].op != ReduceOp::Avg) must |= 1 << i;
+  }
   for (int mask = 1; mask < (1 << nq); ++mask) {
+    if (must >= 0 && mask != must) continue;
     Edge e = edge_of(StepKind::AllReduce);
     Pls t = p;
     for (int i = 0; i < nq; ++i)
@@ -194,7 +201,7 @@ void Search::edges(int si, F&& f) const {
     // Every ordered sequence of distinct partial dims, by depth-first search.
     std::array<int, kMaxDims> seq{};
     auto dfs = [&](auto&& self, int len, int used) -> void {
-      if (len > 0) {
+      if (len > 0 && (must < 0 || used == must)) {
         for (int d = 0; d < nd; ++d) {
           Edge e = edge_of(StepKind::ReduceScatter);
           e.dim = d;
@@ -435,7 +442,10 @@ std::vector<Search::Link> Search::run() {
   };
   auto relax = [&](int u, int t, const Edge& e, const Eval& ev) {
     Cost c{dist_[u].bytes + ev.max_bytes, dist_[u].time + ev.time};
-    if (t == goal_) cands_.push_back(Candidate{c, u, e.kind});
+    if (t == goal_) {
+      cands_.push_back(Candidate{c, u, e.kind});
+      if (e.kind != StepKind::Exchange) ++considered_;
+    }
     if (better(c, dist_[t])) {
       dist_[t] = c;
       pred_[t] = {u, e};
@@ -459,7 +469,20 @@ std::vector<Search::Link> Search::run() {
       if (t != goal_ && states_[t].max_numel > limit_) continue;  // memory bound
       relax(u, t, e, eval(u, t, e, bytes));
     }
-    if (!states_[u].partial) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, bytes, nullptr));
+    if (!states_[u].partial && u != goal_) {
+      // The holders are the costly part of an exchange: skip it when even a
+      // lower bound on its cost (its exact bytes, at the fastest bandwidth
+      // with no latency) cannot beat the best plan found so far.
+      const State& S = states_[u];
+      const State& T = states_[goal_];
+      std::int64_t most = 0;
+      for (int r = 0; r < P_.ranks; ++r)
+        if (needs(r)) most = std::max(most, T.numel[r] - inter_numel(S, r, T, r, P_.nd));
+      most *= P_.itemsize;
+      const Cost bound{dist_[u].bytes + most, dist_[u].time + static_cast<double>(most) / P_.max_bw};
+      ++considered_;
+      if (better(bound, dist_[goal_])) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, bytes, nullptr));
+    }
   }
   if (pred_[goal_].first < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
 

@@ -43,9 +43,13 @@ struct Problem {
   std::vector<std::int64_t> coord;  // ranks * k
   std::int64_t itemsize = 4;
   const CostModel* cost = nullptr;
+  // Integer Avg: divisions in stages truncate differently from one division,
+  // so the Partial dims a plan removes are all reduced by one collective.
+  bool avg_in_one_step = false;
   bool bytes_first = true;  // objective: (bytes, time) without Partial source, else (time, bytes)
   // Exchange links per (src, dst) pair: the slowest link among the mesh dims they differ on.
   std::vector<double> pair_bw, pair_lat;
+  double max_bw = 0;  // the fastest of them
   std::vector<int> full_dims_scratch;
 
   std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
@@ -121,6 +125,8 @@ class Search {
   /// The step kinds of the best known path to a settled state.
   std::vector<StepKind> path_kinds(int s) const;
   std::size_t num_states() const { return states_.size(); }
+  /// Complete plans compared, counting those a lower bound ruled out.
+  std::size_t considered() const { return considered_; }
 
  private:
   int intern(const Pls& p);
@@ -139,6 +145,7 @@ class Search {
   std::vector<Cost> dist_;
   std::vector<std::pair<int, Edge>> pred_;
   std::vector<Candidate> cands_;
+  std::size_t considered_ = 0;
 };
 
 }  // namespace dtensor::planner

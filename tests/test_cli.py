@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Tests of the dtensor-plan command line: run as `test_cli.py PATH_TO_BINARY`.
+
+Standard library only. Exits non-zero if any test fails.
+"""
+import json
+import subprocess
+import sys
+import unittest
+
+BINARY = None
+EXAMPLE = ["--mesh", "2x4", "--shape", "64,128", "--dtype", "f32", "--from", "S(0),S(1)", "--to", "R,R"]
+PLAN_KEYS = ["mesh", "shape", "dtype", "from", "to", "steps", "recv_bytes", "est_seconds"]
+RUN_KEYS = PLAN_KEYS + ["verified", "measured_recv_bytes"]
+STEP_KEYS = ["op", "mesh_dims", "recv_bytes"]
+STEP_OPS = {"all_gather", "all_reduce", "reduce_scatter", "all_to_all", "exchange", "slice", "zero_fill", "relabel"}
+
+
+def run(*args, timeout=60):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_json(testcase, *args):
+    proc = run(*args, "--json")
+    testcase.assertEqual(proc.returncode, 0, f"{args}: stderr: {proc.stderr}")
+    lines = proc.stdout.strip().splitlines()
+    testcase.assertEqual(len(lines), 1, f"{args}: expected one JSON line, got {proc.stdout!r}")
+    return json.loads(lines[0])
+
+
+class JsonOutput(unittest.TestCase):
+    def test_keys_are_exactly_the_documented_ones(self):
+        out = run_json(self, *EXAMPLE)
+        self.assertEqual(list(out.keys()), PLAN_KEYS)
+        self.assertTrue(out["steps"])
+        for step in out["steps"]:
+            self.assertEqual(list(step.keys()), STEP_KEYS)
+            self.assertIn(step["op"], STEP_OPS)
+            self.assertIsInstance(step["mesh_dims"], list)
+            self.assertIsInstance(step["recv_bytes"], int)
+
+    def test_example_values(self):
+        out = run_json(self, *EXAMPLE)
+        self.assertEqual(out["mesh"], [2, 4])
+        self.assertEqual(out["shape"], [64, 128])
+        self.assertEqual(out["dtype"], "f32")
+        self.assertEqual(out["from"], "S(0),S(1)")
+        self.assertEqual(out["to"], "R,R")
+        # Every rank lacks 7/8 of the tensor and must receive it.
+        self.assertEqual(out["recv_bytes"], 7 * 64 * 128 * 4 // 8)
+        self.assertGreater(out["est_seconds"], 0)
+        self.assertLessEqual(max(s["recv_bytes"] for s in out["steps"]), out["recv_bytes"])
+
+    def test_layouts_print_in_text_form(self):
+        out = run_json(self, "--mesh", "2x2", "--shape", "16,8", "--from", "Shard(dim=0)[1], S(0)[0]", "--to",
+                       "Replicate(),Partial(sum)")
+        self.assertEqual(out["from"], "S(0)[1],S(0)[0]")
+        self.assertEqual(out["to"], "R,P(sum)")
+        out = run_json(self, "--mesh", "2", "--shape", "4,6", "--from", "S(-1)", "--to", "R", "--dtype", "float64")
+        self.assertEqual(out["from"], "S(1)")
+        self.assertEqual(out["dtype"], "f64")
+
+    def test_same_layout_needs_nothing(self):
+        out = run_json(self, "--mesh", "2x4", "--shape", "64,128", "--from", "S(0),R", "--to", "S(0),R")
+        self.assertEqual(out["steps"], [])
+        self.assertEqual(out["recv_bytes"], 0)
+
+    def test_slow_dims_make_the_estimate_slower(self):
+        fast = run_json(self, *EXAMPLE)
+        slow = run_json(self, *EXAMPLE, "--slow-dims", "0")
+        slower = run_json(self, *EXAMPLE, "--slow-dims", "0,1")
+        self.assertGreater(slow["est_seconds"], fast["est_seconds"])
+        self.assertGreaterEqual(slower["est_seconds"], slow["est_seconds"])
+
+    def test_ranks_that_match_are_accepted(self):
+        self.assertEqual(run_json(self, *EXAMPLE, "--ranks", "8")["mesh"], [2, 4])
+
+
+# (mesh, shape, from, to, dtype): plans that --run must verify, with the
+# bytes measured on the threads backend equal to the planned ones.
+RUN_CASES = [
+    ("2x4", "64,128", "S(0),S(1)", "R,R", "f32"),
+    ("2x3", "13,7", "S(0),S(1)", "S(1),R", "f32"),
+    ("2x3", "13,7", "S(1),S(0)", "S(0),S(1)", "f64"),
+    ("3", "13,7", "S(0)", "S(1)", "i64"),
+    ("2x3", "13,7", "P(sum),S(0)", "R,R", "f32"),
+    ("2x3", "13,7", "P(sum),P(sum)", "S(1),S(0)", "f64"),
+    ("2x4", "64,128", "P(sum),S(1)", "S(0),R", "f32"),
+    ("2x2", "9,5", "P(sum),R", "S(0),S(1)", "i64"),
+    ("4", "10", "P(avg)", "S(0)", "f32"),
+    ("2x2", "10,3", "P(avg),P(avg)", "R,S(0)", "i64"),
+    ("2x2", "9,5", "P(max),S(1)", "R,R", "f32"),
+    ("2x2", "9,5", "S(0),P(min)", "S(1),R", "i64"),
+    ("2x2", "8,8", "R,R", "P(sum),S(0)", "f32"),
+    ("2x2", "8,8", "S(0),S(1)", "P(max),R", "f64"),
+    ("2x2x2", "8,6,4", "S(0),S(2),P(max)", "R,S(1),S(0)", "i64"),
+    ("2x2x2", "5,3,7", "S(2),S(0),S(1)", "R,S(2),S(2)", "f32"),
+    ("2x2", "16,8", "S(0)[1],S(0)[0]", "S(0),S(0)", "f32"),
+    ("2x2", "16,8", "S(0),S(0)", "S(0)[1],S(0)[0]", "i64"),
+    ("2x3", "13,7", "S(0)[1],S(0)[0]", "R,S(1)", "f32"),
+    ("2x3", "0,7", "S(0),S(1)", "R,S(0)", "f32"),
+    ("2x3", "3,0", "P(sum),S(1)", "R,R", "f32"),
+    ("3", "0", "S(0)", "R", "i64"),
+    ("2", "", "P(sum)", "R", "f32"),
+    ("2x2x2x2", "5", "S(0),S(0),S(0),S(0)", "R,R,R,R", "f32"),
+    ("2x2x2x2", "3,4,5,2", "S(0),S(1),S(2),S(3)", "S(3),S(2),S(1),S(0)", "f64"),
+]
+
+
+class Run(unittest.TestCase):
+    def check_run(self, mesh, shape, src, dst, dtype, *extra):
+        args = ["--mesh", mesh, "--shape", shape, "--from", src, "--to", dst, "--dtype", dtype, "--run", *extra]
+        out = run_json(self, *args)
+        self.assertEqual(list(out.keys()), RUN_KEYS)
+        self.assertIs(out["verified"], True, args)
+        self.assertEqual(out["measured_recv_bytes"], out["recv_bytes"], args)
+
+    def test_cases(self):
+        for case in RUN_CASES:
+            with self.subTest(case=case):
+                self.check_run(*case)
+
+    def test_example_measures_seven_eighths(self):
+        out = run_json(self, *EXAMPLE, "--run")
+        self.assertIs(out["verified"], True)
+        self.assertEqual(out["measured_recv_bytes"], 7 * 64 * 128 * 4 // 8)
+
+    def test_seeds_and_slow_links(self):
+        for seed in ["0", "1", "12345678901234"]:
+            with self.subTest(seed=seed):
+                self.check_run("2x3", "13,7", "P(sum),S(1)", "S(1),R", "f32", "--seed", seed, "--slow-dims", "0")
+
+    def test_human_mode_reports_the_run(self):
+        proc = run(*EXAMPLE, "--run")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("verified: yes", proc.stdout)
+        self.assertIn("measured: the busiest rank received 28 KiB (28672 B); planned 28 KiB (28672 B)", proc.stdout)
+
+
+class HumanOutput(unittest.TestCase):
+    def test_example(self):
+        proc = run(*EXAMPLE)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, "")
+        out = proc.stdout
+        for text in ["64x128 f32", "2x4 mesh of 8 ranks", "Before: S(0),S(1)", "After: R,R", "step 1: ", "why: ",
+                     "KiB", " us", "mesh dim 1 (4 ranks): S(1) splits tensor dim 1 (size 128) into 4 chunks",
+                     "every rank holds a 32x32 (4 KiB) shard", "held by: 0 = {0,1,2,3,4,5,6,7}"]:
+            self.assertIn(text, out)
+        grid = [line for line in out.splitlines() if line.strip().startswith(("+", "|")) or "+--" in line]
+        self.assertTrue(grid)
+        self.assertTrue(all(len(line) <= 80 for line in grid), grid)
+        # The source grid: rank 0..3 across the first row of blocks, 4..7 below.
+        labels = [line.split("|")[1:-1] for line in grid if "|" in line]
+        rows = [[c.strip() for c in cells] for cells in labels if any(c.strip() for c in cells)]
+        self.assertIn(["0", "1", "2", "3"], rows)
+        self.assertIn(["4", "5", "6", "7"], rows)
+
+    def test_uneven_shards_and_partial(self):
+        out = run("--mesh", "2x3", "--shape", "13,7", "--from", "P(sum),S(1)", "--to", "S(0),R").stdout
+        self.assertIn("P(sum): values are partial over mesh dim 0", out)
+        self.assertIn("shards range from", out)
+        self.assertIn("held by: 0 = {0,3}", out)
+
+    def test_3d_prints_a_table(self):
+        out = run("--mesh", "2x4", "--shape", "64,8,128", "--from", "S(0),S(2)", "--to", "R,R").stdout
+        self.assertIn("rank 3 (0,3): [0:32, 0:8, 96:128]", out)
+
+    def test_empty_shards_are_named(self):
+        out = run("--mesh", "4", "--shape", "2", "--from", "S(0)", "--to", "R").stdout
+        self.assertIn("ranks {2,3} hold an empty shard", out)
+
+    def test_zero_size_tensor(self):
+        proc = run("--mesh", "2x3", "--shape", "0,7", "--from", "S(0),S(1)", "--to", "R,S(0)")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("no elements", proc.stdout)
+
+
+# (arguments, text the one line on stderr must name)
+BAD_ARGUMENTS = [
+    (["--from", "S(0),Q"], "'Q' is not a placement"),
+    (["--from", "S(0),S(2)"], "Shard(2)"),
+    (["--to", "R,S(-3)"], "Shard(-3)"),
+    (["--to", "R"], "--to 'R'"),
+    (["--from", "S(0)[1],S(0)"], "--from 'S(0)[1],S(0)'"),
+    (["--from", "P(sum),P(max)"], "P(max)"),
+    (["--mesh", "2x0"], "--mesh '2x0'"),
+    (["--mesh", "2xx4"], "--mesh '2xx4'"),
+    (["--mesh", "two"], "--mesh 'two'"),
+    (["--mesh", "2x1x1x2x2"], "--mesh '2x1x1x2x2'"),
+    (["--ranks", "6"], "--ranks 6"),
+    (["--shape", "64"], "--shape 64"),
+    (["--shape", "64,x"], "--shape '64,x'"),
+    (["--shape", "64,-2"], "-2"),
+    (["--dtype", "f16"], "--dtype 'f16'"),
+    (["--dtype", "complex"], "--dtype 'complex'"),
+    (["--slow-dims", "2"], "--slow-dims '2'"),
+    (["--seed", "abc"], "--seed"),
+    (["--bogus"], "--bogus"),
+]
+
+
+class BadArguments(unittest.TestCase):
+    def test_each_class_exits_2_with_one_line(self):
+        base = dict(zip(EXAMPLE[0::2], EXAMPLE[1::2]))
+        for override, named in BAD_ARGUMENTS:
+            with self.subTest(args=override):
+                opts = dict(base)
+                extra = []
+                if len(override) == 2 and override[0] in opts:
+                    opts[override[0]] = override[1]
+                else:
+                    extra = override
+                args = [x for kv in opts.items() for x in kv] + extra
+                proc = run(*args)
+                self.assertEqual(proc.returncode, 2, f"{args}: {proc.stdout} {proc.stderr}")
+                self.assertEqual(proc.stdout, "")
+                lines = proc.stderr.splitlines()
+                self.assertEqual(len(lines), 1, proc.stderr)
+                self.assertTrue(lines[0].startswith("dtensor-plan: "), lines[0])
+                self.assertIn(named, lines[0])
+
+    def test_the_documented_message(self):
+        proc = run("--mesh", "2x4", "--shape", "64,128", "--from", "S(0),Q", "--to", "R,R")
+        self.assertEqual(proc.stderr, "dtensor-plan: --from 'S(0),Q': 'Q' is not a placement: "
+                                      "expected S(d), R or P(sum|avg|max|min)\n")
+
+    def test_missing_option(self):
+        proc = run("--mesh", "2x4", "--shape", "64,128", "--from", "S(0),S(1)")
+        self.assertEqual(proc.returncode, 2)
+        self.assertEqual(len(proc.stderr.splitlines()), 1)
+        self.assertIn("--to", proc.stderr)
+
+    def test_help_exits_0(self):
+        proc = run("--help")
+        self.assertEqual(proc.returncode, 0)
+        for option in ["--mesh", "--shape", "--dtype", "--from", "--to", "--slow-dims", "--json", "--run", "--seed"]:
+            self.assertIn(option, proc.stdout)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: test_cli.py PATH_TO_DTENSOR_PLAN")
+    BINARY = sys.argv.pop(1)
+    result = unittest.main(argv=sys.argv[:1], verbosity=2, exit=False).result
+    sys.exit(0 if result.wasSuccessful() else 1)

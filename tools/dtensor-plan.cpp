@@ -1,0 +1,334 @@
+// dtensor-plan: prints how dtensor would redistribute a tensor from one
+// layout to another, and with --run executes and checks it on threads.
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "dtensor/dtensor.h"
+#include "plan_picture.h"
+#include "plan_run.h"
+
+namespace {
+
+using namespace dtensor;
+using cli::human_bytes;
+using cli::human_seconds;
+
+constexpr int kExitVerifyFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kMaxMeshDims = 4;
+// Beyond these the picture, the plan's per-rank vectors and --run's one
+// thread per rank stop being useful on one machine.
+constexpr std::int64_t kMaxRanks = 65536;
+constexpr std::int64_t kMaxRunRanks = 256;
+
+/// A bad argument: the message names the option and the value.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string mesh, shape, dtype = "f32", from, to, slow_dims;
+  std::optional<std::int64_t> ranks;
+  bool json = false, run = false;
+  std::uint64_t seed = 0;
+};
+
+// A library message without its "[where] " prefix, for quoting after ours.
+std::string_view bare(std::string_view what) {
+  if (what.starts_with('[')) {
+    auto close = what.find("] ");
+    if (close != std::string_view::npos) return what.substr(close + 2);
+  }
+  return what;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Comma- or x-separated non-negative integers; names the bad item.
+std::vector<std::int64_t> parse_ints(std::string_view option, std::string_view text, std::string_view seps,
+                                     std::string_view example) {
+  std::vector<std::int64_t> out;
+  std::string_view rest = text;
+  while (true) {
+    auto pos = rest.find_first_of(seps);
+    std::string_view item = trim(rest.substr(0, pos));
+    std::int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || v < 0)
+      throw UsageError(fmt::format("{} '{}': '{}' is not a size: expected e.g. {}", option, text, item, example));
+    out.push_back(v);
+    if (pos == std::string_view::npos) break;
+    rest = rest.substr(pos + 1);
+  }
+  return out;
+}
+
+Shape parse_mesh(const Options& o) {
+  Shape mesh = parse_ints("--mesh", o.mesh, "x,", "2x4 (1 to 4 dims)");
+  if (static_cast<int>(mesh.size()) > kMaxMeshDims)
+    throw UsageError(fmt::format("--mesh '{}': {} dims; a mesh has 1 to {} dims", o.mesh, mesh.size(), kMaxMeshDims));
+  for (std::size_t m = 0; m < mesh.size(); ++m)
+    if (mesh[m] < 1)
+      throw UsageError(fmt::format("--mesh '{}': mesh dim {} has size {}; every mesh dim needs at least 1 rank",
+                                   o.mesh, m, mesh[m]));
+  std::int64_t ranks = 1;
+  for (std::int64_t size : mesh) {
+    ranks *= size;
+    if (ranks > kMaxRanks)
+      throw UsageError(fmt::format("--mesh '{}': more than {} ranks; dtensor-plan handles at most {}", o.mesh,
+                                   kMaxRanks, kMaxRanks));
+  }
+  if (o.run && ranks > kMaxRunRanks)
+    throw UsageError(fmt::format("--mesh '{}' has {} ranks: --run starts one thread per rank, at most {}", o.mesh,
+                                 ranks, kMaxRunRanks));
+  if (o.ranks && ranks != *o.ranks)
+    throw UsageError(fmt::format("--mesh '{}' has {} ranks, but --ranks {}: the mesh must multiply out to the ranks",
+                                 o.mesh, ranks, *o.ranks));
+  return mesh;
+}
+
+Shape parse_global_shape(const Options& o) {
+  try {
+    return parse_shape(o.shape);
+  } catch (const dtensor::Error& e) {
+    throw UsageError(fmt::format("--shape '{}': {}", o.shape, bare(e.what())));
+  }
+}
+
+DType parse_cpu_dtype(const Options& o) {
+  std::optional<DType> d;
+  try {
+    d = parse_dtype(o.dtype);
+  } catch (const dtensor::Error&) {
+  }
+  if (!d || !is_cpu_supported(*d))
+    throw UsageError(fmt::format("--dtype '{}': expected f32, f64 or i64", o.dtype));
+  return *d;
+}
+
+Layout parse_layout(std::string_view option, const std::string& text, const Shape& mesh, const Shape& shape) {
+  Layout layout;
+  try {
+    layout = Layout::parse(text);
+  } catch (const dtensor::Error& e) {
+    throw UsageError(fmt::format("{} '{}': {}", option, text, bare(e.what())));
+  }
+  try {
+    return validate_layout(layout, mesh, shape);
+  } catch (const dtensor::Error& e) {
+    throw UsageError(fmt::format("{} '{}' does not fit --mesh {} --shape {}: {}", option, text,
+                                 fmt::join(mesh, "x"), shape.empty() ? "''" : fmt::format("{}", fmt::join(shape, ",")),
+                                 bare(e.what())));
+  }
+}
+
+CostModel parse_cost_model(const Options& o, const Shape& mesh) {
+  CostModel cost;
+  if (trim(o.slow_dims).empty()) return cost;
+  cost.links.assign(mesh.size(), cost.default_link);
+  for (std::int64_t d : parse_ints("--slow-dims", o.slow_dims, ",", "0 or 0,1")) {
+    if (d >= static_cast<std::int64_t>(mesh.size()))
+      throw UsageError(fmt::format("--slow-dims '{}': mesh dim {} out of range: the mesh {} has dims 0..{}",
+                                   o.slow_dims, d, fmt::join(mesh, "x"), mesh.size() - 1));
+    cost.links[static_cast<std::size_t>(d)] = inter_node_link();
+  }
+  return cost;
+}
+
+std::string layout_text(const Layout& l) { return fmt::format("{}", l); }
+
+nlohmann::ordered_json plan_json(const Plan& plan) {
+  nlohmann::ordered_json j;
+  j["mesh"] = plan.mesh_shape;
+  j["shape"] = plan.global_shape;
+  j["dtype"] = std::string(dtype_name(plan.dtype));
+  j["from"] = layout_text(plan.from);
+  j["to"] = layout_text(plan.to);
+  j["steps"] = nlohmann::ordered_json::array();
+  for (const PlanStep& s : plan.steps)
+    j["steps"].push_back({{"op", std::string(step_name(s.kind))}, {"mesh_dims", s.mesh_dims},
+                          {"recv_bytes", s.max_recv_bytes()}});
+  j["recv_bytes"] = plan.max_recv_bytes();
+  j["est_seconds"] = plan.est_seconds;
+  return j;
+}
+
+// "28 KiB (28672 B)", or "208 B".
+std::string exact_bytes(std::int64_t b) {
+  return b < 1024 ? human_bytes(b) : fmt::format("{} ({} B)", human_bytes(b), b);
+}
+
+std::string mesh_formula(const Shape& mesh) {
+  if (mesh.size() == 1) return fmt::format("rank = c0 for coordinate (c0)");
+  Shape strides = row_major_strides(mesh);
+  std::vector<std::string> terms, names;
+  for (std::size_t m = 0; m < mesh.size(); ++m) {
+    terms.push_back(strides[m] == 1 ? fmt::format("c{}", m) : fmt::format("{}*c{}", strides[m], m));
+    names.push_back(fmt::format("c{}", m));
+  }
+  return fmt::format("rank = {} for coordinate ({})", fmt::join(terms, " + "), fmt::join(names, ","));
+}
+
+void print_human(const Plan& plan, const CostModel& cost, const std::optional<cli::RunResult>& run) {
+  const std::size_t is = itemsize(plan.dtype);
+  const std::int64_t total_bytes = numel(plan.global_shape) * static_cast<std::int64_t>(is);
+  fmt::print("Redistribute a {} {} tensor ({}) on a {} mesh of {} ranks\n", cli::shape_text(plan.global_shape),
+             plan.dtype, human_bytes(total_bytes),
+             plan.mesh_shape.size() == 1 ? "1-D" : fmt::format("{}", fmt::join(plan.mesh_shape, "x")),
+             numel(plan.mesh_shape));
+  fmt::print("  from {}\n    to {}\n", plan.from, plan.to);
+  fmt::print("  mesh: {}\n", mesh_formula(plan.mesh_shape));
+  std::vector<int> slow;
+  for (int m = 0; m < static_cast<int>(plan.mesh_shape.size()); ++m)
+    if (cost.link(m) == inter_node_link()) slow.push_back(m);
+  if (slow.empty())
+    fmt::print("  links: every mesh dim is intra-node\n");
+  else
+    fmt::print("  links: mesh dim{} {} inter-node (slow), the rest intra-node\n", slow.size() == 1 ? "" : "s",
+               fmt::join(slow, ","));
+
+  fmt::print("\nBefore: {}\n", plan.from);
+  fmt::print("{}", cli::explain_placements(plan.mesh_shape, plan.global_shape, plan.from, "  "));
+  fmt::print("{}", cli::draw_layout(plan.mesh_shape, plan.global_shape, is, plan.from, "  "));
+
+  fmt::print("\nPlan: ");
+  if (plan.steps.empty()) {
+    fmt::print("nothing to do: the layouts are the same\n");
+  } else {
+    const int nc = plan.num_collectives();
+    fmt::print("{} step{}, {} collective{}; the busiest rank receives {}; estimated {}\n", plan.steps.size(),
+               plan.steps.size() == 1 ? "" : "s", nc, nc == 1 ? "" : "s", human_bytes(plan.max_recv_bytes()),
+               human_seconds(plan.est_seconds));
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const PlanStep& s = plan.steps[i];
+      const std::string dims = s.mesh_dims.size() == 1 ? fmt::format("mesh dim {}", s.mesh_dims[0])
+                                                       : fmt::format("mesh dims [{}]", fmt::join(s.mesh_dims, ","));
+      fmt::print("  step {}: {} on {}: {} -> {}\n", i + 1, s.kind, dims, s.from, s.to);
+      if (!s.reason.empty()) fmt::print("     why: {}\n", s.reason);
+      if (is_local(s.kind))
+        fmt::print("     local: no communication; estimated {}\n", human_seconds(s.est_seconds));
+      else
+        fmt::print("     the busiest rank receives {}; estimated {}\n", exact_bytes(s.max_recv_bytes()),
+                   human_seconds(s.est_seconds));
+    }
+  }
+
+  fmt::print("\nAfter: {}\n", plan.to);
+  fmt::print("{}", cli::explain_placements(plan.mesh_shape, plan.global_shape, plan.to, "  "));
+  fmt::print("{}", cli::draw_layout(plan.mesh_shape, plan.global_shape, is, plan.to, "  "));
+
+  if (run) {
+    fmt::print("\nRun on {} threads (one per rank):\n", numel(plan.mesh_shape));
+    fmt::print("  verified: {}{}\n", run->verified ? "yes" : "NO",
+               run->verified ? (run->tolerant ? " (every rank's result within 1e-6 of the expected values)"
+                                              : " (every rank's result is exactly the expected shard)")
+                             : "");
+    for (const std::string& p : run->problems) fmt::print("  mismatch: {}\n", p);
+    fmt::print("  measured: the busiest rank received {}; planned {}{}\n", exact_bytes(run->measured_recv_bytes),
+               exact_bytes(plan.max_recv_bytes()),
+               run->measured_recv_bytes == plan.max_recv_bytes() ? "" : "  <- differs from the plan");
+  }
+}
+
+int run_cli(const Options& o) {
+  const Shape mesh = parse_mesh(o);
+  const Shape shape = parse_global_shape(o);
+  const DType dtype = parse_cpu_dtype(o);
+  const Layout from = parse_layout("--from", o.from, mesh, shape);
+  const Layout to = parse_layout("--to", o.to, mesh, shape);
+  const CostModel cost = parse_cost_model(o, mesh);
+  Plan plan;
+  try {
+    plan = plan_redistribute(PlanRequest{mesh, shape, dtype, from, to, cost});
+  } catch (const dtensor::ValueError& e) {
+    throw UsageError(fmt::format("no plan from --from '{}' to --to '{}': {}", o.from, o.to, bare(e.what())));
+  }
+
+  std::optional<cli::RunResult> run;
+  std::string run_error;
+  if (o.run) {
+    try {
+      run = cli::run_plan(plan, o.seed);
+    } catch (const dtensor::Error& e) {
+      run_error = e.what();
+      run = cli::RunResult{};
+      run->problems.push_back(fmt::format("the run failed: {}", run_error));
+    }
+  }
+  if (o.json) {
+    nlohmann::ordered_json j = plan_json(plan);
+    if (run) {
+      j["verified"] = run->verified;
+      if (run_error.empty())
+        j["measured_recv_bytes"] = run->measured_recv_bytes;
+      else
+        j["measured_recv_bytes"] = nullptr;
+    }
+    std::cout << j.dump() << '\n';
+    for (const std::string& p : run ? run->problems : std::vector<std::string>{})
+      fmt::print(stderr, "dtensor-plan: --run: {}\n", p);
+  } else {
+    print_human(plan, cost, run);
+  }
+  return run && !run->verified ? kExitVerifyFailed : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "Shows how dtensor redistributes a sharded tensor from one layout to another: the steps the planner picks, "
+      "why, their bytes and time, and which rank holds which block before and after.",
+      "dtensor-plan"};
+  app.add_option("--mesh", o.mesh, "mesh shape, 1 to 4 dims, e.g. 2x4")->required();
+  app.add_option("--shape", o.shape, "global tensor shape, e.g. 64,128 (sizes may be 0)")->required();
+  app.add_option("--dtype", o.dtype, "element type: f32, f64 or i64")->capture_default_str();
+  app.add_option("--from", o.from, "source placements, one per mesh dim, e.g. 'S(0),S(1)' or 'S(0)[1],S(0)[0]'")
+      ->required();
+  app.add_option("--to", o.to, "target placements, e.g. 'R,R' (S(d), R, P(sum|avg|max|min))")->required();
+  app.add_option("--slow-dims", o.slow_dims, "comma list of mesh dims whose links are inter-node, e.g. 0");
+  app.add_option_function<std::int64_t>(
+      "--ranks", [&o](const std::int64_t& n) { o.ranks = n; }, "check that the mesh multiplies out to this many ranks");
+  app.add_flag("--json", o.json, "print one JSON object instead of the explanation");
+  app.add_flag("--run", o.run, "also run the plan on threads with random data and check the result");
+  app.add_option("--seed", o.seed, "seed of the random data for --run")->capture_default_str();
+  app.footer(
+      "Example: dtensor-plan --mesh 2x4 --shape 64,128 --from 'S(0),S(1)' --to 'R,R'\n"
+      "Exit status: 0 ok, 1 --run found a wrong result, 2 bad arguments.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "dtensor-plan: {} (see --help)\n", e.what());
+    return kExitUsage;
+  }
+  try {
+    return run_cli(o);
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "dtensor-plan: {}\n", e.what());
+    return kExitUsage;
+  } catch (const dtensor::Error& e) {
+    fmt::print(stderr, "dtensor-plan: {}\n", e.what());
+    return kExitUsage;
+  }
+}
