@@ -190,6 +190,8 @@ class ThreadsCommunicator final : public Communicator {
         world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]),
         stats_(&world_->stats[static_cast<std::size_t>(world_rank_)]) {}
 
+  using Communicator::all_gather;  // keep the equal-size overload visible
+
   int rank() const override { return rank_; }
   int size() const override { return group_->n; }
   std::string_view backend() const override { return "threads"; }

@@ -192,7 +192,6 @@ Plan plan_redistribute(const PlanRequest& req) {
   P.ranks = ranks;
   P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
   P.cost = &req.cost;
-  P.bytes_first = !plan.from.has_partial();
   P.avg_in_one_step = !is_floating(req.dtype);
   P.coord.resize(static_cast<std::size_t>(ranks) * P.k);
   for (int r = 0; r < ranks; ++r) {
@@ -214,6 +213,9 @@ Plan plan_redistribute(const PlanRequest& req) {
     }
 
   const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
+  // Partial on mesh dims of size 1 is already the full value.
+  const bool src_partial = std::any_of(src.begin(), src.begin() + P.k, [](const Pl& p) { return p.kind == kPar; });
+  P.bytes_first = !src_partial;
   if (planner::key_of(src, P.k) == planner::key_of(dst, P.k)) {
     // Only size-1 mesh dims differ: they never split, so no data moves.
     PlanStep s;
@@ -310,7 +312,7 @@ Plan plan_redistribute(const PlanRequest& req) {
   // exact totals of the chain and of the direct exchange, ties by time, so
   // the lower bound holds whatever the search did.
   bool direct = false;
-  if (!plan.from.has_partial() && !(chain.size() == 1 && chain[0].edge.kind == StepKind::Exchange)) {
+  if (!src_partial && !(chain.size() == 1 && chain[0].edge.kind == StepKind::Exchange)) {
     std::vector<PlanStep> ex{make_step(Search::Link{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)})};
     std::int64_t cb, eb;
     double ct, et;

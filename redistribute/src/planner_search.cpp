@@ -80,8 +80,8 @@ void Search::fill_boxes(State& s) const {
       if (s.pl[m].kind == kShard && s.pl[m].level == lv) order[no++] = m;
   s.max_numel = 0;
   for (int r = 0; r < P_.ranks; ++r) {
-    std::int64_t* o = &s.off[static_cast<std::size_t>(r) * nd];
-    std::int64_t* z = &s.sz[static_cast<std::size_t>(r) * nd];
+    std::int64_t* o = s.off.data() + static_cast<std::size_t>(r) * nd;
+    std::int64_t* z = s.sz.data() + static_cast<std::size_t>(r) * nd;
     std::copy(P_.global.begin(), P_.global.end(), z);
     for (int i = 0; i < no; ++i) {
       int m = order[i], d = s.pl[m].dim;
@@ -102,12 +102,12 @@ void Search::fill_leaders(State& s) const {
   s.leader.assign(P_.ranks, -1);
   for (int r = 0; r < P_.ranks; ++r) {
     if (s.numel[r] == 0) continue;
-    const std::int64_t* o = &s.off[static_cast<std::size_t>(r) * nd];
+    const std::int64_t* o = s.off.data() + static_cast<std::size_t>(r) * nd;
     for (int l : s.leaders) {
-      const std::int64_t* lo = &s.off[static_cast<std::size_t>(l) * nd];
-      const std::int64_t* lz = &s.sz[static_cast<std::size_t>(l) * nd];
-      if (std::equal(o, o + nd, lo) && std::equal(&s.sz[static_cast<std::size_t>(r) * nd],
-                                                  &s.sz[static_cast<std::size_t>(r) * nd] + nd, lz)) {
+      const std::int64_t* lo = s.off.data() + static_cast<std::size_t>(l) * nd;
+      const std::int64_t* lz = s.sz.data() + static_cast<std::size_t>(l) * nd;
+      if (std::equal(o, o + nd, lo) && std::equal(s.sz.data() + static_cast<std::size_t>(r) * nd,
+                                                  s.sz.data() + static_cast<std::size_t>(r) * nd + nd, lz)) {
         s.leader[r] = l;
         break;
       }

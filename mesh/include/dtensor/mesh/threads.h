@@ -10,7 +10,9 @@
 namespace dtensor {
 
 struct ThreadsOptions {
-  /// Longest any rank waits for its peers before CommTimeout.
+  /// Longest any rank waits for its peers before CommTimeout. A collective
+  /// that times out leaves its group unusable: every rank waiting in it, and
+  /// every later collective on that group, throws CommTimeout at once.
   std::chrono::milliseconds timeout{60'000};
 };
 
