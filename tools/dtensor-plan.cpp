@@ -22,8 +22,6 @@
 namespace {
 
 using namespace dtensor;
-using cli::human_bytes;
-using cli::human_seconds;
 
 constexpr int kExitVerifyFailed = 1;
 constexpr int kExitUsage = 2;

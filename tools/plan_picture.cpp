@@ -1,5 +1,7 @@
 #include "plan_picture.h"
 
+#include "dtensor/redistribute/plan.h"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -203,25 +205,6 @@ void place(std::string& line, int at, const std::string& text, int& next_free) {
 }
 
 }  // namespace
-
-std::string human_bytes(std::int64_t bytes) {
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  double v = static_cast<double>(bytes);
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  int u = -1;
-  while (v >= 1024 && u < 3) {
-    v /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.3g} {}", v, units[u]);
-}
-
-std::string human_seconds(double s) {
-  if (s == 0) return "0 s";
-  if (s < 1e-3) return fmt::format("{:.3g} us", s * 1e6);
-  if (s < 1) return fmt::format("{:.3g} ms", s * 1e3);
-  return fmt::format("{:.3g} s", s);
-}
 
 std::string explain_placements(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
                                const std::string& indent) {

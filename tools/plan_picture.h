@@ -11,11 +11,6 @@ namespace dtensor::cli {
 
 /// "64x128", "10-element", "scalar".
 std::string shape_text(const Shape& shape);
-/// "512 B", "28 KiB", "1.5 MiB".
-std::string human_bytes(std::int64_t bytes);
-/// "7.2 us", "1.3 ms", "2.1 s".
-std::string human_seconds(double seconds);
-
 /// One line per mesh dim saying what its placement does, e.g.
 /// "mesh dim 1 (4 ranks): S(1) splits tensor dim 1 into 4 chunks".
 std::string explain_placements(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,

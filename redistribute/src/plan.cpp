@@ -45,8 +45,6 @@ int Plan::num_collectives() const {
   return n;
 }
 
-namespace {
-
 std::string human_bytes(std::int64_t b) {
   if (b < 1024) return fmt::format("{} B", b);
   double v = static_cast<double>(b);
@@ -66,7 +64,6 @@ std::string human_seconds(double s) {
   return fmt::format("{:.3g} s", s);
 }
 
-}  // namespace
 }  // namespace dtensor
 
 fmt::format_context::iterator fmt::formatter<dtensor::PlanStep>::format(const dtensor::PlanStep& s,
