@@ -1,6 +1,7 @@
 #include "support.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace dtensor::testing {
 
@@ -68,6 +69,26 @@ Tensor source_shard(const Tensor& full, const Shape& mesh_shape, const Layout& l
     }
   });
   return local;
+}
+
+Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int partial_odds) {
+  std::vector<Placement> ps;
+  for (int m = 0; m < mesh_nd; ++m) {
+    int pick = static_cast<int>(rng() % 8);
+    if (pick < partial_odds) ps.push_back(Partial{op});
+    else if (nd > 0 && pick < partial_odds + 4) ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
+    else ps.push_back(Replicate{});
+  }
+  if (rng() % 2 == 0) return Layout(ps);
+  std::vector<std::pair<std::int64_t, std::vector<int>>> order;
+  Layout plain(ps);
+  for (int d = 0; d < nd; ++d) {
+    std::vector<int> dims = plain.split_order(d);
+    if (dims.size() < 2) continue;
+    std::shuffle(dims.begin(), dims.end(), rng);
+    order.emplace_back(d, dims);
+  }
+  return Layout(ps, order);
 }
 
 std::int64_t lower_bound_elements(const Shape& mesh_shape, const Shape& global, const Layout& from, const Layout& to,

@@ -4,6 +4,7 @@
 // and the independent lower bound on what a rank must receive.
 #include <cstdint>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ Tensor source_shard(const Tensor& full, const Shape& mesh_shape, const Layout& l
 /// without the planner. `from` must have no Partial.
 std::int64_t lower_bound_elements(const Shape& mesh_shape, const Shape& global, const Layout& from, const Layout& to,
                                   const Shape& coord);
+
+/// A random layout of `mesh_nd` placements for a tensor of `nd` dims: Partial
+/// (with `op`) with odds partial_odds/8, Shard with odds 4/8, else
+/// Replicate; half the time the shards of each dim nest in a random order.
+Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int partial_odds);
 
 /// Collects failures from rank threads (Boost.Test is not thread-safe); the
 /// main thread reports them after run_threads returns.

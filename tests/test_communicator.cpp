@@ -10,6 +10,8 @@
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +26,7 @@
 #include "dtensor/mesh/threads.h"
 
 using namespace dtensor;
+using dtensor::testing::check_throws;
 namespace bdata = boost::unit_test::data;
 
 // Named (not anonymous) so that test-case lambdas may capture these types
@@ -89,16 +92,6 @@ std::size_t seg_size(std::size_t count, int n, int r) {
   return count / static_cast<std::size_t>(n) + (static_cast<std::size_t>(r) < count % static_cast<std::size_t>(n) ? 1 : 0);
 }
 
-template <class E, class Fn>
-void check_throws(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-    BOOST_ERROR("expected an exception mentioning '" << needle << "'");
-  } catch (const E& e) {
-    BOOST_TEST(std::string(e.what()).find(needle) != std::string::npos,
-               "message '" << e.what() << "' lacks '" << needle << "'");
-  }
-}
 
 bool contains(std::string_view text, std::string_view needle) { return text.find(needle) != std::string_view::npos; }
 

@@ -2,6 +2,8 @@
 // arithmetic, nesting orders, box algebra, Tensor and seeded random fill.
 #include <boost/test/unit_test.hpp>
 
+#include "checks.h"
+
 #include <random>
 #include <set>
 
@@ -10,21 +12,8 @@
 #include "dtensor/core/tensor.h"
 
 using namespace dtensor;
+using dtensor::testing::check_throws;
 
-namespace {
-
-// Checks that `fn` throws E and that its message contains `needle`.
-template <class E, class Fn>
-void check_throws(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-    BOOST_ERROR("expected an exception mentioning '" << needle << "'");
-  } catch (const E& e) {
-    BOOST_TEST(std::string(e.what()).find(needle) != std::string::npos, "message '" << e.what() << "' lacks '" << needle << "'");
-  }
-}
-
-}  // namespace
 
 BOOST_AUTO_TEST_SUITE(placements)
 

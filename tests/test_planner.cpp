@@ -3,6 +3,8 @@
 // ranks (values against slices of the full tensor, bytes against the plan).
 #include <boost/test/unit_test.hpp>
 
+#include "support.h"
+
 #include <chrono>
 #include <ostream>
 #include <map>
@@ -582,23 +584,6 @@ std::vector<std::string> run_case(const ExecCase& c) {
   return failures;
 }
 
-Layout random_exec_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int partial_odds) {
-  std::vector<Placement> ps;
-  for (int m = 0; m < mesh_nd; ++m) {
-    int pick = static_cast<int>(rng() % 8);
-    if (pick < partial_odds) ps.push_back(Partial{op});
-    else if (nd > 0 && pick < partial_odds + 4) ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
-    else ps.push_back(Replicate{});
-  }
-  Layout l(ps);
-  std::vector<std::pair<std::int64_t, std::vector<int>>> order;
-  for (int d = 0; d < nd && rng() % 2; ++d) {
-    std::vector<int> dims = l.split_order(d);
-    std::shuffle(dims.begin(), dims.end(), rng);
-    if (dims.size() > 1) order.emplace_back(d, dims);
-  }
-  return Layout(ps, order);
-}
 
 }  // namespace
 
@@ -630,8 +615,8 @@ BOOST_AUTO_TEST_CASE(random_cases) {
     for (int d = 0; d < nd; ++d) c.shape.push_back(sizes[rng() % std::size(sizes)]);
     c.dtype = std::array{DType::Float32, DType::Float64, DType::Int64}[rng() % 3];
     int mnd = static_cast<int>(c.mesh.size());
-    c.from = random_exec_layout(rng, mnd, nd, ops[rng() % 5], 2);
-    c.to = random_exec_layout(rng, mnd, nd, ops[rng() % 5], 1);
+    c.from = testing::random_layout(rng, mnd, nd, ops[rng() % 5], 2);
+    c.to = testing::random_layout(rng, mnd, nd, ops[rng() % 5], 1);
     c.seed = 1000 + static_cast<std::uint64_t>(i);
     if (rng() % 2) c.cost.links = {inter_node_link()};
     for (const std::string& f : run_case(c)) {

@@ -37,29 +37,6 @@ struct Case {
   }
 };
 
-Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int partial_odds) {
-  std::vector<Placement> ps;
-  for (int m = 0; m < mesh_nd; ++m) {
-    int pick = static_cast<int>(rng() % 8);
-    if (pick < partial_odds) ps.push_back(Partial{op});
-    else if (nd > 0 && pick < partial_odds + 4) ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
-    else ps.push_back(Replicate{});
-  }
-  Layout l(ps);
-  // Sometimes nest the shards of a dim in a random order.
-  if (rng() % 2) {
-    std::vector<std::pair<std::int64_t, std::vector<int>>> order;
-    for (int d = 0; d < nd; ++d) {
-      std::vector<int> dims = l.split_order(d);
-      if (dims.size() < 2) continue;
-      std::shuffle(dims.begin(), dims.end(), rng);
-      order.emplace_back(d, dims);
-    }
-    l = Layout(ps, order);
-  }
-  return l;
-}
-
 Case random_case(std::mt19937_64& rng, const Shape& mesh, std::uint64_t seed) {
   static const std::int64_t kSizes[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16};
   Case c;
@@ -69,8 +46,8 @@ Case random_case(std::mt19937_64& rng, const Shape& mesh, std::uint64_t seed) {
   c.dtype = std::array{DType::Float32, DType::Float64, DType::Int64}[rng() % 3];
   const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
   int mesh_nd = static_cast<int>(mesh.size());
-  c.from = random_layout(rng, mesh_nd, nd, ops[rng() % 5], 2);
-  c.to = random_layout(rng, mesh_nd, nd, ops[rng() % 5], 1);
+  c.from = testing::random_layout(rng, mesh_nd, nd, ops[rng() % 5], 2);
+  c.to = testing::random_layout(rng, mesh_nd, nd, ops[rng() % 5], 1);
   c.cost_kind = static_cast<CostKind>(rng() % 3);
   if (c.cost_kind == CostKind::NoLatency) {
     c.cost.default_link.hop_latency_s = 0;
