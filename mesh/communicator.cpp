@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "dtensor/core/units.h"
+
 namespace dtensor {
 
 std::string_view collective_name(CollectiveKind kind) {
@@ -53,3 +55,17 @@ void Communicator::all_gather(const void* send, void* recv, std::size_t bytes) {
 }
 
 }  // namespace dtensor
+
+fmt::format_context::iterator fmt::formatter<dtensor::CommStats>::format(const dtensor::CommStats& s,
+                                                                         fmt::format_context& ctx) const {
+  auto out = fmt::format_to(ctx.out(), "{} collective{}, {} received", s.data_collectives(),
+                            s.data_collectives() == 1 ? "" : "s", dtensor::human_bytes(static_cast<std::int64_t>(s.recv_bytes)));
+  const char* sep = ": ";
+  for (int k = 0; k < dtensor::kNumCollectiveKinds; ++k) {
+    if (s.calls[k] == 0) continue;
+    out = fmt::format_to(out, "{}{} x{} ({})", sep, static_cast<dtensor::CollectiveKind>(k), s.calls[k],
+                         dtensor::human_bytes(static_cast<std::int64_t>(s.recv_bytes_by_kind[k])));
+    sep = ", ";
+  }
+  return out;
+}

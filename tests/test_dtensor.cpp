@@ -285,3 +285,22 @@ BOOST_AUTO_TEST_CASE(a_failing_rank_is_named) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(printing)
+
+BOOST_AUTO_TEST_CASE(every_public_value_prints) {
+  CommStats s;
+  s.record(CollectiveKind::AllGather, 2048);
+  s.record(CollectiveKind::AllGather, 1024);
+  s.record(CollectiveKind::Barrier, 0);
+  BOOST_TEST(fmt::format("{}", s) == "2 collectives, 3 KiB received: all_gather x2 (3 KiB), barrier x1 (0 B)");
+  CostModel cost;
+  cost.links = {inter_node_link()};
+  BOOST_TEST(fmt::format("{}", cost).find("mesh dim 0 [") != std::string::npos, fmt::format("{}", cost));
+  BOOST_TEST(fmt::format("{}", Box{{1, 0}, {2, 3}}) == "[1:3, 0:3]");
+  BOOST_TEST(fmt::format("{} {} {}", DType::Float64, ReduceOp::Max, Placement(Shard{1})) == "f64 max S(1)");
+  BOOST_TEST(human_bytes(28672) == "28 KiB");
+  BOOST_TEST(human_seconds(9.09e-6) == "9.09 us");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

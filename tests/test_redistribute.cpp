@@ -123,6 +123,21 @@ BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::xrange(kMes
             Tensor local = testing::source_shard(full, mesh_shape, c.from, mesh.coordinate(), c.seed);
             DTensor src = DTensor::from_local(local, mesh, c.from, c.shape).with_cost_model(c.cost);
             const Plan& plan = src.plan_to(c.to);
+            if (comm.rank() == 0) {
+              // Memory: no intermediate layout holds more than the larger of
+              // the source and target shards on any rank.
+              auto largest = [&](const Layout& l) {
+                std::int64_t most = 0;
+                for (std::int64_t r = 0; r < world; ++r)
+                  most = std::max(most, local_box(mesh_shape, c.shape, l, unravel_index(r, mesh_shape)).numel());
+                return most;
+              };
+              const std::int64_t limit = std::max(largest(plan.from), largest(plan.to));
+              for (const PlanStep& step : plan.steps)
+                if (largest(step.to) > limit)
+                  log.add(fmt::format("{}: step {} -> {} holds {} elements on one rank, more than {}", c.describe(mesh_shape),
+                                      step.from, step.to, largest(step.to), limit));
+            }
             CommStats before = comm.stats();
             DTensor dst = src.redistribute(c.to);
             CommStats moved = comm.stats() - before;

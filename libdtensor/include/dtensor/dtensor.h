@@ -6,6 +6,7 @@
 #include "dtensor/core/reduce_op.h"   // IWYU pragma: export
 #include "dtensor/core/shape.h"       // IWYU pragma: export
 #include "dtensor/core/tensor.h"      // IWYU pragma: export
+#include "dtensor/core/units.h"       // IWYU pragma: export
 #include "dtensor/mesh/communicator.h"  // IWYU pragma: export
 #include "dtensor/mesh/device_mesh.h"   // IWYU pragma: export
 #include "dtensor/mesh/threads.h"       // IWYU pragma: export

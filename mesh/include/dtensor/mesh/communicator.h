@@ -133,3 +133,10 @@ struct fmt::formatter<dtensor::CollectiveKind> : fmt::formatter<std::string_view
     return fmt::formatter<std::string_view>::format(dtensor::collective_name(k), ctx);
   }
 };
+
+/// "3 collectives, 28 KiB received: all_gather x2 (24 KiB), all_reduce x1 (4 KiB)".
+template <>
+struct fmt::formatter<dtensor::CommStats> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  fmt::format_context::iterator format(const dtensor::CommStats& s, fmt::format_context& ctx) const;
+};

@@ -10,6 +10,7 @@
 #include "dtensor/core/dtype.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/shape.h"
+#include "dtensor/core/units.h"
 #include "dtensor/redistribute/cost_model.h"
 
 namespace dtensor {
@@ -26,10 +27,7 @@ enum class StepKind : std::uint8_t {
   Relabel,        // R -> P(avg|max|min): local, nothing to do
 };
 std::string_view step_name(StepKind kind);
-/// "512 B", "28 KiB", "1.5 MiB": the notation plans and tools print bytes in.
-std::string human_bytes(std::int64_t bytes);
-/// "7.2 us", "1.3 ms", "2.1 s".
-std::string human_seconds(double seconds);
+
 /// True for the steps that issue no communication.
 bool is_local(StepKind kind);
 
