@@ -14,4 +14,7 @@
 #include "dtensor/redistribute/executor.h"    // IWYU pragma: export
 #include "dtensor/redistribute/plan.h"        // IWYU pragma: export
 #include "dtensor/redistribute/planner.h"     // IWYU pragma: export
+#include "dtensor/ops/dispatch.h"              // IWYU pragma: export
+#include "dtensor/ops/op.h"                    // IWYU pragma: export
 #include "dtensor/api/dtensor_tensor.h"       // IWYU pragma: export
+#include "dtensor/api/functional.h"           // IWYU pragma: export

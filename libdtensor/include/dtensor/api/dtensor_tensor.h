@@ -45,6 +45,12 @@ class DTensor {
   const CostModel& cost_model() const { return cost_; }
   DTensor with_cost_model(CostModel cost) const;
 
+  /// For the dispatcher: wraps a kernel's output without re-checking it
+  /// (dispatch already derived the layout and shapes).
+  static DTensor from_dispatch(Tensor local, const DeviceMesh& mesh, Layout layout, Shape global_shape, CostModel cost) {
+    return DTensor(std::move(local), mesh, std::move(layout), std::move(global_shape), std::move(cost));
+  }
+
  private:
   DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost);
   Tensor local_;

@@ -1,0 +1,40 @@
+#pragma once
+// Ops on DTensors and plain Tensors alike. Every op goes through one entry,
+// call_op, which looks the op up in the registry; on DTensors it propagates
+// shardings (dtensor/ops/dispatch.h), on Tensors it runs the kernel.
+#include <initializer_list>
+#include <span>
+#include <string_view>
+
+#include "dtensor/api/dtensor_tensor.h"
+#include "dtensor/ops/dispatch.h"
+#include "dtensor/ops/op.h"
+
+namespace dtensor {
+
+/// Runs a registered op. All DTensor inputs must share one mesh (MeshError
+/// otherwise); the cost model is the first input's.
+DTensor call_op(std::string_view op, std::span<const DTensor> inputs, const OpAttrs& attrs = {});
+Tensor call_op(std::string_view op, std::span<const Tensor> inputs, const OpAttrs& attrs = {});
+inline DTensor call_op(std::string_view op, std::initializer_list<DTensor> inputs, const OpAttrs& attrs = {}) {
+  return call_op(op, std::span<const DTensor>(inputs.begin(), inputs.size()), attrs);
+}
+inline Tensor call_op(std::string_view op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs = {}) {
+  return call_op(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs);
+}
+
+/// Counts the collectives a scope issues on one mesh, by kind and bytes
+/// (PyTorch's CommDebugMode): counts() is the difference since construction
+/// of this rank's communicator counters.
+class CommCounter {
+ public:
+  explicit CommCounter(const DeviceMesh& mesh) : mesh_(mesh), start_(mesh.comm().stats()) {}
+  CommStats counts() const { return mesh_.comm().stats() - start_; }
+  std::uint64_t count(CollectiveKind kind) const { return counts().count(kind); }
+
+ private:
+  DeviceMesh mesh_;
+  CommStats start_;
+};
+
+}  // namespace dtensor

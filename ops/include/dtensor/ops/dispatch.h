@@ -1,0 +1,76 @@
+#pragma once
+// Sharding propagation: for an op and its inputs' layouts, price every
+// candidate strategy by the planner's cost of redistributing each input to
+// what the candidate needs, take the cheapest (ties go to the earliest
+// candidate, the same on every rank), redistribute and run the local kernel.
+// Decisions are cached per thread per (op, input metas and layouts, attrs,
+// mesh, cost model).
+#include <cstdio>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtensor/mesh/device_mesh.h"
+#include "dtensor/ops/op.h"
+#include "dtensor/redistribute/cost_model.h"
+#include "dtensor/redistribute/plan.h"
+
+namespace dtensor {
+
+/// A sharded tensor without its mesh: what ops see of a DTensor.
+struct ShardedTensor {
+  Tensor local;
+  Layout layout;
+  Shape global_shape;
+};
+
+/// The outcome of propagation for one call signature.
+struct OpDecision {
+  const OpDef* op = nullptr;
+  TensorMeta output;
+  Strategy chosen;
+  /// Plans that bring each input to chosen.inputs[i] (null: no move).
+  std::vector<const Plan*> input_plans;
+  double cost_seconds = 0;
+  /// The next cheapest candidate, for explain mode (runner_up_cost < 0: none).
+  Strategy runner_up;
+  double runner_up_cost = -1;
+  int candidates = 0;
+};
+
+/// Propagation only (cached). LayoutError naming the op and the layouts if
+/// no candidate is valid.
+const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
+                         std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost);
+
+/// Propagates, redistributes the inputs and runs the local kernel on this
+/// rank. Every rank of the mesh calls it with the same metadata.
+ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedTensor* const> inputs,
+                       const OpAttrs& attrs, const CostModel& cost = {});
+
+/// Runs an op on plain (unsharded) tensors: meta, then the kernel.
+Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAttrs& attrs);
+
+struct PropagationCacheStats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+};
+PropagationCacheStats propagation_cache_stats();
+void clear_propagation_cache();
+
+/// While alive on this thread, every dispatched op prints what it did: the
+/// layouts in, the strategy chosen, its cost against the runner-up and the
+/// collectives it issued. Lines go to `sink` (stdout by default).
+class ExplainScope {
+ public:
+  explicit ExplainScope(std::function<void(const std::string&)> sink = {});
+  ~ExplainScope();
+  ExplainScope(const ExplainScope&) = delete;
+  ExplainScope& operator=(const ExplainScope&) = delete;
+
+ private:
+  std::function<void(const std::string&)> previous_;
+};
+
+}  // namespace dtensor

@@ -1,0 +1,125 @@
+#pragma once
+// The op registry: one registration per op — its name, how its output shape
+// follows from its inputs, its sharding strategies and its local kernels per
+// device. Propagation (dispatch.h) prices every strategy with the planner's
+// cost model and runs the cheapest; a strategy never issues a collective.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtensor/core/dtype.h"
+#include "dtensor/core/placement.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/core/tensor.h"
+
+namespace dtensor {
+
+/// Everything about a call but its tensors: part of the propagation cache
+/// key. Each op documents which fields it reads.
+struct OpAttrs {
+  std::vector<std::int64_t> dims;  // reduction dims, a permutation, a target shape
+  std::vector<std::int64_t> ints;  // other integers (narrow start/length, split sizes, a seed)
+  double scalar = 0;               // a scalar operand or value (add_scalar, pow, full, eps)
+  bool flag = false;               // keepdim and the like
+  std::string text;                // an einsum equation
+  DType dtype = DType::Float32;    // a target dtype (to, factories)
+
+  bool operator==(const OpAttrs&) const = default;
+  std::size_t hash() const;
+};
+
+/// A tensor argument as propagation sees it: metadata only.
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::Float32;
+  bool operator==(const TensorMeta&) const = default;
+};
+
+/// One candidate: the layouts it needs its inputs in, and the layout it gives
+/// its output.
+struct Strategy {
+  std::vector<Layout> inputs;
+  Layout output;
+  bool operator==(const Strategy&) const = default;
+};
+
+/// What a strategy function is told.
+struct StrategyQuery {
+  Shape mesh_shape;
+  std::span<const TensorMeta> inputs;
+  std::span<const Layout> layouts;  // the inputs' current layouts
+  const OpAttrs& attrs;
+  TensorMeta output;  // from the op's meta function
+};
+using StrategyFn = std::function<std::vector<Strategy>(const StrategyQuery&)>;
+
+/// Output shape and dtype from input metadata; throws ShapeError/ValueError
+/// naming the op and the bad value.
+using MetaFn = std::function<TensorMeta(std::span<const TensorMeta> inputs, const OpAttrs& attrs)>;
+
+/// What a local kernel sees: the local shards and where they sit in the
+/// global tensors (so that e.g. mean divides by the global size, rand fills
+/// its own box, an embedding shard masks indices outside its rows).
+struct KernelArgs {
+  std::span<const Tensor> inputs;      // local shards, in the strategy's layouts
+  std::span<const TensorMeta> global;  // the inputs' global metadata
+  std::span<const Box> boxes;          // each input's box in its global tensor
+  std::span<const Layout> layouts;     // the layouts the inputs are in
+  const OpAttrs& attrs;
+  TensorMeta output;                   // global metadata of the output
+  Box output_box;                      // this rank's box of the output
+  Layout output_layout;
+};
+using Kernel = std::function<Tensor(const KernelArgs&)>;
+
+struct OpDef {
+  std::string name;
+  /// Number of tensor inputs; -1 for any number (cat, stack, einsum).
+  int num_inputs = 1;
+  MetaFn meta;
+  StrategyFn strategy;
+  /// One kernel per Device (index by static_cast<int>(device)); empty where
+  /// the op has none yet.
+  std::array<Kernel, 2> kernels;
+  /// One line for people (explain mode, errors).
+  std::string doc;
+};
+
+/// The registry. The library's own ops are registered on first use; users
+/// add theirs with add() (see examples/custom_op.cpp).
+class OpRegistry {
+ public:
+  static OpRegistry& global();
+  /// ValueError if the name is taken or the definition lacks meta/strategy.
+  void add(OpDef def);
+  /// ValueError naming the op and listing close names if unknown.
+  const OpDef& get(std::string_view name) const;
+  bool contains(std::string_view name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  OpRegistry() = default;
+  std::vector<std::unique_ptr<OpDef>> defs_;
+};
+
+// ---- Rules that derive strategies (used by the op families) ---------------
+
+/// Strategies for one mesh dim: placements for each input and the output.
+struct DimStrategy {
+  std::vector<Placement> inputs;
+  Placement output;
+};
+
+/// Expands per-mesh-dim options to the whole mesh (every combination, one
+/// option per mesh dim), keeping those whose layouts are valid for the
+/// shapes (shard dims in range, one kind of Partial per layout). Always
+/// includes the all-Replicate candidate if the options do.
+std::vector<Strategy> expand_to_mesh(std::span<const DimStrategy> per_dim, const StrategyQuery& query);
+
+}  // namespace dtensor

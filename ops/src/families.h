@@ -1,0 +1,15 @@
+#pragma once
+// Internal: each op family registers its ops here; OpRegistry::global()
+// calls register_builtin_ops once. Adding a family means one line in
+// registry.cpp and one file of its own.
+#include "dtensor/ops/op.h"
+
+namespace dtensor {
+
+void register_builtin_ops(OpRegistry& registry);
+void register_pointwise_ops(OpRegistry& registry);  // pointwise.cpp
+void register_einsum_ops(OpRegistry& registry);     // einsum.cpp
+void register_reduction_ops(OpRegistry& registry);  // reduction.cpp
+void register_shape_ops(OpRegistry& registry);      // shape_ops.cpp
+
+}  // namespace dtensor
