@@ -1,0 +1,2 @@
+// Samples for the reduction ops: written with the family (tests/op_cases.h).
+#include "op_cases.h"

@@ -1,0 +1,134 @@
+// The per-op harness (see op_cases.h): every registered op, every sample,
+// every combination of input placements on meshes 4, 2x2 and 2x3, checked
+// against the op on the full tensors.
+#include <boost/test/data/test_case.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+
+#include "op_cases.h"
+#include "support.h"
+
+using namespace dtensor;
+
+namespace dtensor::testing {
+
+std::map<std::string, SampleGenerator>& op_samples() {
+  static std::map<std::string, SampleGenerator> samples;
+  return samples;
+}
+
+Tensor uniform(const Shape& shape, DType dtype, std::uint64_t seed, double lo, double hi) {
+  Tensor u = Tensor::rand(shape, DType::Float64, seed);
+  Tensor t = Tensor::empty(shape, dtype);
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const double* p = u.data_as<double>();
+    T* q = t.data_as<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) q[i] = static_cast<T>(lo + (hi - lo) * p[i]);
+  });
+  return t;
+}
+
+}  // namespace dtensor::testing
+
+namespace op_harness {
+
+constexpr std::size_t kMaxCombos = 160;
+const std::vector<Shape> kMeshes = {{4}, {2, 2}, {2, 3}};
+
+std::vector<Layout> layout_options(const Shape& mesh, const Tensor& t, bool partial) {
+  std::vector<Placement> per_dim{Replicate{}};
+  for (int d = 0; d < t.dim(); ++d) per_dim.push_back(Shard{d});
+  if (partial && is_floating(t.dtype())) per_dim.push_back(Partial{ReduceOp::Sum});
+  std::vector<Layout> out;
+  std::vector<std::size_t> pick(mesh.size(), 0);
+  while (true) {
+    std::vector<Placement> ps;
+    for (auto p : pick) ps.push_back(per_dim[p]);
+    out.emplace_back(ps);
+    int m = static_cast<int>(mesh.size()) - 1;
+    while (m >= 0 && ++pick[m] == per_dim.size()) pick[m--] = 0;
+    if (m < 0) break;
+  }
+  return out;
+}
+
+std::vector<std::string> registered_ops() { return OpRegistry::global().names(); }
+
+}  // namespace op_harness
+using namespace op_harness;
+
+BOOST_AUTO_TEST_SUITE(ops)
+
+BOOST_AUTO_TEST_CASE(every_registered_op_has_generated_cases) {
+  for (const std::string& name : OpRegistry::global().names())
+    BOOST_TEST(testing::op_samples().count(name) == 1u, "op '" << name << "' has no generated cases in tests/");
+}
+
+BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(registered_ops()), op) {
+  auto found = testing::op_samples().find(op);
+  if (found == testing::op_samples().end()) return;  // reported by the test above
+  const std::uint64_t seed = std::hash<std::string>{}(op) % 100000;
+  std::mt19937_64 rng(seed);
+  std::vector<testing::OpSample> samples = found->second(rng);
+  BOOST_TEST(!samples.empty(), "op '" << op << "' generated no samples");
+  std::size_t runs = 0;
+  for (const Shape& mesh_shape : kMeshes) {
+    for (std::size_t si = 0; si < samples.size(); ++si) {
+      const testing::OpSample& s = samples[si];
+      const Tensor expected = call_op(op, std::span<const Tensor>(s.inputs), s.attrs);
+      // Every combination of input layouts (sampled, seeded, past kMaxCombos).
+      std::vector<std::vector<Layout>> options;
+      for (std::size_t i = 0; i < s.inputs.size(); ++i) {
+        bool fixed = std::find(s.fixed_inputs.begin(), s.fixed_inputs.end(), static_cast<int>(i)) != s.fixed_inputs.end();
+        options.push_back(fixed ? std::vector<Layout>{Layout::replicated(static_cast<int>(mesh_shape.size()))}
+                                : layout_options(mesh_shape, s.inputs[i], s.allow_partial));
+      }
+      std::vector<std::vector<Layout>> combos{{}};
+      for (auto& opts : options) {
+        std::vector<std::vector<Layout>> next;
+        for (auto& c : combos)
+          for (auto& l : opts) {
+            next.push_back(c);
+            next.back().push_back(l);
+          }
+        combos = std::move(next);
+      }
+      if (combos.size() > kMaxCombos) {
+        std::shuffle(combos.begin(), combos.end(), rng);
+        combos.resize(kMaxCombos);
+      }
+      std::string current;
+      std::vector<std::string> failures;
+      try {
+        run_threads(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+          DeviceMesh mesh(comm, mesh_shape);
+          for (const auto& combo : combos) {
+            if (comm.rank() == 0)
+              current = fmt::format("op {} sample {} mesh {} inputs {}", op, si, fmt::join(mesh_shape, "x"),
+                                    fmt::join(combo, " | "));
+            std::vector<DTensor> args;
+            for (std::size_t i = 0; i < combo.size(); ++i) {
+              Layout l = validate_layout(combo[i], mesh_shape, s.inputs[i].shape());
+              args.push_back(DTensor::from_local(testing::source_shard(s.inputs[i], mesh_shape, l, mesh.coordinate(), seed + i),
+                                                 mesh, l, s.inputs[i].shape()));
+            }
+            DTensor y = call_op(op, std::span<const DTensor>(args), s.attrs);
+            Tensor got = y.full_tensor();
+            if (comm.rank() == 0 && !allclose(got, expected, s.rtol, s.atol))
+              failures.push_back(fmt::format("{}: result {} differs from the unsharded op (max |diff| {}), output layout {}",
+                                             current, fmt::join(got.shape(), "x"), max_abs_diff(got, expected), y.placements()));
+          }
+        });
+      } catch (const std::exception& e) {
+        failures.push_back(fmt::format("{}: {}", current, e.what()));
+      }
+      runs += combos.size();
+      for (auto& f : failures) BOOST_ERROR(f);
+    }
+  }
+  BOOST_TEST_MESSAGE("op " << op << ": " << runs << " layout combinations checked");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
