@@ -18,3 +18,7 @@
 #include "dtensor/ops/op.h"                    // IWYU pragma: export
 #include "dtensor/api/dtensor_tensor.h"       // IWYU pragma: export
 #include "dtensor/api/functional.h"           // IWYU pragma: export
+#include "dtensor/api/linalg.h"               // IWYU pragma: export
+#include "dtensor/api/pointwise.h"            // IWYU pragma: export
+#include "dtensor/api/reduction.h"            // IWYU pragma: export
+#include "dtensor/api/shape.h"                // IWYU pragma: export
