@@ -1,2 +1,156 @@
-// Known answers for propagation: strategies chosen and collectives issued.
+// Propagation itself, on ops registered here: the cheapest candidate wins,
+// decisions are cached, ties break the same way on every rank, explain mode
+// says what happened, and an op with no valid strategy names itself.
 #include <boost/test/unit_test.hpp>
+
+#include <chrono>
+
+#include "op_cases.h"
+#include "support.h"
+
+using namespace dtensor;
+
+namespace propagation_suite {
+
+// "twice": y = 2x, linear, so a Partial(sum) passes through; any shard too.
+const OpDef& twice() {
+  static const OpDef& def = [] {
+    OpDef d;
+    d.name = "test_twice";
+    d.doc = "2x (a linear test op)";
+    d.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
+    d.strategy = [](const StrategyQuery& q) {
+      std::vector<DimStrategy> per_dim{{{Replicate{}}, Replicate{}}, {{Partial{}}, Partial{}}};
+      for (std::int64_t k = 0; k < static_cast<std::int64_t>(q.inputs[0].shape.size()); ++k)
+        per_dim.push_back({{Shard{k}}, Shard{k}});
+      return expand_to_mesh(per_dim, q);
+    };
+    d.kernels[0] = [](const KernelArgs& a) {
+      Tensor out = a.inputs[0].clone();
+      visit_dtype(out.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        T* p = out.data_as<T>();
+        for (std::int64_t i = 0; i < out.numel(); ++i) p[i] = static_cast<T>(2 * p[i]);
+      });
+      return out;
+    };
+    OpRegistry::global().add(std::move(d));
+    return OpRegistry::global().get("test_twice");
+  }();
+  return def;
+}
+
+// "needs_nothing": no candidate at all, to see the error.
+const OpDef& impossible() {
+  static const OpDef& def = [] {
+    OpDef d;
+    d.name = "test_impossible";
+    d.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
+    d.strategy = [](const StrategyQuery&) { return std::vector<Strategy>{}; };
+    d.kernels[0] = [](const KernelArgs& a) { return a.inputs[0]; };
+    OpRegistry::global().add(std::move(d));
+    return OpRegistry::global().get("test_impossible");
+  }();
+  return def;
+}
+
+const testing::RegisterSamples twice_samples("test_twice", [](std::mt19937_64& rng) {
+  twice();
+  return std::vector<testing::OpSample>{{{testing::uniform({5, 3}, DType::Float64, rng())}}};
+});
+// test_impossible has no valid strategy on any mesh, so the harness cannot
+// run it; its samples list is empty on purpose and the op is checked below.
+const testing::RegisterSamples impossible_samples("test_impossible", [](std::mt19937_64&) {
+  return std::vector<testing::OpSample>{};
+});
+
+}  // namespace propagation_suite
+using namespace propagation_suite;
+
+BOOST_AUTO_TEST_SUITE(propagation)
+
+BOOST_AUTO_TEST_CASE(linear_op_keeps_partial_and_shards_without_communication) {
+  twice();
+  std::vector<std::string> failures;
+  std::mutex mu;
+  run_threads(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    Tensor full = testing::integer_tensor({6, 5}, DType::Float64, 3);
+    for (const char* text : {"S(0),S(1)", "P(sum),S(0)", "R,R", "S(1),P(sum)"}) {
+      Layout l = Layout::parse(text);
+      DTensor x = DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 3), mesh, l, full.shape());
+      CommCounter counter(mesh);
+      DTensor y = call_op("test_twice", {x});
+      std::lock_guard lock(mu);
+      if (!(y.placements() == l)) failures.push_back(fmt::format("{} became {}", text, y.placements()));
+      if (counter.counts().data_collectives() != 0) failures.push_back(fmt::format("{} communicated: {}", text, counter.counts()));
+    }
+  });
+  for (auto& f : failures) BOOST_ERROR(f);
+}
+
+BOOST_AUTO_TEST_CASE(decisions_are_cached_and_hits_are_cheap) {
+  twice();
+  double hit_ns = 0;
+  run_threads(1, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {1});
+    DTensor x = DTensor::from_local(Tensor::ones({4, 4}), mesh, Layout::parse("R"), Shape{4, 4});
+    const OpDef& op = OpRegistry::global().get("test_twice");
+    std::vector<TensorMeta> metas{{x.shape(), x.dtype()}};
+    std::vector<Layout> layouts{x.placements()};
+    clear_propagation_cache();
+    decide(op, mesh.shape(), metas, layouts, {}, {});
+    const int n = 100000;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) decide(op, mesh.shape(), metas, layouts, {}, {});
+    hit_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+    auto stats = propagation_cache_stats();
+    if (stats.misses != 1 || stats.hits != static_cast<std::uint64_t>(n)) throw Error("unexpected cache counts");
+  });
+  BOOST_TEST_MESSAGE("propagation cache hit: " << hit_ns << " ns");
+  BOOST_TEST(hit_ns < 2000.0);  // loose: the figure itself is in bench/dispatch
+}
+
+BOOST_AUTO_TEST_CASE(explain_mode_says_what_happened) {
+  twice();
+  std::vector<std::string> lines;
+  run_threads(2, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2});
+    DTensor x = DTensor::from_local(Tensor::ones({4, 3}), mesh, Layout::parse("S(0)"), Shape{8, 3});
+    if (comm.rank() == 0) {
+      ExplainScope explain([&](const std::string& line) { lines.push_back(line); });
+      call_op("test_twice", {x});
+    } else {
+      call_op("test_twice", {x});
+    }
+  });
+  BOOST_TEST_REQUIRE(lines.size() == 1u);
+  BOOST_TEST(lines[0].find("test_twice: inputs [S(0)]; chose [S(0)] -> S(0)") != std::string::npos, lines[0]);
+  BOOST_TEST(lines[0].find("0 collectives") != std::string::npos, lines[0]);
+}
+
+BOOST_AUTO_TEST_CASE(no_strategy_is_a_typed_error_naming_the_op) {
+  impossible();
+  std::string message;
+  run_threads(1, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {1});
+    DTensor x = DTensor::from_local(Tensor::ones({2, 3}), mesh, Layout::parse("S(1)"), Shape{2, 3});
+    try {
+      call_op("test_impossible", {x});
+    } catch (const LayoutError& e) {
+      message = e.what();
+    }
+  });
+  BOOST_TEST(message.find("[test_impossible] no sharding strategy for inputs [S(1)]") != std::string::npos, message);
+}
+
+BOOST_AUTO_TEST_CASE(unknown_op_names_the_op) {
+  try {
+    call_op("no_such_op", {Tensor::ones({2})});
+    BOOST_ERROR("no error");
+  } catch (const ValueError& e) {
+    BOOST_TEST(std::string(e.what()).find("unknown op 'no_such_op'") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
