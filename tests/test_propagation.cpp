@@ -56,7 +56,9 @@ const OpDef& impossible() {
 
 const testing::RegisterSamples twice_samples("test_twice", [](std::mt19937_64& rng) {
   twice();
-  return std::vector<testing::OpSample>{{{testing::uniform({5, 3}, DType::Float64, rng())}}};
+  testing::OpSample sample;
+  sample.inputs = {testing::uniform({5, 3}, DType::Float64, rng())};
+  return std::vector<testing::OpSample>{sample};
 });
 // test_impossible has no valid strategy on any mesh, so the harness cannot
 // run it; its samples list is empty on purpose and the op is checked below.

@@ -127,6 +127,13 @@ Tensor Tensor::rand(Shape shape, DType dtype, std::uint64_t seed) {
   return t;
 }
 
+Tensor Tensor::randn(Shape shape, DType dtype, std::uint64_t seed) {
+  Tensor t = empty(shape, dtype);
+  Shape offset(shape.size(), 0);
+  fill_randn(t, seed, shape, offset);
+  return t;
+}
+
 std::int64_t Tensor::size(int d) const {
   int nd = dim();
   int r = d < 0 ? d + nd : d;
@@ -283,6 +290,41 @@ void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> 
         default:
           visit_dtype(dtype, [](auto) {});  // throws DTypeError naming the dtype
       }
+    }
+  });
+}
+
+void fill_randn(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
+                std::span<const std::int64_t> offset) {
+  if (global_shape.size() != out.shape().size() || offset.size() != out.shape().size())
+    throw ShapeError(fmt::format("[tensor] fill_randn: a {}-d box of a {}-d tensor", out.dim(), global_shape.size()));
+  if (!is_floating(out.dtype()))
+    throw DTypeError(fmt::format("[tensor] randn: normal values need a floating dtype, got {}", out.dtype()));
+  Box box{Shape(offset.begin(), offset.end()), out.shape()};
+  check_box(Shape(global_shape.begin(), global_shape.end()), box, "fill_randn");
+  r123::Philox4x32 rng;
+  r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+  const DType dtype = out.dtype();
+  std::byte* base = out.bytes();
+  Shape zero(box.ndim(), 0);
+  Shape gshape(global_shape.begin(), global_shape.end());
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  // Box-Muller from two 53-bit uniforms of the same counter; the third
+  // counter word (1) keeps these streams apart from fill_random's.
+  for_each_row(gshape, box.offset, out.shape(), zero, box.size, [&](std::int64_t gi, std::int64_t li, std::int64_t n) {
+    for (std::int64_t k = 0; k < n; ++k) {
+      std::uint64_t g = static_cast<std::uint64_t>(gi + k);
+      r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(g >> 32), 1, 0}};
+      auto r = rng(ctr, key);
+      std::uint64_t b1 = (static_cast<std::uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
+      std::uint64_t b2 = (static_cast<std::uint64_t>(r.v[2]) << 32 | r.v[3]) >> 11;
+      const double u1 = (static_cast<double>(b1) + 1.0) * (1.0 / 9007199254740992.0);  // (0, 1]
+      const double u2 = static_cast<double>(b2) * (1.0 / 9007199254740992.0);          // [0, 1)
+      const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+      if (dtype == DType::Float32)
+        reinterpret_cast<float*>(base)[li + k] = static_cast<float>(z);
+      else
+        reinterpret_cast<double*>(base)[li + k] = z;
     }
   });
 }

@@ -1,6 +1,283 @@
-// Placeholder until the family lands.
+// The pointwise family: unary, scalar, binary (numpy broadcasting),
+// comparison and where ops. One strategy rule serves them all
+// (pointwise_strategy): per mesh dim, everything Replicate; or one output dim
+// sharded with every input that holds that dim (trailing-aligned, not
+// broadcast from size 1) sharded on its own matching dim and the rest
+// Replicate; plus the Partial patterns that the op's algebra allows
+// (PartialRule), derived from a few declared properties.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "../cpu/pointwise_kernels.h"
+#include "dtensor/core/error.h"
 #include "families.h"
 
 namespace dtensor {
-void register_pointwise_ops(OpRegistry&) {}
+namespace {
+
+using pointwise::Binary;
+using pointwise::Unary;
+
+// A Partial candidate: the inputs marked hold Partial(in), the others
+// Replicate; the output is Partial(out).
+struct PartialRule {
+  std::vector<bool> partial;
+  ReduceOp in;
+  ReduceOp out;
+};
+using PartialRules = std::function<std::vector<PartialRule>(const OpAttrs&)>;
+
+std::vector<Strategy> pointwise_strategy(const StrategyQuery& q, const std::vector<PartialRule>& rules) {
+  const Shape& out = q.output.shape;
+  const int nd = static_cast<int>(out.size());
+  const std::size_t nin = q.inputs.size();
+  std::vector<DimStrategy> per_dim;
+  per_dim.push_back({std::vector<Placement>(nin, Replicate{}), Replicate{}});
+  for (int d = 0; d < nd; ++d) {
+    DimStrategy s{{}, Shard{d}};
+    bool any = false;
+    for (std::size_t i = 0; i < nin; ++i) {
+      const Shape& in = q.inputs[i].shape;
+      const int id = d - (nd - static_cast<int>(in.size()));
+      if (id >= 0 && in[id] == out[d]) {
+        s.inputs.push_back(Shard{id});
+        any = true;
+      } else {
+        s.inputs.push_back(Replicate{});  // absent or broadcast from size 1
+      }
+    }
+    if (any) per_dim.push_back(std::move(s));
+  }
+  // A Partial rule is offered only when some input arrives with that kind of
+  // Partial: making one from Replicate or Shard never beats the Replicate
+  // option of the same mesh dim, and every extra option multiplies the
+  // candidates the planner must price.
+  auto arrives = [&](ReduceOp op) {
+    for (const Layout& l : q.layouts)
+      for (const Placement& p : l.placements())
+        if (const auto* partial = std::get_if<Partial>(&p); partial && partial->op == op) return true;
+    return false;
+  };
+  for (const PartialRule& r : rules) {
+    if (!arrives(r.in)) continue;
+    DimStrategy s{{}, Partial{r.out}};
+    for (std::size_t i = 0; i < nin; ++i) s.inputs.push_back(r.partial[i] ? Placement{Partial{r.in}} : Replicate{});
+    per_dim.push_back(std::move(s));
+  }
+  std::vector<Strategy> cands = expand_to_mesh(per_dim, q);
+  // Candidates that keep more inputs where they are come first: ties in cost
+  // go to the earliest.
+  auto kept = [&](const Strategy& s) {
+    int n = 0;
+    for (std::size_t i = 0; i < nin; ++i) n += s.inputs[i] == q.layouts[i];
+    return n;
+  };
+  std::stable_sort(cands.begin(), cands.end(), [&](const Strategy& a, const Strategy& b) { return kept(a) > kept(b); });
+  return cands;
+}
+
+// ---- Properties that generate Partial rules --------------------------------
+
+// How a unary op commutes with the reductions of Partial placements.
+enum class Order { None, Increasing, Decreasing, BySign };  // BySign: of attrs.scalar
+struct UnaryAlgebra {
+  bool linear = false;  // f(sum) = sum f, f(avg) = avg f: P(sum)/P(avg) pass through
+  bool affine = false;  // f(avg) = avg f only: P(avg) passes through
+  Order order = Order::None;  // monotone: P(max)/P(min) pass through (swapped if decreasing)
+};
+
+std::vector<PartialRule> unary_rules(const UnaryAlgebra& alg, const OpAttrs& attrs) {
+  std::vector<PartialRule> r;
+  if (alg.linear) r.push_back({{true}, ReduceOp::Sum, ReduceOp::Sum});
+  if (alg.linear || alg.affine) r.push_back({{true}, ReduceOp::Avg, ReduceOp::Avg});
+  Order o = alg.order;
+  if (o == Order::BySign) o = attrs.scalar >= 0 ? Order::Increasing : Order::Decreasing;
+  if (o == Order::Increasing) {
+    r.push_back({{true}, ReduceOp::Max, ReduceOp::Max});
+    r.push_back({{true}, ReduceOp::Min, ReduceOp::Min});
+  } else if (o == Order::Decreasing) {
+    r.push_back({{true}, ReduceOp::Max, ReduceOp::Min});
+    r.push_back({{true}, ReduceOp::Min, ReduceOp::Max});
+  }
+  return r;
+}
+
+// sum/avg: both Partial (add, sub), or one Partial and the others Replicate
+// (mul by a replicated factor, div of a Partial numerator).
+std::vector<PartialRule> linear_rules(std::vector<std::vector<bool>> patterns) {
+  std::vector<PartialRule> r;
+  for (auto& p : patterns)
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) r.push_back({p, op, op});
+  return r;
+}
+
+// maximum/minimum: max(max_i a_i, max_i b_i) = max_i max(a_i, b_i), and a
+// replicated operand may join any rank's term.
+std::vector<PartialRule> extremum_rules(ReduceOp op) {
+  return {{{true, true}, op, op}, {{true, false}, op, op}, {{false, true}, op, op}};
+}
+
+// ---- Meta -----------------------------------------------------------------
+
+Shape broadcast(const std::string& op, std::span<const TensorMeta> in) {
+  std::size_t nd = 0;
+  for (const auto& m : in) nd = std::max(nd, m.shape.size());
+  Shape out(nd, 1);
+  for (const auto& m : in) {
+    const std::size_t off = nd - m.shape.size();
+    for (std::size_t d = 0; d < m.shape.size(); ++d) {
+      const std::int64_t s = m.shape[d];
+      std::int64_t& o = out[off + d];
+      if (s == o || s == 1) continue;
+      if (o == 1) {
+        o = s;
+        continue;
+      }
+      std::vector<std::string> shapes;
+      for (const auto& x : in)
+        shapes.push_back(fmt::format("({}{})", fmt::join(x.shape, ","), x.shape.size() == 1 ? "," : ""));
+      throw ShapeError(fmt::format("[{}] shapes {} do not broadcast: trailing-aligned dim {} is {} in one and {} in "
+                                   "another; expected equal sizes or 1",
+                                   op, fmt::join(shapes, " and "), off + d, o, s));
+    }
+  }
+  return out;
+}
+
+void check_same_dtype(const std::string& op, std::span<const TensorMeta> in) {
+  for (const auto& m : in)
+    if (m.dtype != in[0].dtype) {
+      std::vector<std::string> names;
+      for (const auto& x : in) names.push_back(std::string(dtype_name(x.dtype)));
+      throw DTypeError(fmt::format("[{}] inputs have dtypes {}; expected one dtype (no type promotion)", op,
+                                   fmt::join(names, ", ")));
+    }
+}
+
+void check_float(const std::string& op, DType dtype) {
+  if (!is_floating(dtype))
+    throw DTypeError(fmt::format("[{}] is not defined for {} tensors; expected f32 or f64", op, dtype));
+}
+
+// ---- Registration ---------------------------------------------------------
+
+struct UnarySpec {
+  const char* name;
+  Unary fn;
+  bool float_only;
+  bool scalar;  // reads attrs.scalar
+  UnaryAlgebra algebra;
+  const char* doc;
+};
+
+struct BinarySpec {
+  const char* name;
+  Binary fn;
+  bool float_only;
+  std::vector<PartialRule> rules;
+  const char* doc;
+};
+
+void add_unary(OpRegistry& reg, const UnarySpec& spec) {
+  OpDef def;
+  def.name = spec.name;
+  def.num_inputs = 1;
+  def.doc = spec.doc;
+  const std::string name = spec.name;
+  const bool float_only = spec.float_only;
+  const bool scalar = spec.scalar;
+  def.meta = [name, float_only, scalar](std::span<const TensorMeta> in, const OpAttrs& attrs) {
+    check_same_dtype(name, in);
+    if (float_only) check_float(name, in[0].dtype);
+    if (scalar && !is_floating(in[0].dtype) && attrs.scalar != std::trunc(attrs.scalar))
+      throw ValueError(fmt::format("[{}] scalar {} on an i64 tensor: expected an integer (no type promotion)", name,
+                                   attrs.scalar));
+    return in[0];
+  };
+  const UnaryAlgebra alg = spec.algebra;
+  def.strategy = [alg](const StrategyQuery& q) { return pointwise_strategy(q, unary_rules(alg, q.attrs)); };
+  const Unary fn = spec.fn;
+  def.kernels[static_cast<int>(Device::CPU)] = [fn](const KernelArgs& a) {
+    return pointwise::unary(fn, a.inputs[0], a.attrs.scalar);
+  };
+  reg.add(std::move(def));
+}
+
+void add_binary(OpRegistry& reg, BinarySpec spec) {
+  OpDef def;
+  def.name = spec.name;
+  def.num_inputs = 2;
+  def.doc = spec.doc;
+  const std::string name = spec.name;
+  const bool float_only = spec.float_only;
+  def.meta = [name, float_only](std::span<const TensorMeta> in, const OpAttrs&) {
+    check_same_dtype(name, in);
+    if (float_only) check_float(name, in[0].dtype);
+    return TensorMeta{broadcast(name, in), in[0].dtype};
+  };
+  def.strategy = [rules = std::move(spec.rules)](const StrategyQuery& q) { return pointwise_strategy(q, rules); };
+  const Binary fn = spec.fn;
+  def.kernels[static_cast<int>(Device::CPU)] = [fn](const KernelArgs& a) {
+    return pointwise::binary(fn, a.inputs[0], a.inputs[1], a.output_box.size);
+  };
+  reg.add(std::move(def));
+}
+
+}  // namespace
+
+void register_pointwise_ops(OpRegistry& reg) {
+  constexpr Order Inc = Order::Increasing;
+  constexpr Order Dec = Order::Decreasing;
+  const UnarySpec unary[] = {
+      {"neg", Unary::Neg, false, false, {true, false, Dec}, "-x, elementwise"},
+      {"abs", Unary::Abs, false, false, {}, "|x|, elementwise"},
+      {"exp", Unary::Exp, true, false, {false, false, Inc}, "e^x, elementwise (f32, f64)"},
+      {"log", Unary::Log, true, false, {false, false, Inc}, "natural log, elementwise (f32, f64)"},
+      {"sqrt", Unary::Sqrt, true, false, {false, false, Inc}, "square root, elementwise (f32, f64)"},
+      {"rsqrt", Unary::Rsqrt, true, false, {false, false, Dec}, "1/sqrt(x), elementwise (f32, f64)"},
+      {"tanh", Unary::Tanh, true, false, {false, false, Inc}, "tanh, elementwise (f32, f64)"},
+      {"sigmoid", Unary::Sigmoid, true, false, {false, false, Inc}, "1/(1+e^-x), elementwise (f32, f64)"},
+      {"relu", Unary::Relu, false, false, {false, false, Inc}, "max(x, 0), elementwise"},
+      {"gelu", Unary::Gelu, true, false, {}, "x*Phi(x), exact erf form (PyTorch approximate='none') (f32, f64)"},
+      {"silu", Unary::Silu, true, false, {}, "x*sigmoid(x), elementwise (f32, f64)"},
+      {"add_scalar", Unary::AddScalar, false, true, {false, true, Inc}, "x + attrs.scalar"},
+      {"mul_scalar", Unary::MulScalar, false, true, {true, false, Order::BySign}, "x * attrs.scalar"},
+      {"div_scalar", Unary::DivScalar, true, true, {true, false, Order::BySign}, "x / attrs.scalar (f32, f64)"},
+      {"pow_scalar", Unary::PowScalar, true, true, {}, "x ^ attrs.scalar (f32, f64)"},
+  };
+  for (const auto& spec : unary) add_unary(reg, spec);
+
+  add_binary(reg, {"add", Binary::Add, false, linear_rules({{true, true}}), "a + b, broadcasting"});
+  add_binary(reg, {"sub", Binary::Sub, false, linear_rules({{true, true}}), "a - b, broadcasting"});
+  add_binary(reg, {"mul", Binary::Mul, false, linear_rules({{true, false}, {false, true}}), "a * b, broadcasting"});
+  add_binary(reg, {"div", Binary::Div, true, linear_rules({{true, false}}), "a / b, broadcasting (f32, f64)"});
+  add_binary(reg, {"pow", Binary::Pow, true, {}, "a ^ b, broadcasting (f32, f64)"});
+  add_binary(reg, {"maximum", Binary::Maximum, false, extremum_rules(ReduceOp::Max), "elementwise max, NaN propagates"});
+  add_binary(reg, {"minimum", Binary::Minimum, false, extremum_rules(ReduceOp::Min), "elementwise min, NaN propagates"});
+  const std::pair<const char*, Binary> comparisons[] = {{"eq", Binary::Eq}, {"ne", Binary::Ne}, {"lt", Binary::Lt},
+                                                         {"le", Binary::Le}, {"gt", Binary::Gt}, {"ge", Binary::Ge}};
+  for (auto [name, fn] : comparisons)
+    add_binary(reg, {name, fn, false, {}, "comparison, broadcasting: 1 where true, 0 where false, in the inputs' dtype"});
+
+  OpDef where;
+  where.name = "where";
+  where.num_inputs = 3;
+  where.doc = "where(cond, a, b): a where cond != 0, else b; broadcasting; cond in the same dtype as a and b";
+  where.meta = [](std::span<const TensorMeta> in, const OpAttrs&) {
+    check_same_dtype("where", in);
+    return TensorMeta{broadcast("where", in), in[1].dtype};
+  };
+  // The selection is elementwise, so a and b Partial with cond Replicate stays
+  // Partial for every reduce op (cond itself must be whole).
+  std::vector<PartialRule> where_rules;
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+    where_rules.push_back({{false, true, true}, op, op});
+  where.strategy = [where_rules](const StrategyQuery& q) { return pointwise_strategy(q, where_rules); };
+  where.kernels[static_cast<int>(Device::CPU)] = [](const KernelArgs& a) {
+    return pointwise::where(a.inputs[0], a.inputs[1], a.inputs[2], a.output_box.size);
+  };
+  reg.add(std::move(where));
+}
+
 }  // namespace dtensor

@@ -1,3 +1,137 @@
 #pragma once
-// Front-end functions of the pointwise ops (written with the family).
+// Front-end functions of the pointwise ops, for DTensor and Tensor alike:
+// thin templates over call_op (the op's meta function validates shapes and
+// dtypes and names the bad value).
+//
+// Semantics, as in PyTorch unless noted:
+// - Binary ops and where broadcast numpy style (trailing dims aligned, size 1
+//   stretches). Inputs must share one dtype: there is no type promotion
+//   (DTypeError naming both dtypes).
+// - Comparisons (eq, ne, lt, le, gt, ge) return 1 where true and 0 where false
+//   in the inputs' dtype (there is no bool dtype); where() takes such a
+//   tensor as its condition (nonzero = true), in the same dtype as a and b.
+// - exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, silu, div, pow and the
+//   scalar div/pow are f32/f64 only: on i64 they raise DTypeError naming the
+//   op. Scalars on i64 tensors must be integers (ValueError otherwise).
+// - gelu is the exact erf form (PyTorch's approximate='none').
+// - maximum/minimum propagate NaN.
+// - No in-place ops: Tensor copies share storage, and a sharded in-place
+//   write could not keep the caller's layout in general. `a += b` rebinds a
+//   to the new result (a = a + b); other handles to the old value are untouched.
+// On DTensors, shardings propagate (see ops/src/pointwise.cpp): shards follow
+// through broadcasting, and Partial survives only where the op's algebra
+// allows it (neg, mul/div by a scalar or by a Replicate operand, add/sub of
+// two Partials, where with a Replicate condition; max/min Partials through
+// monotone ops and maximum/minimum). Anything else reduces its Partial inputs
+// first.
+// Inside namespace dtensor these names (exp, log, abs, pow, div, ...) hide the
+// C library's for unqualified calls: library code writes std::exp.
+#include <concepts>
+#include <initializer_list>
+#include <string_view>
+
 #include "dtensor/api/functional.h"
+
+namespace dtensor {
+
+/// Tensor or DTensor: the types the pointwise front end accepts (shape.h and
+/// reduction.h each declare the same as TensorLike; one shared concept in
+/// functional.h would do for all).
+template <class X>
+concept PointwiseOperand = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
+
+namespace pointwise_detail {
+template <class X>
+X call(std::string_view op, std::initializer_list<X> inputs, double scalar = 0) {
+  OpAttrs attrs;
+  attrs.scalar = scalar;
+  return call_op(op, inputs, attrs);
+}
+}  // namespace pointwise_detail
+
+// ---- Unary ------------------------------------------------------------------
+/// -x.
+template <PointwiseOperand X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
+/// |x|.
+template <PointwiseOperand X> X abs(const X& x) { return pointwise_detail::call<X>("abs", {x}); }
+/// e^x (f32, f64).
+template <PointwiseOperand X> X exp(const X& x) { return pointwise_detail::call<X>("exp", {x}); }
+/// Natural log (f32, f64).
+template <PointwiseOperand X> X log(const X& x) { return pointwise_detail::call<X>("log", {x}); }
+/// Square root (f32, f64).
+template <PointwiseOperand X> X sqrt(const X& x) { return pointwise_detail::call<X>("sqrt", {x}); }
+/// 1/sqrt(x) (f32, f64).
+template <PointwiseOperand X> X rsqrt(const X& x) { return pointwise_detail::call<X>("rsqrt", {x}); }
+/// tanh (f32, f64).
+template <PointwiseOperand X> X tanh(const X& x) { return pointwise_detail::call<X>("tanh", {x}); }
+/// 1/(1+e^-x) (f32, f64).
+template <PointwiseOperand X> X sigmoid(const X& x) { return pointwise_detail::call<X>("sigmoid", {x}); }
+/// max(x, 0).
+template <PointwiseOperand X> X relu(const X& x) { return pointwise_detail::call<X>("relu", {x}); }
+/// x * Phi(x), the exact erf form (f32, f64).
+template <PointwiseOperand X> X gelu(const X& x) { return pointwise_detail::call<X>("gelu", {x}); }
+/// x * sigmoid(x) (f32, f64).
+template <PointwiseOperand X> X silu(const X& x) { return pointwise_detail::call<X>("silu", {x}); }
+
+// ---- With a scalar ------------------------------------------------------------
+/// x + s.
+template <PointwiseOperand X> X add(const X& x, double s) { return pointwise_detail::call<X>("add_scalar", {x}, s); }
+/// x * s.
+template <PointwiseOperand X> X mul(const X& x, double s) { return pointwise_detail::call<X>("mul_scalar", {x}, s); }
+/// x / s (f32, f64).
+template <PointwiseOperand X> X div(const X& x, double s) { return pointwise_detail::call<X>("div_scalar", {x}, s); }
+/// x ^ s (f32, f64).
+template <PointwiseOperand X> X pow(const X& x, double s) { return pointwise_detail::call<X>("pow_scalar", {x}, s); }
+
+// ---- Binary, broadcasting -------------------------------------------------------
+template <PointwiseOperand X> X add(const X& a, const X& b) { return pointwise_detail::call<X>("add", {a, b}); }
+template <PointwiseOperand X> X sub(const X& a, const X& b) { return pointwise_detail::call<X>("sub", {a, b}); }
+template <PointwiseOperand X> X mul(const X& a, const X& b) { return pointwise_detail::call<X>("mul", {a, b}); }
+/// a / b (f32, f64).
+template <PointwiseOperand X> X div(const X& a, const X& b) { return pointwise_detail::call<X>("div", {a, b}); }
+/// a ^ b (f32, f64).
+template <PointwiseOperand X> X pow(const X& a, const X& b) { return pointwise_detail::call<X>("pow", {a, b}); }
+template <PointwiseOperand X> X maximum(const X& a, const X& b) { return pointwise_detail::call<X>("maximum", {a, b}); }
+template <PointwiseOperand X> X minimum(const X& a, const X& b) { return pointwise_detail::call<X>("minimum", {a, b}); }
+
+/// Comparisons: 1 where true, 0 where false, in the inputs' dtype.
+template <PointwiseOperand X> X eq(const X& a, const X& b) { return pointwise_detail::call<X>("eq", {a, b}); }
+template <PointwiseOperand X> X ne(const X& a, const X& b) { return pointwise_detail::call<X>("ne", {a, b}); }
+template <PointwiseOperand X> X lt(const X& a, const X& b) { return pointwise_detail::call<X>("lt", {a, b}); }
+template <PointwiseOperand X> X le(const X& a, const X& b) { return pointwise_detail::call<X>("le", {a, b}); }
+template <PointwiseOperand X> X gt(const X& a, const X& b) { return pointwise_detail::call<X>("gt", {a, b}); }
+template <PointwiseOperand X> X ge(const X& a, const X& b) { return pointwise_detail::call<X>("ge", {a, b}); }
+
+/// a where cond != 0, else b; all three broadcast together and share a dtype.
+template <PointwiseOperand X> X where(const X& cond, const X& a, const X& b) {
+  return pointwise_detail::call<X>("where", {cond, a, b});
+}
+
+// ---- Operators ----------------------------------------------------------------------
+template <PointwiseOperand X> X operator-(const X& x) { return neg(x); }
+template <PointwiseOperand X> X operator+(const X& a, const X& b) { return add(a, b); }
+template <PointwiseOperand X> X operator-(const X& a, const X& b) { return sub(a, b); }
+template <PointwiseOperand X> X operator*(const X& a, const X& b) { return mul(a, b); }
+template <PointwiseOperand X> X operator/(const X& a, const X& b) { return div(a, b); }
+template <PointwiseOperand X> X operator+(const X& x, double s) { return add(x, s); }
+template <PointwiseOperand X> X operator+(double s, const X& x) { return add(x, s); }
+template <PointwiseOperand X> X operator-(const X& x, double s) { return add(x, -s); }
+/// s - x: two ops (neg, add_scalar).
+template <PointwiseOperand X> X operator-(double s, const X& x) { return add(neg(x), s); }
+template <PointwiseOperand X> X operator*(const X& x, double s) { return mul(x, s); }
+template <PointwiseOperand X> X operator*(double s, const X& x) { return mul(x, s); }
+template <PointwiseOperand X> X operator/(const X& x, double s) { return div(x, s); }
+/// s / x: two ops (pow_scalar -1, mul_scalar); f32, f64.
+template <PointwiseOperand X> X operator/(double s, const X& x) { return mul(pow(x, -1.0), s); }
+
+/// Compound assignment rebinds the handle (no in-place write, see above).
+template <PointwiseOperand X> X& operator+=(X& a, const X& b) { return a = add(a, b); }
+template <PointwiseOperand X> X& operator-=(X& a, const X& b) { return a = sub(a, b); }
+template <PointwiseOperand X> X& operator*=(X& a, const X& b) { return a = mul(a, b); }
+template <PointwiseOperand X> X& operator/=(X& a, const X& b) { return a = div(a, b); }
+template <PointwiseOperand X> X& operator+=(X& a, double s) { return a = add(a, s); }
+template <PointwiseOperand X> X& operator-=(X& a, double s) { return a = add(a, -s); }
+template <PointwiseOperand X> X& operator*=(X& a, double s) { return a = mul(a, s); }
+template <PointwiseOperand X> X& operator/=(X& a, double s) { return a = div(a, s); }
+
+}  // namespace dtensor

@@ -1,3 +1,173 @@
 #pragma once
-// Front-end functions of the shape ops (written with the family).
+// Front-end functions of the shape ops (ops/src/shape_ops.cpp) and the
+// factories. Each shape function works on a Tensor or a DTensor alike (thin
+// templates over call_op); on a DTensor a shard follows its dim where the
+// data allow it, and the input is redistributed first where they do not.
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <vector>
+
 #include "dtensor/api/functional.h"
+#include "dtensor/core/error.h"
+
+namespace dtensor {
+
+template <class T>
+concept ShapeOperand = std::same_as<T, Tensor> || std::same_as<T, DTensor>;
+
+namespace detail {
+/// Attrs from dims and ints (designated initializers would trip
+/// -Wmissing-field-initializers in every includer).
+inline OpAttrs attrs(std::vector<std::int64_t> dims, std::vector<std::int64_t> ints = {}) {
+  OpAttrs a;
+  a.dims = std::move(dims);
+  a.ints = std::move(ints);
+  return a;
+}
+template <ShapeOperand T>
+T shape_op(std::string_view op, const T& x, OpAttrs attrs) {
+  return call_op(op, std::span<const T>(&x, 1), attrs);
+}
+}  // namespace detail
+
+/// Swaps dims d0 and d1.
+template <ShapeOperand T>
+T transpose(const T& x, std::int64_t d0, std::int64_t d1) {
+  return detail::shape_op("transpose", x, detail::attrs({d0, d1}));
+}
+/// Output dim i is input dim perm[i].
+template <ShapeOperand T>
+T permute(const T& x, std::vector<std::int64_t> perm) {
+  return detail::shape_op("permute", x, detail::attrs(std::move(perm)));
+}
+/// Same elements in row-major order, as `shape` (one -1 is inferred).
+template <ShapeOperand T>
+T reshape(const T& x, Shape shape) {
+  return detail::shape_op("reshape", x, detail::attrs(std::move(shape)));
+}
+/// Same as reshape (the result never shares storage with the input).
+template <ShapeOperand T>
+T view(const T& x, Shape shape) {
+  return detail::shape_op("view", x, detail::attrs(std::move(shape)));
+}
+/// Merges dims start..end (inclusive) into one.
+template <ShapeOperand T>
+T flatten(const T& x, std::int64_t start = 0, std::int64_t end = -1) {
+  return detail::shape_op("flatten", x, detail::attrs({start, end}));
+}
+/// Splits dim `dim` into `sizes` (one -1 is inferred).
+template <ShapeOperand T>
+T unflatten(const T& x, std::int64_t dim, std::vector<std::int64_t> sizes) {
+  return detail::shape_op("unflatten", x, detail::attrs({dim}, std::move(sizes)));
+}
+/// Drops dim `dim` if its size is 1 (PyTorch keeps other dims as they are).
+template <ShapeOperand T>
+T squeeze(const T& x, std::int64_t dim) {
+  return detail::shape_op("squeeze", x, detail::attrs({dim}));
+}
+/// Drops every size-1 dim.
+template <ShapeOperand T>
+T squeeze(const T& x) {
+  return detail::shape_op("squeeze", x, OpAttrs{});
+}
+/// Inserts a size-1 dim at `dim` (-1: at the end).
+template <ShapeOperand T>
+T unsqueeze(const T& x, std::int64_t dim) {
+  return detail::shape_op("unsqueeze", x, detail::attrs({dim}));
+}
+/// Broadcasts size-1 dims (and new leading dims) to `shape`; -1 keeps a size.
+template <ShapeOperand T>
+T expand(const T& x, Shape shape) {
+  return detail::shape_op("expand", x, detail::attrs(std::move(shape)));
+}
+/// Elements start .. start+length of dim `dim`.
+template <ShapeOperand T>
+T narrow(const T& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
+  return detail::shape_op("narrow", x, detail::attrs({dim}, {start, length}));
+}
+/// Python's x[..., start:end, ...] on dim `dim` (step 1; negative ends count
+/// from the end; clamped like Python).
+template <ShapeOperand T>
+T slice(const T& x, std::int64_t dim, std::int64_t start, std::int64_t end) {
+  const std::int64_t n = x.shape().at(dim < 0 ? dim + x.dim() : dim);
+  auto clamp = [n](std::int64_t v) { return v < 0 ? std::max<std::int64_t>(0, v + n) : std::min(v, n); };
+  const std::int64_t s = clamp(start), e = clamp(end);
+  return narrow(x, dim, s, std::max<std::int64_t>(0, e - s));
+}
+/// Concatenates along `dim`; the inputs agree on every other dim.
+template <ShapeOperand T>
+T cat(std::span<const T> xs, std::int64_t dim) {
+  return call_op("cat", xs, detail::attrs({dim}));
+}
+template <ShapeOperand T>
+T cat(std::initializer_list<T> xs, std::int64_t dim) {
+  return cat(std::span<const T>(xs.begin(), xs.size()), dim);
+}
+/// Stacks same-shaped inputs along a new dim `dim`.
+template <ShapeOperand T>
+T stack(std::span<const T> xs, std::int64_t dim) {
+  return call_op("stack", xs, detail::attrs({dim}));
+}
+template <ShapeOperand T>
+T stack(std::initializer_list<T> xs, std::int64_t dim) {
+  return stack(std::span<const T>(xs.begin(), xs.size()), dim);
+}
+/// Splits dim `dim` into pieces of the given sizes (which add up to its
+/// size), as narrow calls: on a DTensor a piece keeps the shards of the other
+/// dims. ShapeError if the sizes do not add up.
+template <ShapeOperand T>
+std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_t>& sizes) {
+  const int d = static_cast<int>(dim < 0 ? dim + x.dim() : dim);
+  if (d < 0 || d >= x.dim())
+    throw ShapeError(fmt::format("[split] dim {} out of range for a {}-d tensor", dim, x.dim()));
+  std::int64_t total = 0;
+  for (auto s : sizes) total += s;
+  if (total != x.shape()[d])
+    throw ShapeError(fmt::format("[split] sizes [{}] add up to {}, dim {} has size {}", fmt::join(sizes, ", "), total,
+                                 dim, x.shape()[d]));
+  std::vector<T> out;
+  std::int64_t start = 0;
+  for (auto s : sizes) {
+    out.push_back(narrow(x, d, start, s));
+    start += s;
+  }
+  return out;
+}
+/// torch.split with a chunk size: pieces of `size` along `dim`, the last
+/// one shorter.
+template <ShapeOperand T>
+std::vector<T> split(const T& x, std::int64_t dim, std::int64_t size) {
+  const int d = static_cast<int>(dim < 0 ? dim + x.dim() : dim);
+  if (size <= 0) throw ValueError(fmt::format("[split] chunk size {} must be positive", size));
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t left = x.shape().at(d); left > 0; left -= size) sizes.push_back(std::min(left, size));
+  return split(x, dim, sizes);
+}
+/// Converts to `dtype` (any layout; a Partial input of an integer dtype, or
+/// to one, is reduced first).
+template <ShapeOperand T>
+T to(const T& x, DType dtype) {
+  OpAttrs a;
+  a.dtype = dtype;
+  return detail::shape_op("to", x, a);
+}
+
+// ---- Factories: each rank fills only its own box --------------------------
+// A Partial(sum) layout holds the value on mesh coordinate 0 (along each
+// Partial mesh dim) and zeros elsewhere; Partial(max|min|avg) copies it.
+
+DTensor zeros(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype = DType::Float32);
+DTensor ones(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype = DType::Float32);
+DTensor full(const Shape& shape, double value, const DeviceMesh& mesh, const Layout& layout,
+             DType dtype = DType::Float32);
+/// 0, 1, ..., n-1 in row-major order, as Tensor::arange(shape).
+DTensor arange(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype = DType::Float32);
+/// The values of Tensor::rand(shape, dtype, seed) on any layout.
+DTensor rand(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, const Layout& layout,
+             DType dtype = DType::Float32);
+/// The values of Tensor::randn(shape, dtype, seed) on any layout.
+DTensor randn(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, const Layout& layout,
+              DType dtype = DType::Float32);
+
+}  // namespace dtensor

@@ -32,6 +32,9 @@ class Tensor {
   /// computed alone (see fill_random). Floats are uniform in [0, 1); int64 in
   /// [-1000, 1000).
   static Tensor rand(Shape shape, DType dtype, std::uint64_t seed);
+  /// Seeded standard normal values (floating dtypes only), element i a pure
+  /// function of (seed, i) by Box-Muller over Philox (see fill_randn).
+  static Tensor randn(Shape shape, DType dtype, std::uint64_t seed);
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape);
 
@@ -99,6 +102,11 @@ void unpack_box(const std::byte* in, Tensor& dst, const Box& box);
 /// has at the box (offset, out.shape()), without making the full tensor.
 void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
                  std::span<const std::int64_t> offset);
+
+/// Fills `out` with the values that Tensor::randn(global_shape, dtype, seed)
+/// has at the box (offset, out.shape()). DTypeError unless out is floating.
+void fill_randn(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
+                std::span<const std::int64_t> offset);
 
 /// Elementwise reduction of `count` elements: acc = op(acc, x). Avg acts as Sum
 /// (the caller divides). Used by communicators and kernels alike.

@@ -1,0 +1,67 @@
+#include "dtensor/api/shape.h"
+
+#include <functional>
+
+namespace dtensor {
+namespace {
+
+/// The local shard of a factory's tensor on this rank: `fill` writes the
+/// values of the box; a Partial(sum) mesh dim keeps them on coordinate 0
+/// only (zeros elsewhere), other Partials copy them.
+DTensor make(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype, std::string_view what,
+             const std::function<void(Tensor&, const Box&)>& fill) {
+  check_shape(shape, what);
+  const Layout l = validate_layout(layout, mesh.shape(), shape);
+  const Box box = local_box(mesh.shape(), shape, l, mesh.coordinate());
+  Tensor local = Tensor::empty(box.size, dtype);
+  bool zero = false;
+  for (int m = 0; m < l.mesh_ndim(); ++m)
+    if (is_partial(l[m]) && std::get<Partial>(l[m]).op == ReduceOp::Sum && mesh.coordinate()[m] != 0) zero = true;
+  if (zero)
+    local.zero_();
+  else
+    fill(local, box);
+  return DTensor::from_local(std::move(local), mesh, l, shape);
+}
+
+}  // namespace
+
+DTensor full(const Shape& shape, double value, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
+  return make(shape, mesh, layout, dtype, "full", [&](Tensor& t, const Box&) { t.fill(value); });
+}
+DTensor zeros(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
+  return full(shape, 0.0, mesh, layout, dtype);
+}
+DTensor ones(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
+  return full(shape, 1.0, mesh, layout, dtype);
+}
+
+DTensor arange(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
+  return make(shape, mesh, layout, dtype, "arange", [&](Tensor& t, const Box& box) {
+    if (t.numel() == 0) return;
+    const Shape strides = row_major_strides(shape);
+    const int nd = box.ndim();
+    visit_dtype(dtype, [&](auto z) {
+      using T = decltype(z);
+      T* p = t.data_as<T>();
+      Shape idx(nd, 0);
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        std::int64_t g = 0;
+        for (int d = 0; d < nd; ++d) g += (box.offset[d] + idx[d]) * strides[d];
+        p[i] = static_cast<T>(g);
+        for (int d = nd - 1; d >= 0 && ++idx[d] == box.size[d]; --d) idx[d] = 0;
+      }
+    });
+  });
+}
+
+DTensor rand(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
+  return make(shape, mesh, layout, dtype, "rand",
+              [&](Tensor& t, const Box& box) { fill_random(t, seed, shape, box.offset); });
+}
+DTensor randn(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
+  return make(shape, mesh, layout, dtype, "randn",
+              [&](Tensor& t, const Box& box) { fill_randn(t, seed, shape, box.offset); });
+}
+
+}  // namespace dtensor

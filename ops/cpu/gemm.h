@@ -1,0 +1,23 @@
+#pragma once
+// Internal: the dense matrix product behind the einsum family. One backend
+// per build, chosen by meson (ops/meson.build): gemm_openblas.cpp where
+// OpenBLAS is found, gemm_eigen.cpp otherwise. Both compute int64 with
+// Eigen.
+#include <cstdint>
+#include <string_view>
+
+#include "dtensor/core/dtype.h"
+
+namespace dtensor::cpu {
+
+/// C[m,n] = op(A) op(B), all row-major; op(X) is X or its transpose.
+/// A is m x k (k x m when trans_a) with leading dimension lda, B is k x n
+/// (n x k when trans_b) with ldb; C is overwritten. Any of m, n, k may be 0
+/// (k = 0 gives zeros). f32, f64 and i64.
+void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
+
+/// "openblas" or "eigen": the backend this build computes f32/f64 with.
+std::string_view gemm_backend();
+
+}  // namespace dtensor::cpu
