@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <mutex>
+
 #include "op_cases.h"
 #include "support.h"
 
@@ -283,6 +285,32 @@ BOOST_AUTO_TEST_CASE(bad_calls_name_the_op_and_the_values) {
   BOOST_TEST(m.find("[add]") != std::string::npos);
   BOOST_TEST(m.find("(5,7)") != std::string::npos);
   BOOST_CHECK_THROW(a + Tensor::zeros({7}, DType::Float32), DTypeError);
+}
+
+BOOST_AUTO_TEST_CASE(in_place_ops_write_into_shared_storage_and_keep_the_layout) {
+  Tensor a = Tensor::from_vector<double>({1, 2, 3}, {3});
+  Tensor alias = a;  // shares storage
+  add_(a, Tensor::from_vector<double>({10, 20, 30}, {3}));
+  mul_(a, 2.0);
+  BOOST_TEST(equal(alias, Tensor::from_vector<double>({22, 44, 66}, {3})));
+  BOOST_CHECK_THROW(add_(a, Tensor::zeros({2, 3}, DType::Float64)), ShapeError);
+
+  std::vector<std::string> failures;
+  std::mutex mu;
+  run_threads(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    Tensor x_full = Tensor::arange({6, 4}, DType::Float64), y_full = Tensor::full({6, 4}, 0.5, DType::Float64);
+    DTensor x = distribute_tensor(comm.rank() == 0 ? x_full : Tensor(), mesh, Layout::parse("S(0),S(1)"));
+    DTensor y = distribute_tensor(comm.rank() == 0 ? y_full : Tensor(), mesh, Layout::parse("R,S(0)"));
+    Tensor local = x.to_local();  // shares x's storage
+    sub_(x, y);
+    Tensor got = x.full_tensor();
+    std::lock_guard lock(mu);
+    if (!(x.placements() == Layout::parse("S(0),S(1)"))) failures.push_back(fmt::format("layout became {}", x.placements()));
+    if (!equal(local, x.to_local())) failures.push_back("the rank's shard was not updated in place");
+    if (!equal(got, x_full - y_full)) failures.push_back("wrong values");
+  });
+  for (auto& f : failures) BOOST_ERROR(f);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -11,5 +11,6 @@ void register_pointwise_ops(OpRegistry& registry);  // pointwise.cpp
 void register_einsum_ops(OpRegistry& registry);     // einsum.cpp
 void register_reduction_ops(OpRegistry& registry);  // reduction.cpp
 void register_shape_ops(OpRegistry& registry);      // shape_ops.cpp
+void register_embedding_ops(OpRegistry& registry);  // embedding.cpp
 
 }  // namespace dtensor

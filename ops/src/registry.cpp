@@ -65,6 +65,7 @@ void register_builtin_ops(OpRegistry& registry) {
   register_einsum_ops(registry);
   register_reduction_ops(registry);
   register_shape_ops(registry);
+  register_embedding_ops(registry);
 }
 
 }  // namespace dtensor

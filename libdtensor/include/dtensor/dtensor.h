@@ -19,6 +19,7 @@
 #include "dtensor/api/dtensor_tensor.h"       // IWYU pragma: export
 #include "dtensor/api/functional.h"           // IWYU pragma: export
 #include "dtensor/api/linalg.h"               // IWYU pragma: export
+#include "dtensor/api/nn.h"                   // IWYU pragma: export
 #include "dtensor/api/pointwise.h"            // IWYU pragma: export
 #include "dtensor/api/reduction.h"            // IWYU pragma: export
 #include "dtensor/api/shape.h"                // IWYU pragma: export

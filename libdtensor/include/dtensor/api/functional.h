@@ -2,6 +2,7 @@
 // Ops on DTensors and plain Tensors alike. Every op goes through one entry,
 // call_op, which looks the op up in the registry; on DTensors it propagates
 // shardings (dtensor/ops/dispatch.h), on Tensors it runs the kernel.
+#include <concepts>
 #include <initializer_list>
 #include <span>
 #include <string_view>
@@ -11,6 +12,11 @@
 #include "dtensor/ops/op.h"
 
 namespace dtensor {
+
+/// The two kinds of tensor every front-end op accepts: the op on a plain
+/// Tensor runs the kernel, on a DTensor it propagates shardings.
+template <class X>
+concept TensorOrDTensor = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
 
 /// Runs a registered op. All DTensor inputs must share one mesh (MeshError
 /// otherwise); the cost model is the first input's.

@@ -15,9 +15,12 @@
 //   op. Scalars on i64 tensors must be integers (ValueError otherwise).
 // - gelu is the exact erf form (PyTorch's approximate='none').
 // - maximum/minimum propagate NaN.
-// - No in-place ops: Tensor copies share storage, and a sharded in-place
-//   write could not keep the caller's layout in general. `a += b` rebinds a
-//   to the new result (a = a + b); other handles to the old value are untouched.
+// - `a += b` rebinds a to the new result (a = a + b); other handles to the old
+//   value are untouched. The in-place forms add_, sub_, mul_, div_ (tensor or
+//   scalar operand) write into a's own storage, so every handle sharing it
+//   sees the change; on a DTensor the result is first brought back to a's
+//   layout (as PyTorch does), and a keeps its placements. ShapeError if
+//   broadcasting would change a's shape.
 // On DTensors, shardings propagate (see ops/src/pointwise.cpp): shards follow
 // through broadcasting, and Partial survives only where the op's algebra
 // allows it (neg, mul/div by a scalar or by a Replicate operand, add/sub of
@@ -27,18 +30,13 @@
 // Inside namespace dtensor these names (exp, log, abs, pow, div, ...) hide the
 // C library's for unqualified calls: library code writes std::exp.
 #include <concepts>
+#include <cstring>
 #include <initializer_list>
 #include <string_view>
 
 #include "dtensor/api/functional.h"
 
 namespace dtensor {
-
-/// Tensor or DTensor: the types the pointwise front end accepts (shape.h and
-/// reduction.h each declare the same as TensorLike; one shared concept in
-/// functional.h would do for all).
-template <class X>
-concept PointwiseOperand = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
 
 namespace pointwise_detail {
 template <class X>
@@ -51,87 +49,115 @@ X call(std::string_view op, std::initializer_list<X> inputs, double scalar = 0) 
 
 // ---- Unary ------------------------------------------------------------------
 /// -x.
-template <PointwiseOperand X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
+template <TensorOrDTensor X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
 /// |x|.
-template <PointwiseOperand X> X abs(const X& x) { return pointwise_detail::call<X>("abs", {x}); }
+template <TensorOrDTensor X> X abs(const X& x) { return pointwise_detail::call<X>("abs", {x}); }
 /// e^x (f32, f64).
-template <PointwiseOperand X> X exp(const X& x) { return pointwise_detail::call<X>("exp", {x}); }
+template <TensorOrDTensor X> X exp(const X& x) { return pointwise_detail::call<X>("exp", {x}); }
 /// Natural log (f32, f64).
-template <PointwiseOperand X> X log(const X& x) { return pointwise_detail::call<X>("log", {x}); }
+template <TensorOrDTensor X> X log(const X& x) { return pointwise_detail::call<X>("log", {x}); }
 /// Square root (f32, f64).
-template <PointwiseOperand X> X sqrt(const X& x) { return pointwise_detail::call<X>("sqrt", {x}); }
+template <TensorOrDTensor X> X sqrt(const X& x) { return pointwise_detail::call<X>("sqrt", {x}); }
 /// 1/sqrt(x) (f32, f64).
-template <PointwiseOperand X> X rsqrt(const X& x) { return pointwise_detail::call<X>("rsqrt", {x}); }
+template <TensorOrDTensor X> X rsqrt(const X& x) { return pointwise_detail::call<X>("rsqrt", {x}); }
 /// tanh (f32, f64).
-template <PointwiseOperand X> X tanh(const X& x) { return pointwise_detail::call<X>("tanh", {x}); }
+template <TensorOrDTensor X> X tanh(const X& x) { return pointwise_detail::call<X>("tanh", {x}); }
 /// 1/(1+e^-x) (f32, f64).
-template <PointwiseOperand X> X sigmoid(const X& x) { return pointwise_detail::call<X>("sigmoid", {x}); }
+template <TensorOrDTensor X> X sigmoid(const X& x) { return pointwise_detail::call<X>("sigmoid", {x}); }
 /// max(x, 0).
-template <PointwiseOperand X> X relu(const X& x) { return pointwise_detail::call<X>("relu", {x}); }
+template <TensorOrDTensor X> X relu(const X& x) { return pointwise_detail::call<X>("relu", {x}); }
 /// x * Phi(x), the exact erf form (f32, f64).
-template <PointwiseOperand X> X gelu(const X& x) { return pointwise_detail::call<X>("gelu", {x}); }
+template <TensorOrDTensor X> X gelu(const X& x) { return pointwise_detail::call<X>("gelu", {x}); }
 /// x * sigmoid(x) (f32, f64).
-template <PointwiseOperand X> X silu(const X& x) { return pointwise_detail::call<X>("silu", {x}); }
+template <TensorOrDTensor X> X silu(const X& x) { return pointwise_detail::call<X>("silu", {x}); }
 
 // ---- With a scalar ------------------------------------------------------------
 /// x + s.
-template <PointwiseOperand X> X add(const X& x, double s) { return pointwise_detail::call<X>("add_scalar", {x}, s); }
+template <TensorOrDTensor X> X add(const X& x, double s) { return pointwise_detail::call<X>("add_scalar", {x}, s); }
 /// x * s.
-template <PointwiseOperand X> X mul(const X& x, double s) { return pointwise_detail::call<X>("mul_scalar", {x}, s); }
+template <TensorOrDTensor X> X mul(const X& x, double s) { return pointwise_detail::call<X>("mul_scalar", {x}, s); }
 /// x / s (f32, f64).
-template <PointwiseOperand X> X div(const X& x, double s) { return pointwise_detail::call<X>("div_scalar", {x}, s); }
+template <TensorOrDTensor X> X div(const X& x, double s) { return pointwise_detail::call<X>("div_scalar", {x}, s); }
 /// x ^ s (f32, f64).
-template <PointwiseOperand X> X pow(const X& x, double s) { return pointwise_detail::call<X>("pow_scalar", {x}, s); }
+template <TensorOrDTensor X> X pow(const X& x, double s) { return pointwise_detail::call<X>("pow_scalar", {x}, s); }
 
 // ---- Binary, broadcasting -------------------------------------------------------
-template <PointwiseOperand X> X add(const X& a, const X& b) { return pointwise_detail::call<X>("add", {a, b}); }
-template <PointwiseOperand X> X sub(const X& a, const X& b) { return pointwise_detail::call<X>("sub", {a, b}); }
-template <PointwiseOperand X> X mul(const X& a, const X& b) { return pointwise_detail::call<X>("mul", {a, b}); }
+template <TensorOrDTensor X> X add(const X& a, const X& b) { return pointwise_detail::call<X>("add", {a, b}); }
+template <TensorOrDTensor X> X sub(const X& a, const X& b) { return pointwise_detail::call<X>("sub", {a, b}); }
+template <TensorOrDTensor X> X mul(const X& a, const X& b) { return pointwise_detail::call<X>("mul", {a, b}); }
 /// a / b (f32, f64).
-template <PointwiseOperand X> X div(const X& a, const X& b) { return pointwise_detail::call<X>("div", {a, b}); }
+template <TensorOrDTensor X> X div(const X& a, const X& b) { return pointwise_detail::call<X>("div", {a, b}); }
 /// a ^ b (f32, f64).
-template <PointwiseOperand X> X pow(const X& a, const X& b) { return pointwise_detail::call<X>("pow", {a, b}); }
-template <PointwiseOperand X> X maximum(const X& a, const X& b) { return pointwise_detail::call<X>("maximum", {a, b}); }
-template <PointwiseOperand X> X minimum(const X& a, const X& b) { return pointwise_detail::call<X>("minimum", {a, b}); }
+template <TensorOrDTensor X> X pow(const X& a, const X& b) { return pointwise_detail::call<X>("pow", {a, b}); }
+template <TensorOrDTensor X> X maximum(const X& a, const X& b) { return pointwise_detail::call<X>("maximum", {a, b}); }
+template <TensorOrDTensor X> X minimum(const X& a, const X& b) { return pointwise_detail::call<X>("minimum", {a, b}); }
 
 /// Comparisons: 1 where true, 0 where false, in the inputs' dtype.
-template <PointwiseOperand X> X eq(const X& a, const X& b) { return pointwise_detail::call<X>("eq", {a, b}); }
-template <PointwiseOperand X> X ne(const X& a, const X& b) { return pointwise_detail::call<X>("ne", {a, b}); }
-template <PointwiseOperand X> X lt(const X& a, const X& b) { return pointwise_detail::call<X>("lt", {a, b}); }
-template <PointwiseOperand X> X le(const X& a, const X& b) { return pointwise_detail::call<X>("le", {a, b}); }
-template <PointwiseOperand X> X gt(const X& a, const X& b) { return pointwise_detail::call<X>("gt", {a, b}); }
-template <PointwiseOperand X> X ge(const X& a, const X& b) { return pointwise_detail::call<X>("ge", {a, b}); }
+template <TensorOrDTensor X> X eq(const X& a, const X& b) { return pointwise_detail::call<X>("eq", {a, b}); }
+template <TensorOrDTensor X> X ne(const X& a, const X& b) { return pointwise_detail::call<X>("ne", {a, b}); }
+template <TensorOrDTensor X> X lt(const X& a, const X& b) { return pointwise_detail::call<X>("lt", {a, b}); }
+template <TensorOrDTensor X> X le(const X& a, const X& b) { return pointwise_detail::call<X>("le", {a, b}); }
+template <TensorOrDTensor X> X gt(const X& a, const X& b) { return pointwise_detail::call<X>("gt", {a, b}); }
+template <TensorOrDTensor X> X ge(const X& a, const X& b) { return pointwise_detail::call<X>("ge", {a, b}); }
 
 /// a where cond != 0, else b; all three broadcast together and share a dtype.
-template <PointwiseOperand X> X where(const X& cond, const X& a, const X& b) {
+template <TensorOrDTensor X> X where(const X& cond, const X& a, const X& b) {
   return pointwise_detail::call<X>("where", {cond, a, b});
 }
 
 // ---- Operators ----------------------------------------------------------------------
-template <PointwiseOperand X> X operator-(const X& x) { return neg(x); }
-template <PointwiseOperand X> X operator+(const X& a, const X& b) { return add(a, b); }
-template <PointwiseOperand X> X operator-(const X& a, const X& b) { return sub(a, b); }
-template <PointwiseOperand X> X operator*(const X& a, const X& b) { return mul(a, b); }
-template <PointwiseOperand X> X operator/(const X& a, const X& b) { return div(a, b); }
-template <PointwiseOperand X> X operator+(const X& x, double s) { return add(x, s); }
-template <PointwiseOperand X> X operator+(double s, const X& x) { return add(x, s); }
-template <PointwiseOperand X> X operator-(const X& x, double s) { return add(x, -s); }
+template <TensorOrDTensor X> X operator-(const X& x) { return neg(x); }
+template <TensorOrDTensor X> X operator+(const X& a, const X& b) { return add(a, b); }
+template <TensorOrDTensor X> X operator-(const X& a, const X& b) { return sub(a, b); }
+template <TensorOrDTensor X> X operator*(const X& a, const X& b) { return mul(a, b); }
+template <TensorOrDTensor X> X operator/(const X& a, const X& b) { return div(a, b); }
+template <TensorOrDTensor X> X operator+(const X& x, double s) { return add(x, s); }
+template <TensorOrDTensor X> X operator+(double s, const X& x) { return add(x, s); }
+template <TensorOrDTensor X> X operator-(const X& x, double s) { return add(x, -s); }
 /// s - x: two ops (neg, add_scalar).
-template <PointwiseOperand X> X operator-(double s, const X& x) { return add(neg(x), s); }
-template <PointwiseOperand X> X operator*(const X& x, double s) { return mul(x, s); }
-template <PointwiseOperand X> X operator*(double s, const X& x) { return mul(x, s); }
-template <PointwiseOperand X> X operator/(const X& x, double s) { return div(x, s); }
+template <TensorOrDTensor X> X operator-(double s, const X& x) { return add(neg(x), s); }
+template <TensorOrDTensor X> X operator*(const X& x, double s) { return mul(x, s); }
+template <TensorOrDTensor X> X operator*(double s, const X& x) { return mul(x, s); }
+template <TensorOrDTensor X> X operator/(const X& x, double s) { return div(x, s); }
 /// s / x: two ops (pow_scalar -1, mul_scalar); f32, f64.
-template <PointwiseOperand X> X operator/(double s, const X& x) { return mul(pow(x, -1.0), s); }
+template <TensorOrDTensor X> X operator/(double s, const X& x) { return mul(pow(x, -1.0), s); }
 
 /// Compound assignment rebinds the handle (no in-place write, see above).
-template <PointwiseOperand X> X& operator+=(X& a, const X& b) { return a = add(a, b); }
-template <PointwiseOperand X> X& operator-=(X& a, const X& b) { return a = sub(a, b); }
-template <PointwiseOperand X> X& operator*=(X& a, const X& b) { return a = mul(a, b); }
-template <PointwiseOperand X> X& operator/=(X& a, const X& b) { return a = div(a, b); }
-template <PointwiseOperand X> X& operator+=(X& a, double s) { return a = add(a, s); }
-template <PointwiseOperand X> X& operator-=(X& a, double s) { return a = add(a, -s); }
-template <PointwiseOperand X> X& operator*=(X& a, double s) { return a = mul(a, s); }
-template <PointwiseOperand X> X& operator/=(X& a, double s) { return a = div(a, s); }
+template <TensorOrDTensor X> X& operator+=(X& a, const X& b) { return a = add(a, b); }
+template <TensorOrDTensor X> X& operator-=(X& a, const X& b) { return a = sub(a, b); }
+template <TensorOrDTensor X> X& operator*=(X& a, const X& b) { return a = mul(a, b); }
+template <TensorOrDTensor X> X& operator/=(X& a, const X& b) { return a = div(a, b); }
+template <TensorOrDTensor X> X& operator+=(X& a, double s) { return a = add(a, s); }
+template <TensorOrDTensor X> X& operator-=(X& a, double s) { return a = add(a, -s); }
+template <TensorOrDTensor X> X& operator*=(X& a, double s) { return a = mul(a, s); }
+template <TensorOrDTensor X> X& operator/=(X& a, double s) { return a = div(a, s); }
+
+// ---- In place ---------------------------------------------------------------
+
+namespace pointwise_detail {
+template <TensorOrDTensor X>
+X& assign_in_place(std::string_view op, X& a, const X& result) {
+  if (result.shape() != a.shape())
+    throw ShapeError(fmt::format("[{}] in place would change the shape {} to {}", op, fmt::join(a.shape(), "x"),
+                                 fmt::join(result.shape(), "x")));
+  Tensor dst, src;
+  if constexpr (std::same_as<X, DTensor>) {
+    dst = a.to_local();  // shares a's storage
+    src = result.placements() == a.placements() ? result.to_local() : result.redistribute(a.placements()).to_local();
+  } else {
+    dst = a;
+    src = result;
+  }
+  if (src.nbytes() != 0) std::memcpy(dst.data(), src.data(), src.nbytes());
+  return a;
+}
+}  // namespace pointwise_detail
+
+template <TensorOrDTensor X> X& add_(X& a, const X& b) { return pointwise_detail::assign_in_place("add_", a, add(a, b)); }
+template <TensorOrDTensor X> X& sub_(X& a, const X& b) { return pointwise_detail::assign_in_place("sub_", a, sub(a, b)); }
+template <TensorOrDTensor X> X& mul_(X& a, const X& b) { return pointwise_detail::assign_in_place("mul_", a, mul(a, b)); }
+template <TensorOrDTensor X> X& div_(X& a, const X& b) { return pointwise_detail::assign_in_place("div_", a, div(a, b)); }
+template <TensorOrDTensor X> X& add_(X& a, double s) { return pointwise_detail::assign_in_place("add_", a, add(a, s)); }
+template <TensorOrDTensor X> X& mul_(X& a, double s) { return pointwise_detail::assign_in_place("mul_", a, mul(a, s)); }
 
 }  // namespace dtensor

@@ -23,13 +23,8 @@
 
 namespace dtensor {
 
-/// Tensor or DTensor. (Each front-end header names its own: shape.h has
-/// TensorLike; one shared concept in functional.h would be better.)
-template <class X>
-concept ReductionOperand = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
-
 namespace detail {
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X reduce_call(std::string_view op, const X& x, std::vector<std::int64_t> dims, bool keepdim, double scalar = 0) {
   OpAttrs attrs;
   attrs.dims = std::move(dims);
@@ -40,47 +35,47 @@ X reduce_call(std::string_view op, const X& x, std::vector<std::int64_t> dims, b
 }  // namespace detail
 
 /// Sum over `dims` (empty: all dims); f32, f64, i64.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X sum(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("sum", x, std::move(dims), keepdim);
 }
 /// Mean over `dims` (empty: all dims); f32, f64 (DTypeError for i64, as PyTorch).
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X mean(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("mean", x, std::move(dims), keepdim);
 }
 /// Max over `dims` (empty: all dims); ShapeError over an empty extent.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X max(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("max", x, std::move(dims), keepdim);
 }
 /// Min over `dims` (empty: all dims); ShapeError over an empty extent.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X min(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("min", x, std::move(dims), keepdim);
 }
 /// Index (i64) of the first maximum along `dim`; without a dim, over the
 /// flattened tensor.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X argmax(const X& x, std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) {
   return detail::reduce_call("argmax", x, dim ? std::vector<std::int64_t>{*dim} : std::vector<std::int64_t>{}, keepdim);
 }
 /// p-norm over `dims` (empty: all dims): (sum |x|^p)^(1/p); p = inf gives
 /// max |x|, p = 0 the count of nonzeros. f32, f64.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X norm(const X& x, double p = 2, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("norm", x, std::move(dims), keepdim, p);
 }
 
 /// exp(x) / sum(exp(x)) along `dim` (computed as exp(x - max)).
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X softmax(const X& x, std::int64_t dim) {
   OpAttrs attrs;
   attrs.dims = {dim};
   return call_op("softmax", {x}, attrs);
 }
 /// x - max - log(sum(exp(x - max))) along `dim`.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X log_softmax(const X& x, std::int64_t dim) {
   OpAttrs attrs;
   attrs.dims = {dim};
@@ -88,7 +83,7 @@ X log_softmax(const X& x, std::int64_t dim) {
 }
 
 namespace detail {
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X normalize_call(std::string_view op, const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight,
                  const std::optional<std::type_identity_t<X>>& bias, double eps) {
   OpAttrs attrs;
@@ -99,7 +94,7 @@ X normalize_call(std::string_view op, const X& x, int normalized_ndim, const std
   if (bias) inputs.push_back(*bias);
   return call_op(op, std::span<const X>(inputs), attrs);
 }
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 int normalized_ndim_of(std::string_view op, const X& x, const Shape& normalized_shape) {
   const auto k = static_cast<std::ptrdiff_t>(normalized_shape.size());
   const Shape& shape = x.shape();
@@ -114,35 +109,35 @@ int normalized_ndim_of(std::string_view op, const X& x, const Shape& normalized_
 /// (x - mean) / sqrt(var + eps) * weight + bias over the trailing
 /// `normalized_ndim` dims (biased variance); weight and bias, where given,
 /// have the normalized shape.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X layer_norm(const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
              const std::optional<std::type_identity_t<X>>& bias = std::nullopt, double eps = 1e-5) {
   return detail::normalize_call("layer_norm", x, normalized_ndim, weight, bias, eps);
 }
 /// layer_norm with the normalized shape spelled out, as torch.nn.functional.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X layer_norm(const X& x, const Shape& normalized_shape, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
              const std::optional<std::type_identity_t<X>>& bias = std::nullopt, double eps = 1e-5) {
   return layer_norm(x, detail::normalized_ndim_of("layer_norm", x, normalized_shape), weight, bias, eps);
 }
 /// Braced shapes ({5}, {6, 5}) are normalized shapes, never a dim count.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X layer_norm(const X& x, std::initializer_list<std::int64_t> normalized_shape,
              const std::optional<std::type_identity_t<X>>& weight = std::nullopt, const std::optional<std::type_identity_t<X>>& bias = std::nullopt,
              double eps = 1e-5) {
   return layer_norm(x, Shape(normalized_shape), weight, bias, eps);
 }
 /// x / sqrt(mean(x^2) + eps) * weight over the trailing `normalized_ndim` dims.
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X rms_norm(const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight = std::nullopt, double eps = 1e-6) {
   return detail::normalize_call("rms_norm", x, normalized_ndim, weight, std::optional<X>{}, eps);
 }
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X rms_norm(const X& x, const Shape& normalized_shape, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
            double eps = 1e-6) {
   return rms_norm(x, detail::normalized_ndim_of("rms_norm", x, normalized_shape), weight, eps);
 }
-template <ReductionOperand X>
+template <TensorOrDTensor X>
 X rms_norm(const X& x, std::initializer_list<std::int64_t> normalized_shape,
            const std::optional<std::type_identity_t<X>>& weight = std::nullopt, double eps = 1e-6) {
   return rms_norm(x, Shape(normalized_shape), weight, eps);

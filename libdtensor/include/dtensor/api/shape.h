@@ -13,9 +13,6 @@
 
 namespace dtensor {
 
-template <class T>
-concept ShapeOperand = std::same_as<T, Tensor> || std::same_as<T, DTensor>;
-
 namespace detail {
 /// Attrs from dims and ints (designated initializers would trip
 /// -Wmissing-field-initializers in every includer).
@@ -25,70 +22,70 @@ inline OpAttrs attrs(std::vector<std::int64_t> dims, std::vector<std::int64_t> i
   a.ints = std::move(ints);
   return a;
 }
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T shape_op(std::string_view op, const T& x, OpAttrs attrs) {
   return call_op(op, std::span<const T>(&x, 1), attrs);
 }
 }  // namespace detail
 
 /// Swaps dims d0 and d1.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T transpose(const T& x, std::int64_t d0, std::int64_t d1) {
   return detail::shape_op("transpose", x, detail::attrs({d0, d1}));
 }
 /// Output dim i is input dim perm[i].
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T permute(const T& x, std::vector<std::int64_t> perm) {
   return detail::shape_op("permute", x, detail::attrs(std::move(perm)));
 }
 /// Same elements in row-major order, as `shape` (one -1 is inferred).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T reshape(const T& x, Shape shape) {
   return detail::shape_op("reshape", x, detail::attrs(std::move(shape)));
 }
 /// Same as reshape (the result never shares storage with the input).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T view(const T& x, Shape shape) {
   return detail::shape_op("view", x, detail::attrs(std::move(shape)));
 }
 /// Merges dims start..end (inclusive) into one.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T flatten(const T& x, std::int64_t start = 0, std::int64_t end = -1) {
   return detail::shape_op("flatten", x, detail::attrs({start, end}));
 }
 /// Splits dim `dim` into `sizes` (one -1 is inferred).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T unflatten(const T& x, std::int64_t dim, std::vector<std::int64_t> sizes) {
   return detail::shape_op("unflatten", x, detail::attrs({dim}, std::move(sizes)));
 }
 /// Drops dim `dim` if its size is 1 (PyTorch keeps other dims as they are).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T squeeze(const T& x, std::int64_t dim) {
   return detail::shape_op("squeeze", x, detail::attrs({dim}));
 }
 /// Drops every size-1 dim.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T squeeze(const T& x) {
   return detail::shape_op("squeeze", x, OpAttrs{});
 }
 /// Inserts a size-1 dim at `dim` (-1: at the end).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T unsqueeze(const T& x, std::int64_t dim) {
   return detail::shape_op("unsqueeze", x, detail::attrs({dim}));
 }
 /// Broadcasts size-1 dims (and new leading dims) to `shape`; -1 keeps a size.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T expand(const T& x, Shape shape) {
   return detail::shape_op("expand", x, detail::attrs(std::move(shape)));
 }
 /// Elements start .. start+length of dim `dim`.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T narrow(const T& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
   return detail::shape_op("narrow", x, detail::attrs({dim}, {start, length}));
 }
 /// Python's x[..., start:end, ...] on dim `dim` (step 1; negative ends count
 /// from the end; clamped like Python).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T slice(const T& x, std::int64_t dim, std::int64_t start, std::int64_t end) {
   const std::int64_t n = x.shape().at(dim < 0 ? dim + x.dim() : dim);
   auto clamp = [n](std::int64_t v) { return v < 0 ? std::max<std::int64_t>(0, v + n) : std::min(v, n); };
@@ -96,27 +93,27 @@ T slice(const T& x, std::int64_t dim, std::int64_t start, std::int64_t end) {
   return narrow(x, dim, s, std::max<std::int64_t>(0, e - s));
 }
 /// Concatenates along `dim`; the inputs agree on every other dim.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T cat(std::span<const T> xs, std::int64_t dim) {
   return call_op("cat", xs, detail::attrs({dim}));
 }
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T cat(std::initializer_list<T> xs, std::int64_t dim) {
   return cat(std::span<const T>(xs.begin(), xs.size()), dim);
 }
 /// Stacks same-shaped inputs along a new dim `dim`.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T stack(std::span<const T> xs, std::int64_t dim) {
   return call_op("stack", xs, detail::attrs({dim}));
 }
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T stack(std::initializer_list<T> xs, std::int64_t dim) {
   return stack(std::span<const T>(xs.begin(), xs.size()), dim);
 }
 /// Splits dim `dim` into pieces of the given sizes (which add up to its
 /// size), as narrow calls: on a DTensor a piece keeps the shards of the other
 /// dims. ShapeError if the sizes do not add up.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_t>& sizes) {
   const int d = static_cast<int>(dim < 0 ? dim + x.dim() : dim);
   if (d < 0 || d >= x.dim())
@@ -136,7 +133,7 @@ std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_
 }
 /// torch.split with a chunk size: pieces of `size` along `dim`, the last
 /// one shorter.
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 std::vector<T> split(const T& x, std::int64_t dim, std::int64_t size) {
   const int d = static_cast<int>(dim < 0 ? dim + x.dim() : dim);
   if (size <= 0) throw ValueError(fmt::format("[split] chunk size {} must be positive", size));
@@ -146,7 +143,7 @@ std::vector<T> split(const T& x, std::int64_t dim, std::int64_t size) {
 }
 /// Converts to `dtype` (any layout; a Partial input of an integer dtype, or
 /// to one, is reduced first).
-template <ShapeOperand T>
+template <TensorOrDTensor T>
 T to(const T& x, DType dtype) {
   OpAttrs a;
   a.dtype = dtype;

@@ -1,0 +1,68 @@
+#pragma once
+// Front-end functions of the embedding family (ops/src/embedding.cpp) and
+// cross entropy, for Tensor and DTensor alike. On DTensors:
+// - embedding: a row-sharded table (S(0)) gives Partial(sum) with no
+//   communication (each rank looks up its own rows, zeros elsewhere); a
+//   column-sharded table (S(1)) gives the output sharded on its last dim; a
+//   replicated table keeps the indices' shards.
+// - cross_entropy: composed of registered ops (max, sub, exp, sum, log,
+//   pick, mean); with logits sharded on the class dim (vocab-parallel) only
+//   per-row values are reduced, the logits are never gathered.
+#include <cstdint>
+
+#include <fmt/format.h>
+
+#include "dtensor/api/functional.h"
+#include "dtensor/core/error.h"
+
+namespace dtensor {
+
+/// Rows of `table` [V, D] at the i64 `indices` [...]: an [..., D] tensor.
+/// ValueError naming the index for an index outside [0, V) (checked by the
+/// rank whose shard of the indices holds it).
+template <TensorOrDTensor X>
+X embedding(const X& indices, const X& table) {
+  if (indices.dtype() != DType::Int64)
+    throw DTypeError(fmt::format("[embedding] indices are {}; expected i64", indices.dtype()));
+  if (table.dim() != 2)
+    throw ShapeError(fmt::format("[embedding] table of shape {}; expected 2 dims [rows, dim]",
+                                 fmt::join(table.shape(), "x")));
+  return call_op("embedding", {indices, table});
+}
+
+/// logits[n, targets[n]] for logits [N, C] and i64 targets [N]: an [N]
+/// tensor. ValueError for a target outside [0, C).
+template <TensorOrDTensor X>
+X pick(const X& logits, const X& targets) {
+  return call_op("pick", {logits, targets});
+}
+
+/// Mean over N of -log softmax(logits)[n, targets[n]] for f32/f64 logits
+/// [N, C] and i64 targets [N]; a 0-d tensor. Computed as
+/// lse(z) - z[target] with z = logits - max, so it stays finite for large
+/// logits.
+template <TensorOrDTensor X>
+X cross_entropy(const X& logits, const X& targets) {
+  if (logits.dim() != 2)
+    throw ShapeError(fmt::format("[cross_entropy] logits of shape {}; expected 2 dims [N, C]",
+                                 fmt::join(logits.shape(), "x")));
+  if (logits.dtype() != DType::Float32 && logits.dtype() != DType::Float64)
+    throw DTypeError(fmt::format("[cross_entropy] logits are {}; expected f32 or f64", logits.dtype()));
+  if (targets.dtype() != DType::Int64)
+    throw DTypeError(fmt::format("[cross_entropy] targets are {}; expected i64", targets.dtype()));
+  if (targets.dim() != 1 || targets.shape()[0] != logits.shape()[0])
+    throw ShapeError(fmt::format("[cross_entropy] targets of shape {}; expected [{}] to match logits {}",
+                                 fmt::join(targets.shape(), "x"), logits.shape()[0], fmt::join(logits.shape(), "x")));
+  OpAttrs row_max;
+  row_max.dims = {1};
+  row_max.flag = true;
+  const X m = call_op("max", {logits}, row_max);
+  const X z = call_op("sub", {logits, m});
+  OpAttrs row_sum;
+  row_sum.dims = {1};
+  const X lse = call_op("log", {call_op("sum", {call_op("exp", {z})}, row_sum)});
+  const X loss = call_op("sub", {lse, call_op("pick", {z, targets})});
+  return call_op("mean", {loss});
+}
+
+}  // namespace dtensor
