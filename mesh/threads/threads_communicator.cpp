@@ -79,17 +79,7 @@ class ThreadsCommunicator final : public Communicator {
     // of this buffer, so writing segment r is race-free.
     auto* acc = static_cast<std::byte*>(recv) + seg_off;
     const auto* own = static_cast<const std::byte*>(send) + seg_off;
-    const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
-    for (std::size_t b = 0; b < seg_elems; b += block) {
-      const std::size_t m = std::min(block, seg_elems - b);
-      copy_bytes(acc + b * isz, own + b * isz, m * isz);
-      for (int k = 1; k < n; ++k) {
-        const int p = (rank_ + k) % n;
-        const auto* src = static_cast<const std::byte*>(group_->slot(p, seq).send) + seg_off + b * isz;
-        reduce_into(acc + b * isz, src, m, dtype, op);
-      }
-    }
-    if (op == ReduceOp::Avg && seg_elems != 0) divide_by(acc, seg_elems, dtype, n);
+    fold_peers(acc, own, seg_off, seg_elems, dtype, op, seq);
     wait_phase(kind, deadline);
     // All-gather: copy every other segment from its owner's recv. After M no
     // one reads send buffers, so overwriting them in place is safe.
@@ -167,17 +157,7 @@ class ThreadsCommunicator final : public Communicator {
       scratch.resize(my_count * isz);
       acc = scratch.data();
     }
-    const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
-    for (std::size_t b = 0; b < my_count; b += block) {
-      const std::size_t m = std::min(block, my_count - b);
-      copy_bytes(acc + b * isz, own + b * isz, m * isz);
-      for (int k = 1; k < n; ++k) {
-        const int p = (rank_ + k) % n;
-        const auto* src = static_cast<const std::byte*>(group_->slot(p, seq).send) + my_off + b * isz;
-        reduce_into(acc + b * isz, src, m, dtype, op);
-      }
-    }
-    if (op == ReduceOp::Avg && my_count != 0) divide_by(acc, my_count, dtype, n);
+    fold_peers(acc, own, my_off, my_count, dtype, op, seq);
     wait_phase(kind, deadline);
     if (overlaps) copy_bytes(out, acc, my_count * isz);
     stats_->record(kind, (n - 1) * my_count * isz);
@@ -364,6 +344,27 @@ class ThreadsCommunicator final : public Communicator {
   }
 
  private:
+  // acc = own op peer_1 op ... op peer_{n-1} over `elems` elements that sit
+  // at byte `offset` of every peer's posted send buffer (Avg: then / n).
+  // Block by block, so the accumulator stays in cache while every peer's
+  // block is folded in.
+  void fold_peers(std::byte* acc, const std::byte* own, std::size_t offset, std::size_t elems, DType dtype, ReduceOp op,
+                  std::uint64_t seq) {
+    const int n = size();
+    const std::size_t isz = itemsize(dtype);
+    const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
+    for (std::size_t b = 0; b < elems; b += block) {
+      const std::size_t m = std::min(block, elems - b);
+      copy_bytes(acc + b * isz, own + b * isz, m * isz);
+      for (int k = 1; k < n; ++k) {
+        const int p = (rank_ + k) % n;
+        const auto* src = static_cast<const std::byte*>(group_->slot(p, seq).send) + offset + b * isz;
+        reduce_into(acc + b * isz, src, m, dtype, op);
+      }
+    }
+    if (op == ReduceOp::Avg && elems != 0) divide_by(acc, elems, dtype, n);
+  }
+
   std::size_t check_dtype(CollectiveKind kind, DType dtype) const {
     if (!is_cpu_supported(dtype))
       throw DTypeError(fmt::format("[threads] {} on rank {}: dtype {} has no CPU reduction; expected f32, f64 or i64",

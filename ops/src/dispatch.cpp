@@ -162,17 +162,21 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
   const bool explaining = static_cast<bool>(explain_sink);
   CommStats before;
   if (explaining) before = mesh.comm().stats();
-  std::vector<Tensor> locals(n);
-  std::vector<Box> boxes(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    locals[i] = d.input_plans[i] ? execute_plan(*d.input_plans[i], mesh, inputs[i]->local) : inputs[i]->local;
-    boxes[i] = local_box(mesh.shape(), metas[i].shape, d.chosen.inputs[i], mesh.coordinate());
+  if (d.boxes_coordinate != mesh.coordinate()) {
+    d.input_boxes.resize(n);
+    for (std::size_t i = 0; i < n; ++i)
+      d.input_boxes[i] = local_box(mesh.shape(), metas[i].shape, d.chosen.inputs[i], mesh.coordinate());
+    d.output_box = local_box(mesh.shape(), d.output.shape, d.chosen.output, mesh.coordinate());
+    d.boxes_coordinate = mesh.coordinate();
   }
-  Box out_box = local_box(mesh.shape(), d.output.shape, d.chosen.output, mesh.coordinate());
+  std::vector<Tensor> locals(n);
+  for (std::size_t i = 0; i < n; ++i)
+    locals[i] = d.input_plans[i] ? execute_plan(*d.input_plans[i], mesh, inputs[i]->local) : inputs[i]->local;
+  const Box& out_box = d.output_box;
   const Device device = n ? inputs[0]->local.device() : Device::CPU;
   const Kernel& kernel = op.kernels[static_cast<int>(device)];
   if (!kernel) throw UnsupportedError(fmt::format("[{}] has no {} kernel in this build", op.name, device));
-  KernelArgs args{locals, metas, boxes, d.chosen.inputs, attrs, d.output, out_box, d.chosen.output};
+  KernelArgs args{locals, metas, d.input_boxes, d.chosen.inputs, attrs, d.output, out_box, d.chosen.output};
   Tensor out = kernel(args);
   if (out.shape() != out_box.size)
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
