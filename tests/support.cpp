@@ -2,8 +2,73 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include <boost/test/unit_test.hpp>
 
 namespace dtensor::testing {
+
+namespace {
+// The MPI job's size from the launcher's environment (needed before MPI is
+// initialised: datasets are built at static initialisation).
+int mpi_job_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 1;
+}
+
+Communicator& mpi_test_world() {
+  // Lives until exit; MPI is finalised after it by mpi_world's atexit hook.
+  static std::unique_ptr<Communicator> world = mpi_world();
+  return *world;
+}
+}  // namespace
+
+std::string_view test_backend() { return launched_under_mpi() ? "mpi" : "threads"; }
+
+bool can_run(std::int64_t ranks) { return test_backend() == "threads" || ranks == mpi_job_size(); }
+
+std::vector<std::size_t> runnable_meshes(const std::vector<Shape>& meshes) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < meshes.size(); ++i)
+    if (can_run(numel(meshes[i]))) out.push_back(i);
+  return out;
+}
+
+std::vector<Shape> backend_meshes(const std::vector<Shape>& thread_meshes) {
+  if (test_backend() == "threads") return thread_meshes;
+  std::vector<Shape> out;
+  for (const Shape& m : thread_meshes)
+    if (can_run(numel(m))) out.push_back(m);
+  if (out.empty()) {
+    const std::int64_t n = mpi_job_size();
+    out.push_back({n});
+    if (n % 2 == 0 && n >= 4) out.push_back({2, n / 2});
+  }
+  return out;
+}
+
+void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn, std::chrono::milliseconds timeout) {
+  if (test_backend() == "threads") {
+    run_threads(ranks, fn, ThreadsOptions{timeout});
+    return;
+  }
+  Communicator& world = mpi_test_world();
+  if (world.size() != ranks)
+    throw ValueError(fmt::format("run_ranks({}) under an MPI job of {} processes: expected equal sizes", ranks,
+                                 world.size()));
+  try {
+    fn(world);
+  } catch (const std::exception& e) {
+    std::cerr << "test case " << boost::unit_test::framework::current_test_case().full_name() << ": rank "
+              << world.rank() << " of " << world.size() << " failed: " << e.what() << "; aborting the MPI job"
+              << std::endl;
+    mpi_abort(1);
+  }
+}
+
+bool reports_results(const Communicator& world) { return test_backend() == "mpi" || world.rank() == 0; }
 
 Tensor integer_tensor(const Shape& shape, DType dtype, std::uint64_t seed) {
   Tensor u = Tensor::rand(shape, DType::Float64, seed);

@@ -3,6 +3,8 @@
 // source shard of a known global tensor under any layout (Partial included),
 // and the independent lower bound on what a rank must receive.
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <mutex>
 #include <random>
 #include <string>
@@ -36,6 +38,30 @@ std::int64_t lower_bound_elements(const Shape& mesh_shape, const Shape& global, 
 /// (with `op`) with odds partial_odds/8, Shard with odds 4/8, else
 /// Replicate; half the time the shards of each dim nest in a random order.
 Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int partial_odds);
+
+/// The backend the suites run on: "mpi" when the test binary was started
+/// by mpirun (one rank per process), else "threads".
+std::string_view test_backend();
+/// Whether a mesh of `ranks` ranks can run here: any under threads; under
+/// MPI only the job's own size (each process is one rank).
+bool can_run(std::int64_t ranks);
+/// The indices of `meshes` that can run here (a dataset for
+/// BOOST_DATA_TEST_CASE).
+std::vector<std::size_t> runnable_meshes(const std::vector<Shape>& meshes);
+/// The meshes a suite sweeps here: `thread_meshes` under threads; under an
+/// MPI job of N processes, those of them with N ranks, or else [N] and (N
+/// even, N >= 4) [2, N/2], so that every job size exercises the suite.
+std::vector<Shape> backend_meshes(const std::vector<Shape>& thread_meshes);
+/// Runs fn(world) on `ranks` ranks of the test backend: thread ranks of this
+/// process, or this process as one rank of the MPI job (then ranks must equal
+/// the job's size). On threads a failing rank surfaces as RankFailed; under
+/// MPI a rank that throws prints the test case and its error and aborts the
+/// job, since its peers could not otherwise be released.
+void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn, std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000));
+/// Whether this rank should write results meant for the main thread into
+/// shared variables: under threads only rank 0 (the others would race),
+/// under MPI every process (each has its own copy).
+bool reports_results(const Communicator& world);
 
 /// Collects failures from rank threads (Boost.Test is not thread-safe); the
 /// main thread reports them after run_threads returns.

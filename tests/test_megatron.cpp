@@ -6,6 +6,7 @@
 // reduce_scatter instead. PyTorch's test counts the same.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <mutex>
 
 #include "op_cases.h"
@@ -28,14 +29,19 @@ Tensor reference_mlp(const Tensor& x, const Tensor& w1, const Tensor& w2) {
 }
 
 Counts run_mlp(bool sequence_parallel) {
-  const Shape mesh_shape{4};
-  Tensor x = testing::uniform({6, 8}, DType::Float64, 1);    // [tokens, hidden]
-  Tensor w1 = testing::uniform({12, 8}, DType::Float64, 2);  // [ffn, hidden]
-  Tensor w2 = testing::uniform({8, 12}, DType::Float64, 3);  // [hidden, ffn]
+  // tp = 4 on thread ranks; under MPI, tp = the job's size.
+  const Shape mesh_shape = testing::backend_meshes({{4}}).front();
+  // Sizes grow with tp (6 tokens and 12 ffn up to tp = 4), so every rank holds
+  // some of each sharded dim, as in a real model.
+  const std::int64_t tp = mesh_shape[0], tokens = std::max<std::int64_t>(6, 2 * tp),
+                     ffn = std::max<std::int64_t>(12, 3 * tp);
+  Tensor x = testing::uniform({tokens, 8}, DType::Float64, 1);  // [tokens, hidden]
+  Tensor w1 = testing::uniform({ffn, 8}, DType::Float64, 2);    // [ffn, hidden]
+  Tensor w2 = testing::uniform({8, ffn}, DType::Float64, 3);    // [hidden, ffn]
   Tensor expected = reference_mlp(x, w1, w2);
   Counts counts;
   std::mutex mu;
-  run_threads(4, [&](Communicator& comm) {
+  testing::run_ranks(static_cast<int>(mesh_shape[0]), [&](Communicator& comm) {
     DeviceMesh mesh(comm, mesh_shape, {"tp"});
     DTensor W1 = distribute_tensor(comm.rank() == 0 ? w1 : Tensor(), mesh, Layout::parse("S(0)"));  // colwise
     DTensor W2 = distribute_tensor(comm.rank() == 0 ? w2 : Tensor(), mesh, Layout::parse("S(1)"));  // rowwise
@@ -49,7 +55,7 @@ Counts run_mlp(bool sequence_parallel) {
     DTensor out = y.redistribute(x_layout);
     CommStats c = counter.counts();
     Tensor got = out.full_tensor();
-    if (comm.rank() == 0) {
+    if (testing::reports_results(comm)) {
       std::lock_guard lock(mu);
       counts.all_reduce = c.count(CollectiveKind::AllReduce);
       counts.all_gather = c.count(CollectiveKind::AllGather);

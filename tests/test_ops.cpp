@@ -35,7 +35,8 @@ Tensor uniform(const Shape& shape, DType dtype, std::uint64_t seed, double lo, d
 namespace op_harness {
 
 constexpr std::size_t kMaxCombos = 160;
-const std::vector<Shape> kMeshes = {{4}, {2, 2}, {2, 3}};
+// Under MPI, the meshes of the job's size (see backend_meshes).
+const std::vector<Shape> kMeshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
 
 std::vector<Layout> layout_options(const Shape& mesh, const Tensor& t, bool partial) {
   std::vector<Placement> per_dim{Replicate{}};
@@ -102,10 +103,10 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
       std::string current;
       std::vector<std::string> failures;
       try {
-        run_threads(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+        testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
           DeviceMesh mesh(comm, mesh_shape);
           for (const auto& combo : combos) {
-            if (comm.rank() == 0)
+            if (testing::reports_results(comm))
               current = fmt::format("op {} sample {} mesh {} inputs {}", op, si, fmt::join(mesh_shape, "x"),
                                     fmt::join(combo, " | "));
             std::vector<DTensor> args;
@@ -116,7 +117,7 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
             }
             DTensor y = call_op(op, std::span<const DTensor>(args), s.attrs);
             Tensor got = y.full_tensor();
-            if (comm.rank() == 0 && !allclose(got, expected, s.rtol, s.atol))
+            if (testing::reports_results(comm) && !allclose(got, expected, s.rtol, s.atol))
               failures.push_back(fmt::format("{}: result {} differs from the unsharded op (max |diff| {}), output layout {}",
                                              current, fmt::join(got.shape(), "x"), max_abs_diff(got, expected), y.placements()));
           }

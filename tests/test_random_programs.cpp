@@ -88,9 +88,12 @@ using namespace random_programs;
 
 BOOST_AUTO_TEST_SUITE(programs)
 
-BOOST_DATA_TEST_CASE(random_chains_match_the_unsharded_chain, boost::unit_test::data::xrange(3), mesh_index) {
-  const std::vector<Shape> meshes{{4}, {2, 2}, {2, 3}};
-  const Shape mesh_shape = meshes[mesh_index];
+// Under MPI, the meshes of the job's size (see backend_meshes).
+const std::vector<Shape> kProgramMeshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
+
+BOOST_DATA_TEST_CASE(random_chains_match_the_unsharded_chain, boost::unit_test::data::xrange(kProgramMeshes.size()),
+                     mesh_index) {
+  const Shape mesh_shape = kProgramMeshes[mesh_index];
   const int programs = 12;
   for (int k = 0; k < programs; ++k) {
     Program p = make_program(0xC0FFEEull + mesh_index * 1000 + k, mesh_shape);
@@ -105,7 +108,7 @@ BOOST_DATA_TEST_CASE(random_chains_match_the_unsharded_chain, boost::unit_test::
     std::string error;
     std::mutex mu;
     try {
-      run_threads(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+      testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
         DeviceMesh mesh(comm, mesh_shape);
         DTensor x = DTensor::from_local(slice_box(x0, local_box(mesh_shape, x0.shape(), p.start, mesh.coordinate())), mesh,
                                         p.start, x0.shape());
@@ -123,7 +126,7 @@ BOOST_DATA_TEST_CASE(random_chains_match_the_unsharded_chain, boost::unit_test::
           }
         }
         Tensor full = x.full_tensor();
-        if (comm.rank() == 0) {
+        if (testing::reports_results(comm)) {
           std::lock_guard lock(mu);
           got = full;
         }

@@ -99,7 +99,10 @@ using namespace property_suite;
 
 BOOST_AUTO_TEST_SUITE(property)
 
-BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::xrange(kMeshes.size()), mesh_index) {
+// Under MPI only the meshes of the job's size run (one rank per process);
+// the same code runs every mesh on thread ranks.
+BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::make(testing::runnable_meshes(kMeshes)),
+                     mesh_index) {
   const Shape mesh_shape = kMeshes[mesh_index];
   const std::uint64_t base_seed = 0xD7E50000ull + mesh_index;
   BOOST_TEST_MESSAGE("mesh " << fmt::format("{}", fmt::join(mesh_shape, "x")) << " base seed " << base_seed);
@@ -113,10 +116,13 @@ BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::xrange(kMes
   std::vector<std::vector<std::int64_t>> measured(cases.size(), std::vector<std::int64_t>(world, -1));
   std::vector<std::vector<std::int64_t>> predicted(cases.size(), std::vector<std::int64_t>(world, -1));
   try {
-    run_threads(
+    testing::run_ranks(
         world,
         [&](Communicator& comm) {
           DeviceMesh mesh(comm, mesh_shape);
+          // This rank's counts per case; gathered at the end so that the
+          // main thread (of every process, under MPI) sees all ranks.
+          std::vector<std::int64_t> mine(2 * cases.size(), -1);
           for (std::size_t i = 0; i < cases.size(); ++i) {
             const Case& c = cases[i];
             Tensor full = testing::integer_tensor(c.shape, c.dtype, c.seed);
@@ -141,8 +147,8 @@ BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::xrange(kMes
             CommStats before = comm.stats();
             DTensor dst = src.redistribute(c.to);
             CommStats moved = comm.stats() - before;
-            measured[i][comm.rank()] = static_cast<std::int64_t>(moved.recv_bytes);
-            predicted[i][comm.rank()] = plan.recv_bytes.at(comm.rank());
+            mine[2 * i] = static_cast<std::int64_t>(moved.recv_bytes);
+            mine[2 * i + 1] = plan.recv_bytes.at(comm.rank());
             Box box = local_box(mesh_shape, c.shape, plan.to, mesh.coordinate());
             if (dst.to_local().shape() != box.size)
               log.add(fmt::format("{}: rank {} holds a {} shard, expected {}", c.describe(mesh_shape), comm.rank(),
@@ -158,8 +164,16 @@ BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::xrange(kMes
                                     comm.rank(), max_abs_diff(back, full)));
             }
           }
+          std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(world));
+          comm.all_gather(mine.data(), all.data(), mine.size() * sizeof(std::int64_t));
+          if (testing::reports_results(comm))
+            for (std::size_t r = 0; r < static_cast<std::size_t>(world); ++r)
+              for (std::size_t i = 0; i < cases.size(); ++i) {
+                measured[i][r] = all[r * mine.size() + 2 * i];
+                predicted[i][r] = all[r * mine.size() + 2 * i + 1];
+              }
         },
-        ThreadsOptions{std::chrono::milliseconds(30'000)});
+        std::chrono::milliseconds(30'000));
   } catch (const std::exception& e) {
     BOOST_ERROR("mesh " << fmt::format("{}", fmt::join(mesh_shape, "x")) << ": a rank failed: " << e.what());
     return;

@@ -4,13 +4,58 @@
 Each Boost.Test suite writes an XML report (tests/meson.build passes
 --report_sink); its leaf test cases are counted one by one. A meson test
 without a report (a script, or a suite that crashed before writing one) counts
-as one case, passed, failed or skipped as meson saw it. Prints one line,
+as one case, passed, failed or skipped as meson saw it. An MPI job writes one
+report per rank (NAME.xml for rank 0, NAME.rank<r>.xml for the others): a case
+counts once, failed if it failed on any rank. Prints one line,
 "N passed, N failed, N skipped", and exits 1 if anything failed.
 """
 import json
 import pathlib
 import sys
 import xml.etree.ElementTree as ET
+
+
+def case_results(report: pathlib.Path) -> dict:
+    """{case path: result} of one Boost XML report."""
+    results = {}
+
+    def walk(node, prefix):
+        for child in node:
+            if child.tag == "TestSuite":
+                path = prefix + child.get("name", "")
+                if child.get("result") == "skipped" and not any(True for _ in child.iter("TestCase")):
+                    # A suite skipped as a whole (a precondition) lists no
+                    # cases, only their number: count each one as skipped.
+                    n = int(child.get("test_cases_skipped", "1"))
+                    for k in range(n):
+                        results[f"{path}/(skipped case {k + 1} of {n})"] = "skipped"
+                    continue
+                walk(child, path + "/")
+            elif child.tag == "TestCase":
+                results[prefix + child.get("name", "")] = child.get("result")
+
+    walk(ET.parse(report).getroot(), "")
+    return results
+
+
+def merged_results(reports: pathlib.Path, name: str):
+    """Results of NAME.xml merged with its per-rank reports, or None."""
+    report = reports / f"{name}.xml"
+    if not report.exists() or report.stat().st_size == 0:
+        return None
+    merged = case_results(report)
+    for extra in sorted(reports.glob(f"{name}.rank*.xml")):
+        try:
+            other = case_results(extra)
+        except ET.ParseError:
+            other = {}
+        if set(other) != set(merged):
+            # A rank that died before writing its report, or ran other cases.
+            merged["(ranks disagree on the cases run: " + extra.name + ")"] = "failed"
+        for case, r in other.items():
+            if r not in ("passed", "skipped") or case not in merged:
+                merged[case] = r
+    return merged
 
 
 def main(build_dir: str) -> int:
@@ -25,31 +70,28 @@ def main(build_dir: str) -> int:
     for line in log.read_text().splitlines():
         entry = json.loads(line)
         name, result = entry["name"], entry["result"]
-        report = reports / f"{name}.xml"
         counted = False
-        if report.exists() and report.stat().st_size > 0:
-            try:
-                root = ET.parse(report).getroot()
-                cases = list(root.iter("TestCase"))
-                for case in cases:
-                    r = case.get("result")
-                    if r == "passed":
-                        passed += 1
-                    elif r == "skipped":
-                        skipped += 1
-                        names.append(f"skipped: {name}/{case.get('name')}")
-                    else:
-                        failed += 1
-                        names.append(f"failed: {name}/{case.get('name')}")
-                counted = bool(cases)
-                # A suite that reported only passes but still failed (a crash
-                # after the report, a sanitizer error at exit) is a failure.
-                if counted and result not in ("OK", "EXPECTEDFAIL") and not any(
-                        c.get("result") not in ("passed", "skipped") for c in cases):
+        try:
+            # Tests in a meson suite are logged as "project:suite / name".
+            cases = merged_results(reports, name.split(" / ")[-1])
+        except ET.ParseError:
+            cases = None
+        if cases:
+            for case, r in cases.items():
+                if r == "passed":
+                    passed += 1
+                elif r == "skipped":
+                    skipped += 1
+                    names.append(f"skipped: {name}/{case}")
+                else:
                     failed += 1
-                    names.append(f"failed: {name} (exited {result} after its cases passed)")
-            except ET.ParseError:
-                counted = False
+                    names.append(f"failed: {name}/{case}")
+            counted = True
+            # A suite that reported only passes but still failed (a crash
+            # after the report, a sanitizer error at exit) is a failure.
+            if result not in ("OK", "EXPECTEDFAIL") and all(r in ("passed", "skipped") for r in cases.values()):
+                failed += 1
+                names.append(f"failed: {name} (exited {result} after its cases passed)")
         if not counted:
             if result in ("OK", "EXPECTEDFAIL"):
                 passed += 1

@@ -1,4 +1,6 @@
-// Stub chosen by meson while the MPI backend is not built (issue 4).
+// Chosen by meson when MPI is not found or -Dmpi=disabled.
+#include <cstdlib>
+
 #include "dtensor/core/error.h"
 #include "dtensor/mesh/backends.h"
 
@@ -6,8 +8,12 @@ namespace dtensor {
 
 bool mpi_available() { return false; }
 
-std::unique_ptr<Communicator> mpi_world() {
-  throw UnsupportedError("[mpi] this build has no MPI communicator: use run_threads, or rebuild with -Dmpi=enabled once the MPI backend exists");
+std::unique_ptr<Communicator> mpi_world(MpiOptions) {
+  throw UnsupportedError(
+      "[mpi] this build has no MPI communicator: install an MPI (e.g. libopenmpi-dev) and rebuild with "
+      "-Dmpi=enabled, or run on thread ranks (--ranks N)");
 }
+
+void mpi_abort(int exit_code) noexcept { std::_Exit(exit_code); }
 
 }  // namespace dtensor

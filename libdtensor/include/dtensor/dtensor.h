@@ -10,6 +10,8 @@
 #include "dtensor/mesh/communicator.h"  // IWYU pragma: export
 #include "dtensor/mesh/device_mesh.h"   // IWYU pragma: export
 #include "dtensor/mesh/threads.h"       // IWYU pragma: export
+#include "dtensor/mesh/backends.h"      // IWYU pragma: export
+#include "dtensor/mesh/launch.h"        // IWYU pragma: export
 #include "dtensor/redistribute/cost_model.h"  // IWYU pragma: export
 #include "dtensor/redistribute/executor.h"    // IWYU pragma: export
 #include "dtensor/redistribute/plan.h"        // IWYU pragma: export

@@ -1,0 +1,46 @@
+#pragma once
+// One entry point for programs: the same main() runs on thread ranks in one
+// process or as the processes of an MPI job.
+//
+//   int main(int argc, char** argv) {
+//     return dtensor::launch(argc, argv, [](dtensor::Communicator& world) {
+//       dtensor::DeviceMesh mesh(world, {2, world.size() / 2});
+//       ...
+//     });
+//   }
+//
+//   build/examples/demo --ranks 8     # 8 thread ranks in this process
+//   mpirun -np 8 build/examples/demo  # 8 processes over MPI
+#include <chrono>
+#include <functional>
+#include <string_view>
+
+#include "dtensor/mesh/communicator.h"
+
+namespace dtensor {
+
+struct LaunchOptions {
+  /// Thread ranks when neither --ranks nor DTENSOR_RANKS says.
+  int default_ranks = 1;
+  /// Longest any collective waits for its peers (DTENSOR_TIMEOUT_MS overrides).
+  std::chrono::milliseconds timeout{60'000};
+};
+
+/// Which backend launch() picks for this process: "mpi" when started by an
+/// MPI launcher or DTENSOR_BACKEND=mpi, otherwise "threads".
+std::string_view launch_backend();
+
+/// Runs fn(world) on every rank and returns main()'s exit code.
+///  - Under mpirun (or DTENSOR_BACKEND=mpi): this process is one rank of the
+///    MPI world. `--ranks N`, if given, must equal the job's size.
+///  - Otherwise: N thread ranks, N from `--ranks N` / `--ranks=N`, else
+///    $DTENSOR_RANKS, else options.default_ranks.
+/// `--ranks` is removed from argv (argc adjusted) so that the program's own
+/// parser never sees it. Bad values print a message and return 2.
+/// When a rank throws, "dtensor: rank R of N failed: <what>" goes to stderr;
+/// on threads the other ranks stop with PeerFailed and launch returns 1; under
+/// MPI the job is aborted with exit code 1, since MPI offers no other way to
+/// release peers blocked in a collective.
+int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options = {});
+
+}  // namespace dtensor

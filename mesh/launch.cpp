@@ -1,0 +1,145 @@
+#include "dtensor/mesh/launch.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "dtensor/core/error.h"
+#include "dtensor/mesh/backends.h"
+#include "dtensor/mesh/threads.h"
+
+namespace dtensor {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+std::optional<long> parse_positive(std::string_view text) {
+  long value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 1) return std::nullopt;
+  return value;
+}
+
+// Removes "--ranks N" or "--ranks=N" from argv; returns its text, if any.
+// Throws ValueError when the flag has no value.
+std::optional<std::string> take_ranks_flag(int& argc, char** argv) {
+  std::optional<std::string> value;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--ranks") {
+      if (i + 1 >= argc) throw ValueError("--ranks needs a value: expected --ranks N with N >= 1");
+      value = argv[++i];
+    } else if (a.starts_with("--ranks=")) {
+      value = std::string(a.substr(8));
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  argv[argc] = nullptr;
+  return value;
+}
+
+std::chrono::milliseconds timeout_of(const LaunchOptions& options) {
+  if (const char* t = env("DTENSOR_TIMEOUT_MS")) {
+    auto v = parse_positive(t);
+    if (!v) throw ValueError(fmt::format("DTENSOR_TIMEOUT_MS='{}': expected a positive number of milliseconds", t));
+    return std::chrono::milliseconds(*v);
+  }
+  return options.timeout;
+}
+
+int run_mpi(std::optional<std::string> ranks_flag, const std::function<void(Communicator&)>& fn,
+            const LaunchOptions& options) {
+  if (!mpi_available()) {
+    fmt::print(stderr,
+               "dtensor: started under an MPI launcher, but this build has no MPI backend: rebuild with "
+               "-Dmpi=enabled (or run without mpirun and pass --ranks N for thread ranks)\n");
+    return 2;
+  }
+  std::unique_ptr<Communicator> world;
+  try {
+    world = mpi_world(MpiOptions{timeout_of(options)});
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dtensor: cannot start MPI: {}\n", e.what());
+    return 2;
+  }
+  if (ranks_flag) {
+    auto n = parse_positive(*ranks_flag);
+    if (!n || *n != world->size()) {
+      if (world->rank() == 0)
+        fmt::print(stderr, "dtensor: --ranks {} but the MPI job has {} processes: expected them to agree\n",
+                   *ranks_flag, world->size());
+      return 2;
+    }
+  }
+  try {
+    fn(*world);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dtensor: rank {} of {} failed: {}\ndtensor: aborting the MPI job\n", world->rank(),
+               world->size(), e.what());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    mpi_abort(1);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+bool launched_under_mpi() {
+  // Open MPI (mpirun/orterun and PMIx), MPICH's Hydra (PMI) and Slurm's PMI.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"})
+    if (env(name)) return true;
+  return false;
+}
+
+std::string_view launch_backend() {
+  if (const char* b = env("DTENSOR_BACKEND")) {
+    if (std::strcmp(b, "mpi") == 0) return "mpi";
+    if (std::strcmp(b, "threads") == 0) return "threads";
+  }
+  return launched_under_mpi() ? "mpi" : "threads";
+}
+
+int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options) {
+  std::optional<std::string> ranks_flag;
+  try {
+    ranks_flag = take_ranks_flag(argc, argv);
+    if (const char* b = env("DTENSOR_BACKEND"); b && std::strcmp(b, "mpi") != 0 && std::strcmp(b, "threads") != 0)
+      throw ValueError(fmt::format("DTENSOR_BACKEND='{}': expected 'threads' or 'mpi'", b));
+    if (launch_backend() == "mpi") return run_mpi(ranks_flag, fn, options);
+
+    long ranks = options.default_ranks;
+    if (ranks_flag) {
+      auto n = parse_positive(*ranks_flag);
+      if (!n) throw ValueError(fmt::format("--ranks '{}': expected a whole number of ranks >= 1", *ranks_flag));
+      ranks = *n;
+    } else if (const char* e = env("DTENSOR_RANKS")) {
+      auto n = parse_positive(e);
+      if (!n) throw ValueError(fmt::format("DTENSOR_RANKS='{}': expected a whole number of ranks >= 1", e));
+      ranks = *n;
+    }
+    if (ranks > 4096) throw ValueError(fmt::format("--ranks {}: expected at most 4096 thread ranks", ranks));
+    run_threads(static_cast<int>(ranks), fn, ThreadsOptions{timeout_of(options)});
+    return 0;
+  } catch (const RankFailed& e) {
+    fmt::print(stderr, "dtensor: {}\n", e.what());  // names the rank
+    return 1;
+  } catch (const ValueError& e) {
+    fmt::print(stderr, "dtensor: {}\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace dtensor

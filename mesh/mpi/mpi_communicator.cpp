@@ -1,0 +1,497 @@
+// The MPI backend: one rank per process, collectives mapped one to one onto
+// MPI's (uneven all_gather -> Iallgatherv, all_to_all -> Ialltoallv, ...).
+//
+// Every call is the nonblocking form of the MPI collective, completed by a
+// polling loop that checks a deadline, so that a missing peer surfaces as a
+// CommTimeout naming the call instead of a hang (MPI's blocking calls cannot
+// be abandoned). A communicator whose call timed out keeps an incomplete
+// request that MPI forbids us to free: it is marked broken and every later
+// call on it throws at once; the process is expected to end (launch() aborts
+// the job), which is the only recovery MPI offers.
+//
+// Byte accounting follows the contract in communicator.h exactly, by the
+// same formulas as the threads backend, so the planner's predictions and the
+// tests' assertions hold on either backend.
+// The C API only: MPI's deprecated C++ bindings warn under -Wextra.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtensor/core/error.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/core/tensor.h"
+#include "dtensor/mesh/backends.h"
+
+namespace dtensor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+// Process-wide MPI state: who initialised MPI (and so finalises it).
+struct MpiRuntime {
+  std::mutex mu;
+  bool we_initialized = false;
+
+  static MpiRuntime& get() {
+    static MpiRuntime runtime;
+    return runtime;
+  }
+
+  void ensure_initialized() {
+    std::lock_guard lock(mu);
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) throw CommError("[mpi] MPI has already been finalized in this process");
+    if (initialized) return;
+    // One thread per process calls MPI (the rank's), but launch()'s
+    // failure path may abort from wherever the exception surfaced.
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) throw CommError(fmt::format("[mpi] MPI_Init_thread failed: {}", mpi_error_text(rc)));
+    we_initialized = true;
+    std::atexit([] {
+      int fin = 0;
+      MPI_Finalized(&fin);
+      if (!fin) MPI_Finalize();
+    });
+  }
+};
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+    case DType::Int64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// A buffered point-to-point send in flight: the data is ours until MPI
+// completes the request, so send() returns at once as on the threads backend.
+struct PendingSend {
+  std::vector<std::byte> data;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout)
+      : comm_(comm), stats_(std::move(stats)), timeout_(timeout) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || broken_) return;  // a broken comm has requests MPI will not let us free
+    // Unmatched buffered sends would be lost: give them the deadline, then
+    // leave them to MPI_Finalize.
+    try {
+      drain_sends();
+    } catch (...) {
+    }
+    MPI_Comm_free(&comm_);
+  }
+
+  using Communicator::all_gather;  // keep the equal-size overload visible
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  CommStats& stats() override { return *stats_; }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    constexpr auto kind = CollectiveKind::AllReduce;
+    const MPI_Datatype type = check_dtype(kind, dtype);
+    const std::size_t isz = itemsize(dtype);
+    enter(kind);
+    if (size_ > 1 && count > 0) {
+      MPI_Request req;
+      check(kind, MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, as_int(kind, "count", count), type,
+                                 mpi_op(op), comm_, &req));
+      wait(kind, req);
+      if (op == ReduceOp::Avg) divide_by(recv, count, dtype, size_);
+    } else if (send != recv) {
+      copy_bytes(recv, send, count * isz);
+    }
+    const auto seg = static_cast<std::size_t>(even_split(static_cast<std::int64_t>(count), size_, rank_).size);
+    stats_->record(kind, size_ == 1 ? 0 : ((size_ - 1) * seg + (count - seg)) * isz);
+  }
+
+  void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
+    constexpr auto kind = CollectiveKind::AllGather;
+    check_entries(kind, "recv_bytes", recv_bytes.size());
+    enter(kind);
+    auto& counts = ints_a_;
+    auto& displs = ints_b_;
+    const std::size_t total = to_counts(kind, recv_bytes, counts, displs);
+    const auto r = static_cast<std::size_t>(rank_);
+    if (size_ > 1 && total > 0) {
+      MPI_Request req;
+      // A send buffer that already sits in its place in recv must be passed
+      // as MPI_IN_PLACE: MPI forbids aliased buffers otherwise.
+      const bool in_place = send == static_cast<const std::byte*>(recv) + displs[r];
+      check(kind, MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, counts[r], MPI_BYTE, recv, counts.data(),
+                                  displs.data(), MPI_BYTE, comm_, &req));
+      wait(kind, req);
+    } else {
+      copy_bytes(static_cast<std::byte*>(recv) + displs[r], send, recv_bytes[r]);
+    }
+    stats_->record(kind, total - recv_bytes[r]);
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                      ReduceOp op) override {
+    constexpr auto kind = CollectiveKind::ReduceScatter;
+    const MPI_Datatype type = check_dtype(kind, dtype);
+    const std::size_t isz = itemsize(dtype);
+    check_entries(kind, "counts", counts.size());
+    enter(kind);
+    auto& elems = ints_a_;
+    auto& offsets = ints_b_;
+    const std::size_t total = to_counts(kind, counts, elems, offsets);
+    const auto r = static_cast<std::size_t>(rank_);
+    const std::size_t mine = counts[r];
+    const auto* own = static_cast<const std::byte*>(send) + static_cast<std::size_t>(offsets[r]) * isz;
+    if (size_ > 1 && total > 0) {
+      // MPI forbids recv overlapping send (the contract allows recv to be
+      // this rank's own block): reduce into scratch then.
+      const auto* send_begin = static_cast<const std::byte*>(send);
+      auto* out = static_cast<std::byte*>(recv);
+      const bool overlaps = mine != 0 && out < send_begin + total * isz && out + mine * isz > send_begin;
+      std::byte* target = out;
+      if (overlaps) {
+        scratch_.resize(mine * isz);
+        target = scratch_.data();
+      }
+      MPI_Request req;
+      check(kind, MPI_Ireduce_scatter(send, target, elems.data(), type, mpi_op(op), comm_, &req));
+      wait(kind, req);
+      if (op == ReduceOp::Avg) divide_by(target, mine, dtype, size_);
+      if (overlaps) copy_bytes(out, target, mine * isz);
+    } else if (recv != own) {
+      copy_bytes(recv, own, mine * isz);
+    }
+    stats_->record(kind, static_cast<std::uint64_t>(size_ - 1) * mine * isz);
+  }
+
+  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
+                  void* recv, std::span<const std::size_t> recv_bytes,
+                  std::span<const std::size_t> recv_offsets) override {
+    constexpr auto kind = CollectiveKind::AllToAll;
+    check_entries(kind, "send_bytes", send_bytes.size());
+    check_entries(kind, "send_offsets", send_offsets.size());
+    check_entries(kind, "recv_bytes", recv_bytes.size());
+    check_entries(kind, "recv_offsets", recv_offsets.size());
+    const auto r = static_cast<std::size_t>(rank_);
+    if (send_bytes[r] != recv_bytes[r])
+      throw ValueError(fmt::format("[mpi] all_to_all on rank {}: sends {} bytes to itself but expects {}", rank_,
+                                   send_bytes[r], recv_bytes[r]));
+    enter(kind);
+    std::size_t received = 0;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) received += recv_bytes[static_cast<std::size_t>(p)];
+    if (size_ > 1) {
+      // The self block is copied here rather than by MPI: it may overlap
+      // nothing else, and MPI_Alltoallv's self copy is no faster.
+      auto& sc = ints_a_;
+      auto& sd = ints_b_;
+      auto& rc = ints_c_;
+      auto& rd = ints_d_;
+      sc.resize(static_cast<std::size_t>(size_));
+      sd.resize(sc.size());
+      rc.resize(sc.size());
+      rd.resize(sc.size());
+      for (std::size_t p = 0; p < sc.size(); ++p) {
+        const bool self = p == r;
+        sc[p] = self ? 0 : as_int(kind, "send_bytes", send_bytes[p]);
+        sd[p] = as_int(kind, "send_offsets", send_offsets[p]);
+        rc[p] = self ? 0 : as_int(kind, "recv_bytes", recv_bytes[p]);
+        rd[p] = as_int(kind, "recv_offsets", recv_offsets[p]);
+      }
+      MPI_Request req;
+      check(kind, MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_,
+                                 &req));
+      copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r],
+                 static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
+      wait(kind, req);
+    } else {
+      copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r],
+                 static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
+    }
+    stats_->record(kind, received);
+  }
+
+  void broadcast(void* buf, std::size_t bytes, int root) override {
+    constexpr auto kind = CollectiveKind::Broadcast;
+    check_root(kind, root);
+    enter(kind);
+    if (size_ > 1 && bytes > 0) {
+      MPI_Request req;
+      check(kind, MPI_Ibcast(buf, as_int(kind, "bytes", bytes), MPI_BYTE, root, comm_, &req));
+      wait(kind, req);
+    }
+    stats_->record(kind, size_ > 1 && rank_ != root ? bytes : 0);
+  }
+
+  void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
+    constexpr auto kind = CollectiveKind::Scatter;
+    check_entries(kind, "bytes", bytes.size());
+    check_root(kind, root);
+    enter(kind);
+    auto& counts = ints_a_;
+    auto& displs = ints_b_;
+    const std::size_t total = to_counts(kind, bytes, counts, displs);
+    const std::size_t mine = bytes[static_cast<std::size_t>(rank_)];
+    if (size_ > 1 && total > 0) {
+      MPI_Request req;
+      check(kind, MPI_Iscatterv(send, counts.data(), displs.data(), MPI_BYTE, recv, static_cast<int>(mine), MPI_BYTE,
+                                root, comm_, &req));
+      wait(kind, req);
+    } else if (size_ == 1) {
+      copy_bytes(recv, send, mine);
+    }
+    stats_->record(kind, size_ > 1 && rank_ != root ? mine : 0);
+  }
+
+  void send(const void* buf, std::size_t bytes, int dst, int tag) override {
+    constexpr auto kind = CollectiveKind::SendRecv;
+    check_peer("send to", dst);
+    enter(kind);
+    reap_sends();
+    auto& s = pending_.emplace_back();
+    s.data.resize(bytes);
+    copy_bytes(s.data.data(), buf, bytes);
+    check(kind, MPI_Isend(s.data.data(), as_int(kind, "bytes", bytes), MPI_BYTE, dst, tag, comm_, &s.request));
+    stats_->record(kind, 0);
+  }
+
+  void recv(void* buf, std::size_t bytes, int src, int tag) override {
+    constexpr auto kind = CollectiveKind::SendRecv;
+    check_peer("recv from", src);
+    enter(kind);
+    // Probe first: the threads backend reports a size mismatch as CommError,
+    // and a plain receive of the wrong size would truncate or under-fill.
+    int flag = 0;
+    MPI_Status status;
+    const auto deadline = Clock::now() + timeout_;
+    for (int spins = 0;; ++spins) {
+      check(kind, MPI_Iprobe(src, tag, comm_, &flag, &status));
+      if (flag) break;
+      reap_sends();
+      idle(kind, spins, deadline, fmt::format("from rank {} (tag {})", src, tag));
+    }
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (static_cast<std::size_t>(got) != bytes)
+      throw CommError(fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
+                                  "matching send has {} bytes",
+                                  rank_, size_, src, tag, bytes, got));
+    MPI_Request req;
+    check(kind, MPI_Irecv(buf, got, MPI_BYTE, src, tag, comm_, &req));
+    wait(kind, req);
+    stats_->record(kind, bytes);
+  }
+
+  void barrier() override {
+    constexpr auto kind = CollectiveKind::Barrier;
+    enter(kind);
+    if (size_ > 1) {
+      MPI_Request req;
+      check(kind, MPI_Ibarrier(comm_, &req));
+      wait(kind, req);
+    }
+    stats_->record(kind, 0);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    constexpr auto kind = CollectiveKind::Split;
+    enter(kind);
+    // MPI_Comm_split blocks without a deadline; a nonblocking barrier first
+    // makes sure every rank has arrived, after which the split cannot hang.
+    if (size_ > 1) {
+      MPI_Request req;
+      check(kind, MPI_Ibarrier(comm_, &req));
+      wait(kind, req);
+    }
+    MPI_Comm out = MPI_COMM_NULL;
+    check(kind, MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
+    stats_->record(kind, 0);
+    if (out == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(out, stats_, timeout_);
+  }
+
+ private:
+  // Fails at once on a communicator that an earlier timeout left unusable.
+  void enter(CollectiveKind kind) {
+    if (broken_)
+      throw CommTimeout(fmt::format("[mpi] {} on rank {} of {}: the communicator is unusable: {}",
+                                    collective_name(kind), rank_, size_, broken_msg_));
+  }
+
+  // Completes `req`, polling MPI (which drives its progress engine) until
+  // the deadline.
+  void wait(CollectiveKind kind, MPI_Request& req) {
+    const auto deadline = Clock::now() + timeout_;
+    for (int spins = 0;; ++spins) {
+      int flag = 0;
+      check(kind, MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+      if (flag) return;
+      idle(kind, spins, deadline, "");
+    }
+  }
+
+  // Between polls: spin briefly (a peer is usually microseconds away), then
+  // yield the core (ranks may outnumber cores), checking the deadline.
+  void idle(CollectiveKind kind, int spins, Clock::time_point deadline, std::string_view what) {
+    if (spins < 64) return;
+    sched_yield();
+    if ((spins & 63) == 0 && Clock::now() >= deadline) {
+      broken_ = true;
+      broken_msg_ = fmt::format("{} timed out after {} ms", collective_name(kind), timeout_.count());
+      throw CommTimeout(fmt::format("[mpi] {}{}{} on rank {} of {} timed out after {} ms: a peer did not join",
+                                    collective_name(kind), what.empty() ? "" : " ", what, rank_, size_,
+                                    timeout_.count()));
+    }
+  }
+
+  void reap_sends() {
+    while (!pending_.empty()) {
+      int flag = 0;
+      MPI_Test(&pending_.front().request, &flag, MPI_STATUS_IGNORE);
+      if (!flag) return;
+      pending_.pop_front();
+    }
+  }
+
+  void drain_sends() {
+    for (auto& s : pending_) wait(CollectiveKind::SendRecv, s.request);
+    pending_.clear();
+  }
+
+  void check(CollectiveKind kind, int rc) const {
+    if (rc != MPI_SUCCESS)
+      throw CommError(
+          fmt::format("[mpi] {} on rank {} of {}: {}", collective_name(kind), rank_, size_, mpi_error_text(rc)));
+  }
+
+  MPI_Datatype check_dtype(CollectiveKind kind, DType dtype) const {
+    const MPI_Datatype type = mpi_type(dtype);
+    if (type == MPI_DATATYPE_NULL)
+      throw DTypeError(fmt::format("[mpi] {} on rank {}: dtype {} has no CPU reduction; expected f32, f64 or i64",
+                                   collective_name(kind), rank_, dtype));
+    return type;
+  }
+
+  int as_int(CollectiveKind kind, std::string_view what, std::size_t value) const {
+    if (value > static_cast<std::size_t>(INT_MAX))
+      throw UnsupportedError(fmt::format("[mpi] {} on rank {}: {} = {} exceeds MPI's int counts (at most {})",
+                                         collective_name(kind), rank_, what, value, INT_MAX));
+    return static_cast<int>(value);
+  }
+
+  // counts -> int counts and their prefix sums; returns the total.
+  std::size_t to_counts(CollectiveKind kind, std::span<const std::size_t> counts, std::vector<int>& out,
+                        std::vector<int>& displs) const {
+    out.resize(counts.size());
+    displs.resize(counts.size());
+    std::size_t total = 0;
+    for (std::size_t p = 0; p < counts.size(); ++p) {
+      displs[p] = as_int(kind, "offset", total);
+      out[p] = as_int(kind, "count", counts[p]);
+      total += counts[p];
+    }
+    as_int(kind, "total", total);
+    return total;
+  }
+
+  void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
+    if (entries != static_cast<std::size_t>(size_))
+      throw ValueError(fmt::format("[mpi] {} on rank {}: {} has {} entries; expected one per rank ({})",
+                                   collective_name(kind), rank_, what, entries, size_));
+  }
+  void check_root(CollectiveKind kind, int root) const {
+    if (root < 0 || root >= size_)
+      throw ValueError(fmt::format("[mpi] {} on rank {}: root {} is not a rank of a group of {}",
+                                   collective_name(kind), rank_, root, size_));
+  }
+  void check_peer(std::string_view what, int peer) const {
+    if (peer < 0 || peer >= size_)
+      throw ValueError(fmt::format("[mpi] {} rank {} on rank {}: expected a rank in [0, {})", what, peer, rank_, size_));
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::shared_ptr<CommStats> stats_;
+  std::chrono::milliseconds timeout_;
+  bool broken_ = false;
+  std::string broken_msg_;
+  std::deque<PendingSend> pending_;
+  // Reused argument arrays (MPI takes int counts): no allocation per call.
+  std::vector<int> ints_a_, ints_b_, ints_c_, ints_d_;
+  std::vector<std::byte> scratch_;
+};
+
+}  // namespace
+
+bool mpi_available() { return true; }
+
+std::unique_ptr<Communicator> mpi_world(MpiOptions options) {
+  MpiRuntime::get().ensure_initialized();
+  MPI_Comm comm;
+  // A private copy: user code's own MPI traffic never matches ours.
+  const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (rc != MPI_SUCCESS) throw CommError(fmt::format("[mpi] MPI_Comm_dup failed: {}", mpi_error_text(rc)));
+  // Every communicator split from this world on this process shares one
+  // CommStats, as the contract says.
+  return std::make_unique<MpiCommunicator>(comm, std::make_shared<CommStats>(), options.timeout);
+}
+
+void mpi_abort(int exit_code) noexcept {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+}  // namespace dtensor

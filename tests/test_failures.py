@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""A rank that fails mid-program must not hang the job: test_failures.py PROGRAM [--mpi]
+
+Runs tests/failing_program with rank 1 throwing, exiting or stalling, on
+thread ranks and (with --mpi) as an MPI job of 4 processes, and checks that
+the job ends with a non-zero exit code, well within the deadline, with an
+error that names what happened. Prints one line per case and exits 1 if any
+failed.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+TIMEOUT_MS = 3000      # the collectives' deadline, through DTENSOR_TIMEOUT_MS
+LIMIT_S = 60           # a run that takes longer counts as a hang
+
+
+def run(cmd, env):
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S)
+        return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() + (e.stderr or b"").decode() if isinstance(e.stdout, bytes) else ""
+        return None, out, time.monotonic() - t0
+
+
+def main() -> int:
+    program = sys.argv[1]
+    use_mpi = "--mpi" in sys.argv[2:]
+    env = dict(os.environ, DTENSOR_TIMEOUT_MS=str(TIMEOUT_MS))
+    env.pop("DTENSOR_BACKEND", None)
+    cases = [("threads", "throw", [program, "throw", "--ranks", "4"], ["rank 1 gives up on purpose"])]
+    if use_mpi:
+        mpirun = shutil.which("mpirun")
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+        job = [mpirun, "-np", "4"]
+        cases += [
+            ("mpi", "throw", job + [program, "throw"], ["rank 1 of 4 failed", "rank 1 gives up on purpose"]),
+            # The launcher reports the process that died; its peers are ended.
+            ("mpi", "exit", job + [program, "exit"], []),
+            # The peers of a stalled rank time out, name the call, abort the job.
+            ("mpi", "stall", job + [program, "stall"], ["timed out after 3000 ms"]),
+        ]
+    failures = 0
+    for backend, mode, cmd, expected in cases:
+        rc, out, took = run(cmd, env)
+        problems = []
+        if rc is None:
+            problems.append(f"still running after {LIMIT_S} s: a hang")
+        elif rc == 0:
+            problems.append("exit code 0: the failure went unnoticed")
+        if "finished: the failure went unnoticed" in out:
+            problems.append("rank 0 finished as if nothing happened")
+        for text in expected:
+            if text not in out:
+                problems.append(f"the output does not say '{text}'")
+        status = "ok" if not problems else "FAILED: " + "; ".join(problems)
+        print(f"{backend:7} rank 1 {mode:5}: exit code {rc}, {took:.1f} s: {status}")
+        if problems:
+            failures += 1
+            print("  output:\n    " + "\n    ".join(out.strip().splitlines()[-15:]))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
