@@ -4,6 +4,8 @@
 // its input only when the strategy asks for it.
 #include <dtensor/dtensor.h>
 
+#include <atomic>
+
 #include <cmath>
 
 using namespace dtensor;
@@ -41,10 +43,11 @@ void register_softclip() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   register_softclip();
-  int failures = 0;
-  run_threads(4, [&](Communicator& world) {
+  std::atomic<std::int64_t> verdict{0};  // thread ranks all store the same value
+  const int rc = launch(argc, argv, [&](Communicator& world) {
+    std::int64_t failures = 0;
     DeviceMesh mesh(world, {2, 2});
     Tensor full = Tensor::rand({6, 5}, DType::Float64, 7);
     Tensor expected = call_op("softclip", {full});  // the same op on a plain tensor
@@ -67,7 +70,10 @@ int main() {
         }
       }
     }
-  });
-  fmt::print("{}\n", failures ? "softclip FAILED" : "softclip matches the unsharded op on every layout");
-  return failures ? 1 : 0;
+    world.all_reduce(&failures, &failures, 1, DType::Int64, ReduceOp::Sum);
+    if (world.rank() == 0)
+      fmt::print("{}\n", failures ? "softclip FAILED" : "softclip matches the unsharded op on every layout");
+    verdict.store(failures);
+  }, {.default_ranks = 4});
+  return rc != 0 ? rc : (verdict.load() ? 1 : 0);
 }

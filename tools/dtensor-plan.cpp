@@ -1,9 +1,11 @@
 // dtensor-plan: prints how dtensor would redistribute a tensor from one
-// layout to another, and with --run executes and checks it on threads.
+// layout to another, and with --run executes and checks it on thread ranks
+// (one per mesh rank) or, under mpirun, on the processes of the MPI job.
 #include <cctype>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <atomic>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -232,7 +234,10 @@ void print_human(const Plan& plan, const CostModel& cost, const std::optional<cl
   fmt::print("{}", cli::draw_layout(plan.mesh_shape, plan.global_shape, is, plan.to, "  "));
 
   if (run) {
-    fmt::print("\nRun on {} threads (one per rank):\n", numel(plan.mesh_shape));
+    if (run->backend == "mpi")
+      fmt::print("\nRun as an MPI job of {} processes (one per rank):\n", numel(plan.mesh_shape));
+    else
+      fmt::print("\nRun on {} threads (one per rank):\n", numel(plan.mesh_shape));
     fmt::print("  verified: {}{}\n", run->verified ? "yes" : "NO",
                run->verified ? (run->tolerant ? " (every rank's result within 1e-6 of the expected values)"
                                               : " (every rank's result is exactly the expected shard)")
@@ -244,7 +249,12 @@ void print_human(const Plan& plan, const CostModel& cost, const std::optional<cl
   }
 }
 
-int run_cli(const Options& o) {
+struct Prepared {
+  Plan plan;
+  CostModel cost;
+};
+
+Prepared prepare(const Options& o) {
   const Shape mesh = parse_mesh(o);
   const Shape shape = parse_global_shape(o);
   const DType dtype = parse_cpu_dtype(o);
@@ -258,17 +268,12 @@ int run_cli(const Options& o) {
     throw UsageError(fmt::format("no plan from --from '{}' to --to '{}': {}", o.from, o.to, bare(e.what())));
   }
 
-  std::optional<cli::RunResult> run;
-  std::string run_error;
-  if (o.run) {
-    try {
-      run = cli::run_plan(plan, o.seed);
-    } catch (const dtensor::Error& e) {
-      run_error = e.what();
-      run = cli::RunResult{};
-      run->problems.push_back(fmt::format("the run failed: {}", run_error));
-    }
-  }
+  return Prepared{std::move(plan), cost};
+}
+
+// Prints the plan (and the run's outcome) and returns the exit status.
+int report(const Options& o, const Plan& plan, const CostModel& cost, const std::optional<cli::RunResult>& run,
+           const std::string& run_error) {
   if (o.json) {
     nlohmann::ordered_json j = plan_json(plan);
     if (run) {
@@ -321,7 +326,27 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    return run_cli(o);
+    const Prepared p = prepare(o);
+    if (!o.run) return report(o, p.plan, p.cost, std::nullopt, "");
+    // One rank per mesh rank: threads unless started by mpirun.
+    std::atomic<int> status{0};
+    LaunchOptions options;
+    options.default_ranks = static_cast<int>(numel(p.plan.mesh_shape));
+    const int launched = launch(argc, argv, [&](Communicator& world) {
+      std::optional<cli::RunResult> run;
+      std::string run_error;
+      try {
+        run = cli::run_plan(p.plan, o.seed, world);
+      } catch (const dtensor::Error& e) {
+        if (world.size() == numel(p.plan.mesh_shape)) throw;  // a failure mid-run: launch reports it
+        run_error = e.what();
+        run = cli::RunResult{};
+        run->problems.push_back(fmt::format("the run failed: {}", run_error));
+      }
+      if (world.rank() == 0) status.store(report(o, p.plan, p.cost, run, run_error));
+      else if (!run->verified) status.store(kExitVerifyFailed);
+    }, options);
+    return launched != 0 ? launched : status.load();
   } catch (const UsageError& e) {
     fmt::print(stderr, "dtensor-plan: {}\n", e.what());
     return kExitUsage;

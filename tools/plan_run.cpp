@@ -129,28 +129,10 @@ std::vector<double> as_doubles(const Tensor& t) {
 
 std::string coord_text(const Shape& c) { return fmt::format("({})", fmt::join(c, ",")); }
 
-}  // namespace
-
-RunResult run_plan(const Plan& plan, std::uint64_t seed) {
-  const int n = static_cast<int>(numel(plan.mesh_shape));
-  std::vector<Tensor> results(static_cast<std::size_t>(n));
-  RunResult res;
-  res.recv_bytes.assign(static_cast<std::size_t>(n), 0);
-  run_threads(n, [&](Communicator& world) {
-    DeviceMesh mesh(world, plan.mesh_shape);
-    Tensor local = visit_dtype(plan.dtype, [&](auto zero) {
-      return make_source<decltype(zero)>(plan, seed, mesh.coordinate());
-    });
-    world.barrier();
-    const CommStats before = world.stats();
-    Tensor out = execute_plan(plan, mesh, local);
-    const CommStats delta = world.stats() - before;
-    res.recv_bytes[static_cast<std::size_t>(mesh.rank())] = static_cast<std::int64_t>(delta.recv_bytes);
-    results[static_cast<std::size_t>(mesh.rank())] = std::move(out);
-  });
-  res.measured_recv_bytes = *std::max_element(res.recv_bytes.begin(), res.recv_bytes.end());
-  res.tolerant = is_floating(plan.dtype) && (sums_values(plan.from) || sums_values(plan.to));
-
+// Checks every rank's shard against the expected values; adds what differs
+// to res.problems.
+void check_results(const Plan& plan, std::uint64_t seed, const std::vector<Tensor>& results, RunResult& res) {
+  const int n = static_cast<int>(results.size());
   for (int r = 0; r < n; ++r) {
     const Shape coord = unravel_index(r, plan.mesh_shape);
     const Box want = local_box(plan.mesh_shape, plan.global_shape, plan.to, coord);
@@ -160,7 +142,7 @@ RunResult run_plan(const Plan& plan, std::uint64_t seed) {
                                          coord_text(coord), got.defined() ? fmt::format("{}", fmt::join(got.shape(), "x")) : "undefined",
                                          got.dtype(), fmt::join(want.size, "x"), plan.dtype, want));
   }
-  if (!res.problems.empty()) return res;
+  if (!res.problems.empty()) return;
 
   // Each group of ranks that differ only along the target's Partial mesh
   // dims holds the value reduced over the group; other ranks hold it alone.
@@ -209,8 +191,67 @@ RunResult run_plan(const Plan& plan, std::uint64_t seed) {
                                        group.size() == 1 ? std::to_string(r) : fmt::format("{{{}}}", fmt::join(group, ",")),
                                        want, bad, got.size(), fmt::join(index, ","), got[first], expected[first]));
   }
-  res.verified = res.problems.empty();
+}
+
+}  // namespace
+
+RunResult run_plan(const Plan& plan, std::uint64_t seed, Communicator& world) {
+  const int n = static_cast<int>(numel(plan.mesh_shape));
+  if (world.size() != n)
+    throw ValueError(fmt::format("the mesh {} has {} ranks but the run has {}: expected them to agree",
+                                 fmt::join(plan.mesh_shape, "x"), n, world.size()));
+  RunResult res;
+  res.backend = std::string(world.backend());
+  DeviceMesh mesh(world, plan.mesh_shape);
+  Tensor local = visit_dtype(plan.dtype, [&](auto zero) {
+    return make_source<decltype(zero)>(plan, seed, mesh.coordinate());
+  });
+  world.barrier();
+  const CommStats before = world.stats();
+  Tensor out = execute_plan(plan, mesh, local);
+  const std::int64_t mine = static_cast<std::int64_t>((world.stats() - before).recv_bytes);
+  res.recv_bytes.assign(static_cast<std::size_t>(n), 0);
+  world.all_gather(&mine, res.recv_bytes.data(), sizeof mine);
+  res.measured_recv_bytes = *std::max_element(res.recv_bytes.begin(), res.recv_bytes.end());
+  res.tolerant = is_floating(plan.dtype) && (sums_values(plan.from) || sums_values(plan.to));
+
+  // Rank 0 collects every shard (ranks may be processes) and checks them;
+  // the verdict is broadcast so that every rank returns the same result.
+  constexpr int kHeaderTag = 1, kDataTag = 2;
+  struct Header {
+    std::int64_t defined, ndim, dtype;
+    std::int64_t dims[8];
+  };
+  if (world.rank() != 0) {
+    Header h{out.defined() ? 1 : 0, out.defined() ? static_cast<std::int64_t>(out.shape().size()) : 0,
+             static_cast<std::int64_t>(out.defined() ? out.dtype() : plan.dtype), {}};
+    for (std::size_t d = 0; d < static_cast<std::size_t>(h.ndim) && d < 8; ++d) h.dims[d] = out.shape()[d];
+    world.send(&h, sizeof h, 0, kHeaderTag);
+    world.send(out.defined() ? out.data() : nullptr, out.defined() ? out.nbytes() : 0, 0, kDataTag);
+  }
+  std::int64_t verified = 0;
+  if (world.rank() == 0) {
+    std::vector<Tensor> results(static_cast<std::size_t>(n));
+    results[0] = out;
+    for (int r = 1; r < n; ++r) {
+      Header h{};
+      world.recv(&h, sizeof h, r, kHeaderTag);
+      Tensor t;
+      std::size_t bytes = 0;
+      if (h.defined && h.ndim <= 8) {
+        t = Tensor::empty(Shape(h.dims, h.dims + h.ndim), static_cast<DType>(h.dtype));
+        bytes = t.nbytes();
+      }
+      world.recv(t.defined() ? t.data() : nullptr, bytes, r, kDataTag);
+      results[static_cast<std::size_t>(r)] = std::move(t);
+    }
+    check_results(plan, seed, results, res);
+    verified = res.problems.empty() ? 1 : 0;
+  }
+  world.broadcast(&verified, sizeof verified, 0);
+  res.verified = verified == 1;
   return res;
 }
+
 
 }  // namespace dtensor::cli
