@@ -15,7 +15,8 @@ import sys
 
 def main() -> int:
     np, report_dir, name, exe, *args = sys.argv[1:]
-    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    # meson passes the launcher of the MPI the build uses (-Dmpi_launcher).
+    mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
     if not mpirun:
         print("run_mpi.py: no mpirun on PATH", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ def main() -> int:
     env.pop("DTENSOR_BACKEND", None)
     cases = [("threads", "throw", [program, "throw", "--ranks", "4"], ["rank 1 gives up on purpose"])]
     if use_mpi:
-        mpirun = shutil.which("mpirun")
+        mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
         job = [mpirun, "-np", "4"]

@@ -34,7 +34,7 @@ def main() -> int:
     checks.append(("an odd --ranks is refused with a message", rc != 0 and "even number of ranks" in err, err))
 
     if use_mpi:
-        mpirun = shutil.which("mpirun")
+        mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
         menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                     OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
         rc, mpi_out, err = run([mpirun, "-np", "8", demo], menv)

@@ -321,13 +321,17 @@ class MpiCommunicator final : public Communicator {
     }
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);
-    if (static_cast<std::size_t>(got) != bytes)
+    // A message of the wrong size is still taken off the queue (as on the
+    // threads backend), so that the next receive sees the next message.
+    const bool mismatch = static_cast<std::size_t>(got) != bytes;
+    if (mismatch) scratch_.resize(static_cast<std::size_t>(got));
+    MPI_Request req;
+    check(kind, MPI_Irecv(mismatch ? scratch_.data() : buf, got, MPI_BYTE, src, tag, comm_, &req));
+    wait(kind, req);
+    if (mismatch)
       throw CommError(fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
                                   "matching send has {} bytes",
                                   rank_, size_, src, tag, bytes, got));
-    MPI_Request req;
-    check(kind, MPI_Irecv(buf, got, MPI_BYTE, src, tag, comm_, &req));
-    wait(kind, req);
     stats_->record(kind, bytes);
   }
 
