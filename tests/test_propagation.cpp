@@ -91,6 +91,35 @@ BOOST_AUTO_TEST_CASE(linear_op_keeps_partial_and_shards_without_communication) {
   for (auto& f : failures) BOOST_ERROR(f);
 }
 
+// FSDP over TP nests dim 0 by the inner mesh dim first; ops built on
+// expand_to_mesh must accept that order as it is rather than redistribute.
+BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
+  twice();
+  std::vector<std::string> failures;
+  std::mutex mu;
+  run_threads(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    Tensor full = testing::integer_tensor({9, 4}, DType::Float64, 5);
+    for (const char* text : {"S(0)[1],S(0)[0]", "S(1)[1],S(1)[0]"}) {
+      Layout l = Layout::parse(text);
+      DTensor x = DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 5), mesh, l, full.shape());
+      CommCounter counter(mesh);
+      DTensor twice_x = call_op("test_twice", {x});
+      DTensor sum = call_op("add", {x, x});
+      const auto counts = counter.counts();
+      Tensor expect = slice_box(full, local_box(Shape{2, 2}, full.shape(), l, mesh.coordinate()));
+      std::lock_guard lock(mu);
+      for (const DTensor* y : {&twice_x, &sum}) {
+        if (!(y->placements() == l)) failures.push_back(fmt::format("{} became {}", text, y->placements()));
+        else if (!allclose(y->to_local(), mul(expect, 2.0)))
+          failures.push_back(fmt::format("{}: wrong values on rank {}", text, comm.rank()));
+      }
+      if (counts.data_collectives() != 0) failures.push_back(fmt::format("{} communicated: {}", text, counts));
+    }
+  });
+  for (auto& f : failures) BOOST_ERROR(f);
+}
+
 BOOST_AUTO_TEST_CASE(decisions_are_cached_and_hits_are_cheap) {
   twice();
   double hit_ns = 0;
