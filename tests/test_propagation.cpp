@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <optional>
 
 #include "op_cases.h"
 #include "support.h"
@@ -158,6 +159,22 @@ BOOST_AUTO_TEST_CASE(explain_mode_says_what_happened) {
   BOOST_TEST_REQUIRE(lines.size() == 1u);
   BOOST_TEST(lines[0].find("test_twice: inputs [S(0)]; chose [S(0)] -> S(0)") != std::string::npos, lines[0]);
   BOOST_TEST(lines[0].find("0 collectives") != std::string::npos, lines[0]);
+}
+
+BOOST_AUTO_TEST_CASE(explain_says_why_a_reshape_redistributes) {
+  std::vector<std::string> lines;
+  run_threads(2, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2});
+    DTensor x = DTensor::from_local(Tensor::ones({4, 3}), mesh, Layout::parse("S(1)"), Shape{4, 6});
+    std::optional<ExplainScope> explain;
+    if (comm.rank() == 0) explain.emplace([&](const std::string& line) { lines.push_back(line); });
+    DTensor flat = reshape(x, {24});
+    DTensor rows = reshape(x, {2, 2, 6});  // S(1) survives as S(2): nothing to say
+  });
+  BOOST_TEST_REQUIRE(lines.size() == 3u);
+  BOOST_TEST(lines[0].find("reshape: S(1) does not survive [4,6]->[24], redistributing to ") == 0u, lines[0]);
+  BOOST_TEST(lines[1].find("reshape: inputs [S(1)]; chose [") == 0u, lines[1]);
+  BOOST_TEST(lines[2].find("reshape: inputs [S(1)]; chose [S(1)] -> S(2)") == 0u, lines[2]);
 }
 
 BOOST_AUTO_TEST_CASE(no_strategy_is_a_typed_error_naming_the_op) {

@@ -240,6 +240,7 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
                             fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(out_box.size, "x")));
   if (explaining) {
+    if (!d.chosen.note.empty()) explain_sink(fmt::format("{}: {}", op.name, d.chosen.note));
     CommStats moved = mesh.comm().stats() - before;
     std::string line = fmt::format("{}: inputs {}; chose {} -> {} at {}", op.name, layouts_text(layouts),
                                    layouts_text(d.chosen.inputs), d.chosen.output, human_seconds(d.cost_seconds));

@@ -46,6 +46,10 @@ struct TensorMeta {
 struct Strategy {
   std::vector<Layout> inputs;
   Layout output;
+  /// Why this candidate moves the inputs, for explain mode (empty: nothing
+  /// worth saying), e.g. "S(1) does not survive [4,6]->[24], redistributing
+  /// to R first".
+  std::string note;
   bool operator==(const Strategy&) const = default;
 };
 
