@@ -50,6 +50,44 @@ std::optional<Strategy> with_order_of(const Layout& input, const Strategy& candi
   return out;
 }
 
+// What validate_layout accepts unchanged: shard dims in [0, ndim) and one
+// kind of Partial. Checked without building a Layout or throwing, since most
+// candidates pass and many fail.
+bool plainly_valid(const std::vector<Placement>& ps, std::size_t ndim) {
+  const Partial* first = nullptr;
+  for (const Placement& p : ps) {
+    if (const auto* s = std::get_if<Shard>(&p); s && (s->dim < 0 || s->dim >= static_cast<std::int64_t>(ndim)))
+      return false;
+    if (const auto* q = std::get_if<Partial>(&p)) {
+      if (first && first->op != q->op) return false;
+      first = q;
+    }
+  }
+  return true;
+}
+
+// Invalid however negative dims resolve: a shard dim out of range on either
+// side, or two kinds of Partial.
+bool plainly_invalid(const std::vector<Placement>& outp, std::size_t out_ndim,
+                     const std::vector<std::vector<Placement>>& in, const StrategyQuery& query) {
+  auto bad = [](const std::vector<Placement>& ps, std::size_t ndim) {
+    const auto nd = static_cast<std::int64_t>(ndim);
+    const Partial* first = nullptr;
+    for (const Placement& p : ps) {
+      if (const auto* s = std::get_if<Shard>(&p); s && (s->dim < -nd || s->dim >= nd)) return true;
+      if (const auto* q = std::get_if<Partial>(&p)) {
+        if (first && first->op != q->op) return true;
+        first = q;
+      }
+    }
+    return false;
+  };
+  if (bad(outp, out_ndim)) return true;
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (bad(in[i], query.inputs[i].shape.size())) return true;
+  return false;
+}
+
 }  // namespace
 
 std::vector<Strategy> expand_to_mesh(std::span<const DimStrategy> per_dim, const StrategyQuery& query) {
@@ -67,16 +105,24 @@ std::vector<Strategy> expand_to_mesh(std::span<const DimStrategy> per_dim, const
       for (std::size_t i = 0; i < nin; ++i) in[i][m] = s.inputs.at(i);
       outp[m] = s.output;
     }
-    Strategy cand;
-    bool valid = true;
-    try {
-      for (std::size_t i = 0; i < nin && valid; ++i)
-        cand.inputs.push_back(validate_layout(Layout(in[i]), query.mesh_shape, query.inputs[i].shape));
-      if (valid) cand.output = validate_layout(Layout(outp), query.mesh_shape, query.output.shape);
-    } catch (const LayoutError&) {
-      valid = false;
+    bool valid = plainly_valid(outp, query.output.shape.size());
+    for (std::size_t i = 0; i < nin && valid; ++i) valid = plainly_valid(in[i], query.inputs[i].shape.size());
+    if (valid) {
+      Strategy& cand = out.emplace_back();
+      cand.inputs.reserve(nin);
+      for (std::size_t i = 0; i < nin; ++i) cand.inputs.emplace_back(in[i]);
+      cand.output = Layout(outp);
+    } else if (!plainly_invalid(outp, query.output.shape.size(), in, query)) {
+      // Negative shard dims: let validation resolve them.
+      Strategy cand;
+      try {
+        for (std::size_t i = 0; i < nin; ++i)
+          cand.inputs.push_back(validate_layout(Layout(in[i]), query.mesh_shape, query.inputs[i].shape));
+        cand.output = validate_layout(Layout(outp), query.mesh_shape, query.output.shape);
+        out.push_back(std::move(cand));
+      } catch (const LayoutError&) {
+      }
     }
-    if (valid) out.push_back(std::move(cand));
     int m = mesh_nd - 1;
     while (m >= 0 && ++pick[m] == per_dim.size()) pick[m--] = 0;
     if (m < 0) break;

@@ -25,6 +25,11 @@ struct Boxes {
 
 struct Scratch {
   Boxes from, to;
+  // What `from` and `coords` were computed for: propagation asks about one
+  // source layout with many targets in a row.
+  Shape mesh, shape;
+  Layout from_layout;
+  bool from_valid = false;
   std::vector<int> leader;   // per rank: first rank with the same non-empty source box, or -1
   std::vector<int> leaders;  // those ranks, ascending
   std::vector<std::int64_t> coords;  // ranks*mesh_ndim
@@ -33,6 +38,37 @@ struct Scratch {
 Scratch& scratch() {
   thread_local Scratch s;
   return s;
+}
+
+void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+                const std::vector<std::int64_t>& coords, int ranks);
+
+// Rank coordinates for `mesh`, and the source boxes for `from`, unless the
+// scratch already holds them.
+void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+             const Layout& from, bool source_boxes) {
+  const int M = static_cast<int>(mesh.size());
+  std::int64_t ranks = 1;
+  for (auto n : mesh) ranks *= n;
+  if (!std::equal(mesh.begin(), mesh.end(), s.mesh.begin(), s.mesh.end())) {
+    s.mesh.assign(mesh.begin(), mesh.end());
+    s.from_valid = false;
+    s.coords.resize(static_cast<std::size_t>(ranks) * M);
+    for (int r = 0, left; r < ranks; ++r) {
+      left = r;
+      for (int m = M - 1; m >= 0; --m) {
+        s.coords[static_cast<std::size_t>(r) * M + m] = left % mesh[m];
+        left /= static_cast<int>(mesh[m]);
+      }
+    }
+  }
+  if (!source_boxes) return;
+  if (s.from_valid && s.from_layout == from && std::equal(shape.begin(), shape.end(), s.shape.begin(), s.shape.end()))
+    return;
+  s.shape.assign(shape.begin(), shape.end());
+  s.from_layout = from;
+  fill_boxes(s.from, from, mesh, shape, s.coords, static_cast<int>(ranks));
+  s.from_valid = true;
 }
 
 // Shard dim of mesh dim m resolved against nd tensor dims; -1 if m does not shard.
@@ -162,14 +198,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
   }
   const auto isz = static_cast<std::int64_t>(itemsize(dtype));
   Scratch& s = scratch();
-  s.coords.resize(static_cast<std::size_t>(ranks) * M);
-  for (int r = 0, left; r < ranks; ++r) {
-    left = r;
-    for (int m = M - 1; m >= 0; --m) {
-      s.coords[static_cast<std::size_t>(r) * M + m] = left % mesh[m];
-      left /= static_cast<int>(mesh[m]);
-    }
-  }
+  prepare(s, mesh, shape, from, false);
   const int R = static_cast<int>(ranks);
   fill_boxes(s.to, to, mesh, shape, s.coords, R);
 
@@ -215,7 +244,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
     return t;
   }
 
-  fill_boxes(s.from, from, mesh, shape, s.coords, R);
+  prepare(s, mesh, shape, from, true);
   std::int64_t most_lacking = 0;
   for (int r = 0; r < R; ++r)
     most_lacking = std::max(most_lacking, s.to.numel[r] - inter_numel(s.from, r, s.to, r, nd));
@@ -314,16 +343,8 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
     return 0;
   }
   Scratch& s = scratch();
-  s.coords.resize(static_cast<std::size_t>(ranks) * M);
-  for (int r = 0, left; r < ranks; ++r) {
-    left = r;
-    for (int m = M - 1; m >= 0; --m) {
-      s.coords[static_cast<std::size_t>(r) * M + m] = left % mesh[m];
-      left /= static_cast<int>(mesh[m]);
-    }
-  }
+  prepare(s, mesh, shape, from, true);
   const int R = static_cast<int>(ranks);
-  fill_boxes(s.from, from, mesh, shape, s.coords, R);
   fill_boxes(s.to, to, mesh, shape, s.coords, R);
   std::int64_t most_lacking = 0;
   for (int r = 0; r < R; ++r) {
