@@ -104,10 +104,14 @@ BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
     for (const char* text : {"S(0)[1],S(0)[0]", "S(1)[1],S(1)[0]"}) {
       Layout l = Layout::parse(text);
       DTensor x = DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 5), mesh, l, full.shape());
+      Tensor w_full = testing::integer_tensor({4, 3}, DType::Float64, 6);
+      DTensor w = DTensor::from_local(w_full, mesh, Layout::parse("R,R"), w_full.shape());
       CommCounter counter(mesh);
       DTensor twice_x = call_op("test_twice", {x});
       DTensor sum = call_op("add", {x, x});
+      DTensor product = call_op("matmul", {x, w});  // S(1) cases contract k: Partial out, w sliced locally
       const auto counts = counter.counts();
+      Tensor product_full = product.full_tensor();
       Tensor expect = slice_box(full, local_box(Shape{2, 2}, full.shape(), l, mesh.coordinate()));
       std::lock_guard lock(mu);
       for (const DTensor* y : {&twice_x, &sum}) {
@@ -116,6 +120,8 @@ BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
           failures.push_back(fmt::format("{}: wrong values on rank {}", text, comm.rank()));
       }
       if (counts.data_collectives() != 0) failures.push_back(fmt::format("{} communicated: {}", text, counts));
+      if (!allclose(product_full, matmul(full, w_full)))
+        failures.push_back(fmt::format("{}: wrong matmul on rank {}", text, comm.rank()));
     }
   });
   for (auto& f : failures) BOOST_ERROR(f);
