@@ -1,6 +1,7 @@
 // The per-op harness (see op_cases.h): every registered op, every sample,
-// every combination of input placements on meshes 4, 2x2 and 2x3, checked
-// against the op on the full tensors.
+// every combination of input placements on meshes 4, 2x2 and 2x3, plus a
+// sample of Partial(avg|max|min) inputs, checked against the op on the full
+// tensors.
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
@@ -55,6 +56,32 @@ std::vector<Layout> layout_options(const Shape& mesh, const Tensor& t, bool part
   return out;
 }
 
+// Combos with Partial(avg), (max) or (min) inputs: for each varied input
+// and each of those ops, one combo (drawn from `combos`) whose layout of that
+// input has P(sum) changed to the op. Sampled rather than crossed with
+// everything, to keep the suite's time: the P(sum) sweep already covers the
+// layouts, these cover the reductions.
+std::vector<std::vector<Layout>> other_partial_combos(const std::vector<std::vector<Layout>>& combos,
+                                                      const std::vector<bool>& varied, std::mt19937_64& rng) {
+  std::vector<std::vector<Layout>> out;
+  for (std::size_t i = 0; i < varied.size(); ++i) {
+    if (!varied[i]) continue;
+    std::vector<std::size_t> with_sum;
+    for (std::size_t c = 0; c < combos.size(); ++c)
+      if (combos[c][i].has_partial()) with_sum.push_back(c);
+    if (with_sum.empty()) continue;
+    for (ReduceOp op : {ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      std::vector<Layout> combo = combos[with_sum[rng() % with_sum.size()]];
+      std::vector<Placement> ps = combo[i].placements();
+      for (Placement& p : ps)
+        if (is_partial(p)) p = Partial{op};
+      combo[i] = Layout(ps);
+      out.push_back(std::move(combo));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> registered_ops() { return OpRegistry::global().names(); }
 
 }  // namespace op_harness
@@ -96,10 +123,14 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
           }
         combos = std::move(next);
       }
+      std::vector<bool> varied;
+      for (std::size_t i = 0; i < s.inputs.size(); ++i) varied.push_back(options[i].size() > 1);
+      std::vector<std::vector<Layout>> other_partials = other_partial_combos(combos, varied, rng);
       if (combos.size() > kMaxCombos) {
         std::shuffle(combos.begin(), combos.end(), rng);
         combos.resize(kMaxCombos);
       }
+      combos.insert(combos.end(), other_partials.begin(), other_partials.end());
       std::string current;
       std::vector<std::string> failures;
       try {

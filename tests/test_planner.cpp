@@ -663,3 +663,101 @@ BOOST_AUTO_TEST_CASE(a_noop_issues_no_collective) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// Propagation prices candidates with closed_form_seconds where it applies;
+// it must give exactly the planner's est_seconds (the same number, not a
+// close one), or strategy choices would change with it. It skips candidates
+// by redistribute_lower_bound_seconds, which must never exceed the planner's.
+BOOST_AUTO_TEST_SUITE(closed_form_prices)
+
+BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
+  const std::uint64_t seed = 314159;
+  std::mt19937_64 rng(seed);
+  const std::vector<Shape> meshes = {{2}, {3}, {4}, {8}, {2, 2}, {2, 3}, {1, 4}, {2, 4}, {4, 2}, {2, 2, 2}, {2, 1, 3}};
+  const std::int64_t sizes[] = {0, 1, 2, 3, 5, 7, 8, 9, 13, 16, 64, 257, 4096};
+  const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+  auto random_placement = [&](int nd, bool partial, ReduceOp op) -> Placement {
+    const int pick = static_cast<int>(rng() % 6);
+    if (partial && pick == 0) return Partial{op};
+    if (pick < 4) return Shard{static_cast<std::int64_t>(rng() % nd)};
+    return Replicate{};
+  };
+  int applied = 0, bounded = 0, by_kind[3] = {0, 0, 0};
+  const int cases = 3000;
+  for (int i = 0; i < cases; ++i) {
+    const Shape& mesh = meshes[rng() % meshes.size()];
+    const int mesh_nd = static_cast<int>(mesh.size());
+    const int nd = 1 + static_cast<int>(rng() % 3);
+    Shape shape;
+    for (int d = 0; d < nd; ++d) shape.push_back(sizes[rng() % std::size(sizes)]);
+    const ReduceOp op = ops[rng() % std::size(ops)];
+    std::vector<Placement> ps;
+    for (int m = 0; m < mesh_nd; ++m) ps.push_back(random_placement(nd, rng() % 3 == 0, op));
+    std::vector<std::pair<std::int64_t, std::vector<int>>> order;
+    Layout plain(ps);
+    for (int d = 0; d < nd && rng() % 2; ++d) {
+      std::vector<int> dims = plain.split_order(d);
+      std::shuffle(dims.begin(), dims.end(), rng);
+      if (dims.size() > 1) order.emplace_back(d, dims);
+    }
+    const Layout from(ps, order);
+    // Mostly one mesh dim changes (a new Shard goes innermost); sometimes two.
+    Layout to = from;
+    const int changes = rng() % 4 == 0 ? 2 : 1;
+    for (int c = 0; c < changes; ++c)
+      to = to.with(static_cast<int>(rng() % mesh_nd), random_placement(nd, rng() % 3 == 0, op));
+    // Half the Partial sources reduce one of their Partial dims.
+    for (int m = 0; m < mesh_nd; ++m)
+      if (is_partial(from[m]) && rng() % 2) to = from.with(m, Replicate{});
+    CostModel cost;
+    switch (rng() % 4) {
+      case 0: break;
+      case 1: cost.links = {inter_node_link()}; break;
+      case 2: cost.links = {LinkParams{1e-6, 5e9}, LinkParams{0.2e-6, 200e9}}; break;
+      default: cost.base_latency_s = 1e-6; cost.local_copy_Bps = 5e9; break;
+    }
+    const DType dtype = rng() % 4 == 0 ? DType::Int64 : DType::Float32;
+    const std::string what = fmt::format("case {} (seed {}): mesh {} shape [{}] {} {} -> {} ({})", i, seed,
+                                         fmt::join(mesh, "x"), fmt::join(shape, ","), dtype, from, to, cost);
+    std::optional<double> fast = closed_form_seconds(mesh, shape, dtype, from, to, cost);
+    double planned = 0;
+    try {
+      planned = plan_redistribute(PlanRequest{mesh, shape, dtype, from, to, cost}).est_seconds;
+    } catch (const LayoutError&) {
+      BOOST_TEST(!fast.has_value(), what);  // the planner refuses: no price either
+      continue;
+    }
+    const double bound = redistribute_lower_bound_seconds(mesh, shape, dtype, from, to, cost);
+    BOOST_TEST(bound <= planned, what << fmt::format(": lower bound {:.17g}, planner {:.17g}", bound, planned));
+    if (bound > 0) ++bounded;
+    if (!fast) continue;
+    ++applied;
+    if (from != to) ++by_kind[from.has_partial() ? 2 : *fast < cost.base_latency_s ? 0 : 1];
+    BOOST_TEST(*fast == planned, what << fmt::format(": closed form {:.17g}, planner {:.17g}", *fast, planned));
+  }
+  BOOST_TEST_MESSAGE(fmt::format("closed form applied to {} of {} moves (local {}, collective {}, all_reduce {}); "
+                                 "a lower bound to {}",
+                                 applied, cases, by_kind[0], by_kind[1], by_kind[2], bounded));
+  BOOST_TEST(bounded > cases / 4);
+  // The rules must cover a good share of the moves, each rule some.
+  BOOST_TEST(applied > cases / 4);
+  for (int k : by_kind) BOOST_TEST(k > 20);
+}
+
+BOOST_AUTO_TEST_CASE(apply_to_the_common_moves) {
+  const Shape mesh{2, 2}, shape{16, 8};
+  const CostModel cost;
+  auto fast = [&](const char* from, const char* to) {
+    return closed_form_seconds(mesh, shape, DType::Float32, Layout::parse(from), Layout::parse(to), cost);
+  };
+  BOOST_TEST(fast("S(0),R", "S(0),R").value_or(-1) == 0.0);
+  BOOST_TEST(fast("S(0),R", "R,R").has_value());       // all_gather
+  BOOST_TEST(fast("S(0),R", "S(1),R").has_value());    // all_to_all
+  BOOST_TEST(fast("R,R", "S(0),S(1)").has_value());    // local slices
+  BOOST_TEST(fast("P(sum),R", "R,R").has_value());     // all_reduce
+  BOOST_TEST(fast("S(0),R", "S(0),P(sum)").has_value());  // zero-fill
+  BOOST_TEST(fast("S(0),R", "S(0),P(max)").value_or(-1) == 0.0);  // relabel
+  BOOST_TEST(!fast("S(0),S(0)", "R,S(0)").has_value());  // not innermost: the planner decides
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <optional>
 
 #include "op_cases.h"
 #include "support.h"
@@ -91,6 +92,41 @@ BOOST_AUTO_TEST_CASE(linear_op_keeps_partial_and_shards_without_communication) {
   for (auto& f : failures) BOOST_ERROR(f);
 }
 
+// FSDP over TP nests dim 0 by the inner mesh dim first; ops built on
+// expand_to_mesh must accept that order as it is rather than redistribute.
+BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
+  twice();
+  std::vector<std::string> failures;
+  std::mutex mu;
+  run_threads(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    Tensor full = testing::integer_tensor({9, 4}, DType::Float64, 5);
+    for (const char* text : {"S(0)[1],S(0)[0]", "S(1)[1],S(1)[0]"}) {
+      Layout l = Layout::parse(text);
+      DTensor x = DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 5), mesh, l, full.shape());
+      Tensor w_full = testing::integer_tensor({4, 3}, DType::Float64, 6);
+      DTensor w = DTensor::from_local(w_full, mesh, Layout::parse("R,R"), w_full.shape());
+      CommCounter counter(mesh);
+      DTensor twice_x = call_op("test_twice", {x});
+      DTensor sum = call_op("add", {x, x});
+      DTensor product = call_op("matmul", {x, w});  // S(1) cases contract k: Partial out, w sliced locally
+      const auto counts = counter.counts();
+      Tensor product_full = product.full_tensor();
+      Tensor expect = slice_box(full, local_box(Shape{2, 2}, full.shape(), l, mesh.coordinate()));
+      std::lock_guard lock(mu);
+      for (const DTensor* y : {&twice_x, &sum}) {
+        if (!(y->placements() == l)) failures.push_back(fmt::format("{} became {}", text, y->placements()));
+        else if (!allclose(y->to_local(), mul(expect, 2.0)))
+          failures.push_back(fmt::format("{}: wrong values on rank {}", text, comm.rank()));
+      }
+      if (counts.data_collectives() != 0) failures.push_back(fmt::format("{} communicated: {}", text, counts));
+      if (!allclose(product_full, matmul(full, w_full)))
+        failures.push_back(fmt::format("{}: wrong matmul on rank {}", text, comm.rank()));
+    }
+  });
+  for (auto& f : failures) BOOST_ERROR(f);
+}
+
 BOOST_AUTO_TEST_CASE(decisions_are_cached_and_hits_are_cheap) {
   twice();
   double hit_ns = 0;
@@ -129,6 +165,22 @@ BOOST_AUTO_TEST_CASE(explain_mode_says_what_happened) {
   BOOST_TEST_REQUIRE(lines.size() == 1u);
   BOOST_TEST(lines[0].find("test_twice: inputs [S(0)]; chose [S(0)] -> S(0)") != std::string::npos, lines[0]);
   BOOST_TEST(lines[0].find("0 collectives") != std::string::npos, lines[0]);
+}
+
+BOOST_AUTO_TEST_CASE(explain_says_why_a_reshape_redistributes) {
+  std::vector<std::string> lines;
+  run_threads(2, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2});
+    DTensor x = DTensor::from_local(Tensor::ones({4, 3}), mesh, Layout::parse("S(1)"), Shape{4, 6});
+    std::optional<ExplainScope> explain;
+    if (comm.rank() == 0) explain.emplace([&](const std::string& line) { lines.push_back(line); });
+    DTensor flat = reshape(x, {24});
+    DTensor rows = reshape(x, {2, 2, 6});  // S(1) survives as S(2): nothing to say
+  });
+  BOOST_TEST_REQUIRE(lines.size() == 3u);
+  BOOST_TEST(lines[0].find("reshape: S(1) does not survive [4,6]->[24], redistributing to ") == 0u, lines[0]);
+  BOOST_TEST(lines[1].find("reshape: inputs [S(1)]; chose [") == 0u, lines[1]);
+  BOOST_TEST(lines[2].find("reshape: inputs [S(1)]; chose [S(1)] -> S(2)") == 0u, lines[2]);
 }
 
 BOOST_AUTO_TEST_CASE(no_strategy_is_a_typed_error_naming_the_op) {

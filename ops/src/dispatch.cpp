@@ -1,5 +1,6 @@
 #include "dtensor/ops/dispatch.h"
 
+#include <limits>
 #include <memory>
 #include <unordered_map>
 
@@ -87,22 +88,80 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
   std::vector<Strategy> candidates = op.strategy(query);
   d.candidates = static_cast<int>(candidates.size());
 
-  double best = -1;
-  std::size_t best_index = 0;
-  std::vector<double> costs(candidates.size(), 0);
+  // Price each candidate by the cost of moving every input to what it
+  // needs. Most moves have a closed-form price; the rest get a lower bound
+  // first and the planner's price only if the candidate could still be the
+  // best or the runner-up. Candidates share targets, so prices are kept per
+  // (input, target) for this call.
+  struct Price {
+    std::size_t input;
+    const Layout* target;
+    double seconds;  // exact, or a lower bound while !exact
+    bool exact;
+  };
+  std::vector<Price> prices;
+  prices.reserve(2 * inputs.size() + 8);
+  auto find_price = [&](std::size_t i, const Layout& target) -> Price& {
+    for (Price& p : prices)
+      if (p.input == i && *p.target == target) return p;
+    const TensorMeta& m = inputs[i];
+    if (auto t = closed_form_seconds(mesh_shape, m.shape, m.dtype, layouts[i], target, cost))
+      prices.push_back(Price{i, &target, *t, true});
+    else
+      prices.push_back(
+          Price{i, &target, redistribute_lower_bound_seconds(mesh_shape, m.shape, m.dtype, layouts[i], target, cost),
+                false});
+    return prices.back();
+  };
+  auto exact_price = [&](std::size_t i, const Layout& target) {
+    Price& p = find_price(i, target);
+    if (!p.exact) {
+      p.seconds = redistribute_seconds(mesh_shape, inputs[i].shape, inputs[i].dtype, layouts[i], target, cost);
+      p.exact = true;
+    }
+    return p.seconds;
+  };
+  // Sums in input order, so that a candidate's price does not depend on
+  // which of its moves were priced first.
+  constexpr double kUnpriced = std::numeric_limits<double>::infinity();
+  std::vector<double> bound(candidates.size(), 0), costs(candidates.size(), kUnpriced);
   for (std::size_t c = 0; c < candidates.size(); ++c) {
     double total = 0;
+    bool exact = true;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (candidates[c].inputs[i] == layouts[i]) continue;
-      PlanRequest request{mesh_shape, inputs[i].shape, inputs[i].dtype, layouts[i], candidates[c].inputs[i], cost};
-      total += cached_plan(request).est_seconds;
+      const Price& p = find_price(i, candidates[c].inputs[i]);
+      total += p.seconds;
+      exact = exact && p.exact;
     }
-    costs[c] = total;
-    if (best < 0 || total < best) {
-      best = total;
+    bound[c] = total;
+    if (exact) costs[c] = total;
+  }
+  // Cheapest bounds first; a candidate whose bound exceeds the runner-up
+  // found so far can be neither the best nor the runner-up, and nor can any
+  // after it. Ties go to the earliest candidate.
+  std::vector<std::size_t> order(candidates.size());
+  for (std::size_t c = 0; c < order.size(); ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bound[a] < bound[b]; });
+  auto before = [&](std::size_t a, std::size_t b) { return costs[a] < costs[b] || (costs[a] == costs[b] && a < b); };
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::size_t best_index = kNone, second_index = kNone;
+  for (std::size_t c : order) {
+    if (second_index != kNone && bound[c] > costs[second_index]) break;
+    if (costs[c] == kUnpriced) {
+      double total = 0;
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (candidates[c].inputs[i] != layouts[i]) total += exact_price(i, candidates[c].inputs[i]);
+      costs[c] = total;
+    }
+    if (best_index == kNone || before(c, best_index)) {
+      second_index = best_index;
       best_index = c;
+    } else if (second_index == kNone || before(c, second_index)) {
+      second_index = c;
     }
   }
+  const double best = best_index == kNone ? -1 : costs[best_index];
   if (best < 0)
     throw LayoutError(fmt::format("[{}] no sharding strategy for inputs {} of shapes {} on mesh {}", op.name,
                                   layouts_text(layouts),
@@ -114,11 +173,10 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
                                   fmt::join(mesh_shape, "x")));
   d.chosen = candidates[best_index];
   d.cost_seconds = best;
-  for (std::size_t c = 0; c < candidates.size(); ++c)
-    if (c != best_index && (d.runner_up_cost < 0 || costs[c] < d.runner_up_cost)) {
-      d.runner_up_cost = costs[c];
-      d.runner_up = candidates[c];
-    }
+  if (second_index != kNone) {
+    d.runner_up = candidates[second_index];
+    d.runner_up_cost = costs[second_index];
+  }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (d.chosen.inputs[i] == layouts[i]) {
       d.input_plans.push_back(nullptr);
@@ -182,6 +240,7 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
                             fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(out_box.size, "x")));
   if (explaining) {
+    if (!d.chosen.note.empty()) explain_sink(fmt::format("{}: {}", op.name, d.chosen.note));
     CommStats moved = mesh.comm().stats() - before;
     std::string line = fmt::format("{}: inputs {}; chose {} -> {} at {}", op.name, layouts_text(layouts),
                                    layouts_text(d.chosen.inputs), d.chosen.output, human_seconds(d.cost_seconds));

@@ -85,6 +85,10 @@ struct UnaryAlgebra {
   bool linear = false;  // f(sum) = sum f, f(avg) = avg f: P(sum)/P(avg) pass through
   bool affine = false;  // f(avg) = avg f only: P(avg) passes through
   Order order = Order::None;  // monotone: P(max)/P(min) pass through (swapped if decreasing)
+  // Monotone only on a domain bounded below (log, sqrt, rsqrt): the other
+  // ranks' terms of a P(max) may lie below it (log of them is NaN), those of
+  // a P(min) lie above the value, so only P(min) passes through.
+  bool domain_bounded_below = false;
 };
 
 std::vector<PartialRule> unary_rules(const UnaryAlgebra& alg, const OpAttrs& attrs) {
@@ -93,11 +97,12 @@ std::vector<PartialRule> unary_rules(const UnaryAlgebra& alg, const OpAttrs& att
   if (alg.linear || alg.affine) r.push_back({{true}, ReduceOp::Avg, ReduceOp::Avg});
   Order o = alg.order;
   if (o == Order::BySign) o = attrs.scalar >= 0 ? Order::Increasing : Order::Decreasing;
+  const bool max_passes = !alg.domain_bounded_below;
   if (o == Order::Increasing) {
-    r.push_back({{true}, ReduceOp::Max, ReduceOp::Max});
+    if (max_passes) r.push_back({{true}, ReduceOp::Max, ReduceOp::Max});
     r.push_back({{true}, ReduceOp::Min, ReduceOp::Min});
   } else if (o == Order::Decreasing) {
-    r.push_back({{true}, ReduceOp::Max, ReduceOp::Min});
+    if (max_passes) r.push_back({{true}, ReduceOp::Max, ReduceOp::Min});
     r.push_back({{true}, ReduceOp::Min, ReduceOp::Max});
   }
   return r;
@@ -233,9 +238,9 @@ void register_pointwise_ops(OpRegistry& reg) {
       {"neg", Unary::Neg, false, false, {true, false, Dec}, "-x, elementwise"},
       {"abs", Unary::Abs, false, false, {}, "|x|, elementwise"},
       {"exp", Unary::Exp, true, false, {false, false, Inc}, "e^x, elementwise (f32, f64)"},
-      {"log", Unary::Log, true, false, {false, false, Inc}, "natural log, elementwise (f32, f64)"},
-      {"sqrt", Unary::Sqrt, true, false, {false, false, Inc}, "square root, elementwise (f32, f64)"},
-      {"rsqrt", Unary::Rsqrt, true, false, {false, false, Dec}, "1/sqrt(x), elementwise (f32, f64)"},
+      {"log", Unary::Log, true, false, {false, false, Inc, true}, "natural log, elementwise (f32, f64)"},
+      {"sqrt", Unary::Sqrt, true, false, {false, false, Inc, true}, "square root, elementwise (f32, f64)"},
+      {"rsqrt", Unary::Rsqrt, true, false, {false, false, Dec, true}, "1/sqrt(x), elementwise (f32, f64)"},
       {"tanh", Unary::Tanh, true, false, {false, false, Inc}, "tanh, elementwise (f32, f64)"},
       {"sigmoid", Unary::Sigmoid, true, false, {false, false, Inc}, "1/(1+e^-x), elementwise (f32, f64)"},
       {"relu", Unary::Relu, false, false, {false, false, Inc}, "max(x, 0), elementwise"},

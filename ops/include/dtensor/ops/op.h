@@ -46,6 +46,10 @@ struct TensorMeta {
 struct Strategy {
   std::vector<Layout> inputs;
   Layout output;
+  /// Why this candidate moves the inputs, for explain mode (empty: nothing
+  /// worth saying), e.g. "S(1) does not survive [4,6]->[24], redistributing
+  /// to R first".
+  std::string note;
   bool operator==(const Strategy&) const = default;
 };
 
@@ -119,7 +123,11 @@ struct DimStrategy {
 /// Expands per-mesh-dim options to the whole mesh (every combination, one
 /// option per mesh dim), keeping those whose layouts are valid for the
 /// shapes (shard dims in range, one kind of Partial per layout). Always
-/// includes the all-Replicate candidate if the options do.
+/// includes the all-Replicate candidate if the options do. Shards nest left
+/// to right, except that for an input whose layout nests in another order
+/// (e.g. S(0)[1],S(0)[0]) the candidates with that input's placements come
+/// once more with its order carried over to every tensor, so that it runs
+/// where it lies.
 std::vector<Strategy> expand_to_mesh(std::span<const DimStrategy> per_dim, const StrategyQuery& query);
 
 }  // namespace dtensor

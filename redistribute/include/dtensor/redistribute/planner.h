@@ -2,6 +2,7 @@
 // The planner: a pure function of metadata that finds the cheapest sequence
 // of steps turning one layout into another. It never sees a communicator.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -34,6 +35,29 @@ Plan plan_redistribute(const PlanRequest& request);
 /// The plan from the calling thread's cache (computed on a miss). A hit
 /// costs a hash and a compare of the request: well under a microsecond.
 const Plan& cached_plan(const PlanRequest& request);
+
+/// What cached_plan(request).est_seconds is, without building a plan where
+/// a closed form gives the same number (see closed_form_seconds): what
+/// sharding propagation prices its candidates with.
+double redistribute_seconds(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
+                            DType dtype, const Layout& from, const Layout& to, const CostModel& cost);
+
+/// The planner's est_seconds for the moves it answers with a local copy, a
+/// local zero-fill or relabel to Partial, or one collective on one mesh dim
+/// (all_gather, all_to_all, all_reduce, or their direct exchange), where no
+/// other plan can be cheaper; nullopt
+/// for every other move. Allocates nothing once warm.
+std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh_shape,
+                                          std::span<const std::int64_t> global_shape, DType dtype, const Layout& from,
+                                          const Layout& to, const CostModel& cost);
+
+/// A cheap lower bound on cached_plan(request).est_seconds (0 where it
+/// knows none): at least one collective where some rank lacks data it needs
+/// or a Partial must be reduced. Lets propagation skip pricing candidates
+/// that cannot win.
+double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh_shape,
+                                        std::span<const std::int64_t> global_shape, DType dtype, const Layout& from,
+                                        const Layout& to, const CostModel& cost);
 
 struct PlanCacheStats {
   std::uint64_t hits = 0;
