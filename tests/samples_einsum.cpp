@@ -151,7 +151,7 @@ BOOST_AUTO_TEST_CASE(ranks_run_their_products_concurrently) {
     for (int i = 0; i < 5; ++i)
       if (!equal(matmul(a, b), expected)) log.add(fmt::format("rank {} call {}: values differ", world.rank(), i));
   });
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
   BOOST_TEST(log.failures.empty());
 }
 
@@ -194,7 +194,7 @@ BOOST_AUTO_TEST_CASE(matmul_of_column_and_row_shards_is_partial_without_communic
     Tensor full = z.full_tensor();
     if (world.rank() == 0 && !allclose(full, expected, 1e-12, 1e-12)) log.add("matmul values differ");
   });
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
   BOOST_TEST(log.failures.empty());
 }
 
@@ -232,7 +232,7 @@ BOOST_AUTO_TEST_CASE(column_then_row_parallel_linear_needs_one_all_reduce) {
       }
     });
   }
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
   BOOST_TEST(log.failures.empty());
 }
 
@@ -253,7 +253,7 @@ BOOST_AUTO_TEST_CASE(batch_and_free_dims_stay_sharded) {
     Tensor full = z.full_tensor();
     if (world.rank() == 0 && !allclose(full, expected, 1e-12, 1e-12)) log.add("bmm values differ");
   });
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
   BOOST_TEST(log.failures.empty());
 }
 

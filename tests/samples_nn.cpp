@@ -148,7 +148,7 @@ BOOST_AUTO_TEST_CASE(embedding_of_a_sharded_table_needs_no_communication) {
     }
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(embedding_on_a_2d_mesh_combines_index_and_row_shards) {
@@ -178,7 +178,7 @@ BOOST_AUTO_TEST_CASE(embedding_on_a_2d_mesh_combines_index_and_row_shards) {
     if (!allclose(got2, want, 0, 0)) log.add(fmt::format("R table: got {} want {}", got2, want));
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(vocab_parallel_cross_entropy_never_gathers_the_logits) {
@@ -204,7 +204,7 @@ BOOST_AUTO_TEST_CASE(vocab_parallel_cross_entropy_never_gathers_the_logits) {
     if (std::abs(got - want) > 1e-9) log.add(fmt::format("rank {}: loss {} want {}", world.rank(), got, want));
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

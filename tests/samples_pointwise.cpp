@@ -135,7 +135,7 @@ void on_mesh(const Shape& mesh_shape, const std::function<void(const DeviceMesh&
     DeviceMesh mesh(comm, mesh_shape);
     body(mesh, log);
   });
-  for (const auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 DTensor shard_of(const Tensor& full, const DeviceMesh& mesh, const Layout& layout) {
@@ -310,7 +310,7 @@ BOOST_AUTO_TEST_CASE(in_place_ops_write_into_shared_storage_and_keep_the_layout)
     if (!equal(local, x.to_local())) failures.push_back("the rank's shard was not updated in place");
     if (!equal(got, x_full - y_full)) failures.push_back("wrong values");
   });
-  for (auto& f : failures) BOOST_ERROR(f);
+  testing::check_no_failures(failures);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -204,7 +204,7 @@ BOOST_AUTO_TEST_CASE(sum_over_a_sharded_dim_is_partial_without_communication) {
       if (!e->empty()) log.add(*e);
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(mean_over_uneven_and_empty_shards_is_the_global_mean) {
@@ -232,7 +232,7 @@ BOOST_AUTO_TEST_CASE(mean_over_uneven_and_empty_shards_is_the_global_mean) {
     });
   }
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(softmax_gathers_its_dim_and_keeps_other_shards) {
@@ -265,7 +265,7 @@ BOOST_AUTO_TEST_CASE(softmax_gathers_its_dim_and_keeps_other_shards) {
       if (!e->empty()) log.add(*e);
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(layer_norm_keeps_sequence_shards) {
@@ -287,7 +287,7 @@ BOOST_AUTO_TEST_CASE(layer_norm_keeps_sequence_shards) {
     if (!e.empty()) log.add(e);
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(nested_shards_and_partial_max_pass_through_without_communication) {
@@ -319,7 +319,7 @@ BOOST_AUTO_TEST_CASE(nested_shards_and_partial_max_pass_through_without_communic
       if (!e->empty()) log.add(*e);
   });
   BOOST_TEST(log.failures.empty());
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

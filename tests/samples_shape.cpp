@@ -97,7 +97,7 @@ void on_mesh(const Shape& mesh_shape, Fn fn) {
     DeviceMesh mesh(world, mesh_shape);
     fn(mesh, log);
   });
-  for (auto& f : log.failures) BOOST_ERROR(f);
+  testing::check_no_failures(log.failures);
   BOOST_TEST(log.failures.empty());
 }
 

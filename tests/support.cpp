@@ -68,6 +68,11 @@ void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn, st
   }
 }
 
+void check_no_failures(const std::vector<std::string>& failures) {
+  for (const std::string& f : failures) BOOST_ERROR(f);
+  BOOST_TEST(failures.empty(), failures.size() << " check(s) failed on the ranks");
+}
+
 bool reports_results(const Communicator& world) { return test_backend() == "mpi" || world.rank() == 0; }
 
 Tensor integer_tensor(const Shape& shape, DType dtype, std::uint64_t seed) {

@@ -63,6 +63,10 @@ void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn, st
 /// under MPI every process (each has its own copy).
 bool reports_results(const Communicator& world);
 
+/// Reports each failure collected on the ranks as a Boost.Test error, and
+/// asserts that there were none (so a passing case counts its check).
+void check_no_failures(const std::vector<std::string>& failures);
+
 /// Collects failures from rank threads (Boost.Test is not thread-safe); the
 /// main thread reports them after run_threads returns.
 struct FailureLog {
