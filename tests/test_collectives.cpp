@@ -90,6 +90,10 @@ BOOST_DATA_TEST_CASE(all_gather_uneven_and_zero, bdata::make(runnable_sizes()), 
     std::vector<std::vector<std::size_t>> cases;
     for (int c = 0; c < 12; ++c) cases.push_back(random_sizes(rng, n, 64));
     cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 0));
+    // Large calls take another path on MPI (a barrier, then the blocking
+    // call; equal blocks as MPI_Allgather).
+    cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 40000));
+    cases.push_back(random_sizes(rng, n, 90000));
     testing::run_ranks(n, [&](Communicator& comm) {
       const int rank = comm.rank();
       for (std::size_t c = 0; c < cases.size(); ++c) {
@@ -134,6 +138,7 @@ BOOST_DATA_TEST_CASE(reduce_scatter_values_and_bytes, bdata::make(runnable_sizes
     for (int c = 0; c < 4; ++c) cases.push_back(random_sizes(rng, n, 50));
     cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 0));
     cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 20000));  // several reduce blocks
+    cases.push_back(random_sizes(rng, n, 30000));  // large and uneven
     testing::run_ranks(n, [&](Communicator& comm) {
       const int rank = comm.rank();
       std::vector<std::byte> send, recv;
@@ -187,11 +192,11 @@ BOOST_DATA_TEST_CASE(all_to_all_broadcast_scatter, bdata::make(runnable_sizes())
     std::vector<std::vector<std::vector<std::size_t>>> a2a;
     for (int c = 0; c < 6; ++c) {
       std::vector<std::vector<std::size_t>> m;
-      for (int p = 0; p < n; ++p) m.push_back(random_sizes(rng, n, 40));
+      for (int p = 0; p < n; ++p) m.push_back(random_sizes(rng, n, c == 5 ? 40000 : 40));
       a2a.push_back(std::move(m));
     }
     std::vector<std::vector<std::size_t>> scatter_cases;
-    for (int c = 0; c < 4; ++c) scatter_cases.push_back(random_sizes(rng, n, 30));
+    for (int c = 0; c < 4; ++c) scatter_cases.push_back(random_sizes(rng, n, c == 3 ? 50000 : 30));
     auto byte_of = [](int src, int dst, std::size_t i, std::size_t c) {
       return static_cast<std::uint8_t>(src * 53 + dst * 11 + i * 3 + c);
     };

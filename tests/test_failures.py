@@ -11,6 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_mpi import mpi_sanitizer_env  # noqa: E402
 import time
 
 TIMEOUT_MS = 3000      # the collectives' deadline, through DTENSOR_TIMEOUT_MS
@@ -32,22 +35,23 @@ def main() -> int:
     use_mpi = "--mpi" in sys.argv[2:]
     env = dict(os.environ, DTENSOR_TIMEOUT_MS=str(TIMEOUT_MS))
     env.pop("DTENSOR_BACKEND", None)
-    cases = [("threads", "throw", [program, "throw", "--ranks", "4"], ["rank 1 gives up on purpose"])]
+    cases = [("threads", "throw", [program, "throw", "--ranks", "4"], ["rank 1 gives up on purpose"], env)]
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+        menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+        menv.update(mpi_sanitizer_env(menv))
         job = [mpirun, "-np", "4"]
         cases += [
-            ("mpi", "throw", job + [program, "throw"], ["rank 1 of 4 failed", "rank 1 gives up on purpose"]),
+            ("mpi", "throw", job + [program, "throw"], ["rank 1 of 4 failed", "rank 1 gives up on purpose"], menv),
             # The launcher reports the process that died; its peers are ended.
-            ("mpi", "exit", job + [program, "exit"], []),
+            ("mpi", "exit", job + [program, "exit"], [], menv),
             # The peers of a stalled rank time out, name the call, abort the job.
-            ("mpi", "stall", job + [program, "stall"], ["timed out after 3000 ms"]),
+            ("mpi", "stall", job + [program, "stall"], ["timed out after 3000 ms"], menv),
         ]
     failures = 0
-    for backend, mode, cmd, expected in cases:
-        rc, out, took = run(cmd, env)
+    for backend, mode, cmd, expected, case_env in cases:
+        rc, out, took = run(cmd, case_env)
         problems = []
         if rc is None:
             problems.append(f"still running after {LIMIT_S} s: a hang")

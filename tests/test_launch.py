@@ -12,6 +12,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_mpi import mpi_sanitizer_env  # noqa: E402
+
 
 def run(cmd, env=None):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -37,6 +40,7 @@ def main() -> int:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
         menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                     OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+        menv.update(mpi_sanitizer_env(menv))
         rc, mpi_out, err = run([mpirun, "-np", "8", demo], menv)
         checks.append(("mpirun -np 8 demo succeeds", rc == 0, err))
         checks.append(("mpirun -np 8 demo prints exactly what demo --ranks 8 prints", mpi_out == threads_out,

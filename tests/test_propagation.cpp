@@ -92,6 +92,34 @@ BOOST_AUTO_TEST_CASE(linear_op_keeps_partial_and_shards_without_communication) {
   testing::check_no_failures(failures);
 }
 
+// Row-sharded A times row-sharded B (the natural layouts of two activations):
+// the cheapest move of the inputs alone is an all_to_all of A into a Partial
+// C of N x N per rank; counting the reduction that C then owes, gathering B
+// and keeping C row-sharded wins, and C is never Partial.
+BOOST_AUTO_TEST_CASE(matmul_counts_the_reduction_a_partial_output_owes) {
+  std::vector<std::string> failures;
+  std::mutex mu;
+  const Tensor a = testing::integer_tensor({64, 64}, DType::Float64, 1);
+  const Tensor b = testing::integer_tensor({64, 64}, DType::Float64, 2);
+  const Tensor want = call_op("matmul", {a, b});
+  run_threads(2, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2});
+    const Layout rows = Layout::parse("S(0)");
+    DTensor A = DTensor::from_local(slice_box(a, local_box(mesh.shape(), a.shape(), rows, mesh.coordinate())), mesh, rows, a.shape());
+    DTensor B = DTensor::from_local(slice_box(b, local_box(mesh.shape(), b.shape(), rows, mesh.coordinate())), mesh, rows, b.shape());
+    CommCounter counter(mesh);
+    DTensor C = call_op("matmul", {A, B});
+    const CommStats c = counter.counts();
+    Tensor got = C.full_tensor();
+    std::lock_guard lock(mu);
+    if (!(C.placements() == rows)) failures.push_back(fmt::format("C is {}, expected S(0)", C.placements()));
+    if (c.count(CollectiveKind::AllGather) != 1 || c.data_collectives() != 1)
+      failures.push_back(fmt::format("expected one all_gather of B, got {}", c));
+    if (!equal(got, want)) failures.push_back("wrong values");
+  });
+  testing::check_no_failures(failures);
+}
+
 // FSDP over TP nests dim 0 by the inner mesh dim first; ops built on
 // expand_to_mesh must accept that order as it is rather than redistribute.
 BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {

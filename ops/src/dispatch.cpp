@@ -121,12 +121,37 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
     }
     return p.seconds;
   };
+  // A candidate that creates a Partial output leaves a reduction owed: a
+  // later op or the user will need the values, and the least any of them can
+  // pay is a reduce_scatter, half an all_reduce's traffic. Pricing inputs
+  // alone (as PyTorch does) would pick, for S(0) @ S(0), an all_to_all of A
+  // into a Partial C of N x N per rank over an all_gather of B into an S(0)
+  // C: cheaper by the inputs, slower and twice the memory once C is reduced.
+  // A Partial carried over from an input (P + P) owes nothing new.
+  auto owed_reduction = [&](const Strategy& cand) {
+    double owed = 0;
+    for (int m = 0; m < cand.output.mesh_ndim(); ++m) {
+      if (!is_partial(cand.output[m])) continue;
+      bool carried = false;
+      for (const Layout& in : cand.inputs) carried = carried || (m < in.mesh_ndim() && is_partial(in[m]));
+      if (carried) continue;
+      const Layout target = cand.output.with(m, Replicate{});
+      const auto all_reduce =
+          closed_form_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, target, cost);
+      owed += 0.5 * (all_reduce ? *all_reduce
+                                : redistribute_lower_bound_seconds(mesh_shape, d.output.shape, d.output.dtype,
+                                                                   cand.output, target, cost));
+    }
+    return owed;
+  };
   // Sums in input order, so that a candidate's price does not depend on
   // which of its moves were priced first.
   constexpr double kUnpriced = std::numeric_limits<double>::infinity();
-  std::vector<double> bound(candidates.size(), 0), costs(candidates.size(), kUnpriced);
+  std::vector<double> bound(candidates.size(), 0), costs(candidates.size(), kUnpriced),
+      owed(candidates.size(), 0);
   for (std::size_t c = 0; c < candidates.size(); ++c) {
-    double total = 0;
+    owed[c] = owed_reduction(candidates[c]);
+    double total = owed[c];
     bool exact = true;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (candidates[c].inputs[i] == layouts[i]) continue;
@@ -149,7 +174,7 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
   for (std::size_t c : order) {
     if (second_index != kNone && bound[c] > costs[second_index]) break;
     if (costs[c] == kUnpriced) {
-      double total = 0;
+      double total = owed[c];
       for (std::size_t i = 0; i < inputs.size(); ++i)
         if (candidates[c].inputs[i] != layouts[i]) total += exact_price(i, candidates[c].inputs[i]);
       costs[c] = total;
@@ -173,6 +198,7 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
                                   fmt::join(mesh_shape, "x")));
   d.chosen = candidates[best_index];
   d.cost_seconds = best;
+  d.owed_seconds = owed[best_index];
   if (second_index != kNone) {
     d.runner_up = candidates[second_index];
     d.runner_up_cost = costs[second_index];
@@ -244,6 +270,8 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
     CommStats moved = mesh.comm().stats() - before;
     std::string line = fmt::format("{}: inputs {}; chose {} -> {} at {}", op.name, layouts_text(layouts),
                                    layouts_text(d.chosen.inputs), d.chosen.output, human_seconds(d.cost_seconds));
+    if (d.owed_seconds > 0)
+      line += fmt::format(" (of which {} owed for reducing its new Partial later)", human_seconds(d.owed_seconds));
     if (d.runner_up_cost >= 0)
       line += fmt::format(" (runner-up {} -> {} at {}; {} candidates)", layouts_text(d.runner_up.inputs),
                           d.runner_up.output, human_seconds(d.runner_up_cost), d.candidates);

@@ -33,6 +33,9 @@ struct OpDecision {
   /// Plans that bring each input to chosen.inputs[i] (null: no move).
   std::vector<const Plan*> input_plans;
   double cost_seconds = 0;
+  /// The part of cost_seconds owed for reducing a Partial output that the
+  /// chosen strategy creates (half an all_reduce of it; see dispatch.cpp).
+  double owed_seconds = 0;
   /// The next cheapest candidate, for explain mode (runner_up_cost < 0: none).
   Strategy runner_up;
   double runner_up_cost = -1;
