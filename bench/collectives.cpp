@@ -4,6 +4,11 @@
 //   collectives [--quick] [--ranks=2,4,8] [--max-mib=N] [--reps=N] [--best]
 //   DTENSOR_BENCH_QUICK=1 acts as --quick (sizes up to 16 MiB).
 //
+// Under mpirun the MPI backend instead, against bare MPI on the same buffers
+// (collectives_mpi.cpp; sizes up to 64 MiB unless --max-mib says otherwise;
+// the job's size is the rank count; --variants adds the diagnostic columns):
+//   mpirun -np 4 collectives [--quick] [--max-mib=N] [--reps=N] [--best] [--variants]
+//
 // S is the nccl-tests size: the output of all_gather, the input of
 // reduce_scatter, the buffer of all_reduce, the send (= recv) buffer of one
 // rank for all_to_all. algbw = S/t; busbw = algbw * (n-1)/n for all_gather,
@@ -33,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -40,6 +46,8 @@
 
 #include <fmt/format.h>
 
+#include "collectives_mpi.h"
+#include "dtensor/mesh/backends.h"
 #include "dtensor/mesh/threads.h"
 
 using namespace dtensor;
@@ -213,26 +221,33 @@ std::vector<int> parse_list(std::string_view text) {
 
 int main(int argc, char** argv) {
   Options opt;
-  if (const char* q = std::getenv("DTENSOR_BENCH_QUICK"); q && *q && std::string_view(q) != "0") opt.max_mib = 16;
+  std::optional<std::size_t> max_mib;  // the default differs per mode
+  bool variants = false;
+  if (const char* q = std::getenv("DTENSOR_BENCH_QUICK"); q && *q && std::string_view(q) != "0") max_mib = 16;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--quick") {
-      opt.max_mib = 16;
+      max_mib = 16;
     } else if (arg.starts_with("--ranks=")) {
       opt.ranks = parse_list(arg.substr(8));
     } else if (arg.starts_with("--max-mib=")) {
-      opt.max_mib = static_cast<std::size_t>(std::atoi(std::string(arg.substr(10)).c_str()));
+      max_mib = static_cast<std::size_t>(std::atoi(std::string(arg.substr(10)).c_str()));
+    } else if (arg == "--variants") {
+      variants = true;
     } else if (arg == "--best") {
       opt.best = true;
     } else if (arg.starts_with("--reps=")) {
       opt.reps = std::atoi(std::string(arg.substr(7)).c_str());
     } else {
-      fmt::print(stderr, "[collectives] unknown argument '{}'; expected --quick, --ranks=2,4,8, --max-mib=N, --reps=N, --best\n",
+      fmt::print(stderr, "[collectives] unknown argument '{}'; expected --quick, --ranks=2,4,8, --max-mib=N, --reps=N, --best, --variants (MPI)\n",
                  arg);
       return 2;
     }
   }
   g_best = opt.best;
+  // Under MPI every process holds its own buffers: 64 MiB by default.
+  if (launched_under_mpi()) return bench::run_mpi_collectives({max_mib.value_or(64), opt.reps, opt.best, variants});
+  opt.max_mib = max_mib.value_or(opt.max_mib);
   std::vector<std::size_t> sizes;
   for (std::size_t mib = 1; mib <= opt.max_mib; mib *= 4) sizes.push_back(mib << 20);
 

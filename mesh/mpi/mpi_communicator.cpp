@@ -267,8 +267,8 @@ class MpiCommunicator final : public Communicator {
     for (int p = 0; p < size_; ++p)
       if (p != rank_) received += recv_bytes[static_cast<std::size_t>(p)];
     if (size_ > 1) {
-      // The self block is copied here rather than by MPI: it may overlap
-      // nothing else, and MPI_Alltoallv's self copy is no faster.
+      // Alltoallv's self block is copied here rather than by MPI: it may
+      // overlap nothing else, and MPI's self copy is no faster.
       auto& sc = ints_a_;
       auto& sd = ints_b_;
       auto& rc = ints_c_;
@@ -284,18 +284,29 @@ class MpiCommunicator final : public Communicator {
         rc[p] = self ? 0 : as_int(kind, "recv_bytes", recv_bytes[p]);
         rd[p] = as_int(kind, "recv_offsets", recv_offsets[p]);
       }
-      copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r],
-                 static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
-      // Ranks know only their own counts here, and all must take the same
-      // path (MPI never matches a blocking collective with a nonblocking
-      // one): the exchange always takes the blocking path.
-      collective(
-          kind, kBlockingBytes,
-          [&] { return MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_); },
-          [&](MPI_Request* req) {
-            return MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_,
-                                  req);
-          });
+      // Equal blocks back to back in rank order (as exchanges between even
+      // shards are) can take MPI_Alltoall, self block included. Whether a
+      // call is regular is known per rank only, and every rank must make
+      // the same MPI call, so the arrival check (every wait has a deadline)
+      // is a polled MIN-reduction of the flag instead of a plain barrier;
+      // the exchange itself is then MPI's blocking call, its fastest.
+      const std::size_t block = send_bytes[0];
+      bool regular = send != recv && block <= static_cast<std::size_t>(INT_MAX);
+      for (std::size_t p = 0; p < sc.size() && regular; ++p)
+        regular = send_bytes[p] == block && recv_bytes[p] == block && send_offsets[p] == p * block &&
+                  recv_offsets[p] == p * block;
+      int all_regular = regular ? 1 : 0;
+      MPI_Request arrival;
+      check(kind, MPI_Iallreduce(MPI_IN_PLACE, &all_regular, 1, MPI_INT, MPI_MIN, comm_, &arrival));
+      wait(kind, arrival);
+      if (all_regular) {
+        const int b = static_cast<int>(block);
+        check(kind, MPI_Alltoall(send, b, MPI_BYTE, recv, b, MPI_BYTE, comm_));
+      } else {
+        copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r],
+                   static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
+        check(kind, MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_));
+      }
     } else {
       copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r],
                  static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
