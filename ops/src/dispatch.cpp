@@ -138,9 +138,11 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
       const Layout target = cand.output.with(m, Replicate{});
       const auto all_reduce =
           closed_form_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, target, cost);
+      // (The planner prices what the closed form declines: a lower bound
+      // here could be no more than a latency.)
       owed += 0.5 * (all_reduce ? *all_reduce
-                                : redistribute_lower_bound_seconds(mesh_shape, d.output.shape, d.output.dtype,
-                                                                   cand.output, target, cost));
+                                : redistribute_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, target,
+                                                       cost));
     }
     return owed;
   };
