@@ -222,13 +222,16 @@ class MpiCommunicator final : public Communicator {
     const auto* own = static_cast<const std::byte*>(send) + static_cast<std::size_t>(offsets[r]) * isz;
     if (size_ > 1 && total > 0) {
       // MPI forbids recv overlapping send (the contract allows recv to be
-      // this rank's own block): reduce into scratch then.
+      // this rank's own block), and MPICH checks even an empty recv whose
+      // pointer lies inside send: reduce into scratch then.
       const auto* send_begin = static_cast<const std::byte*>(send);
+      const auto* send_end = send_begin + total * isz;
       auto* out = static_cast<std::byte*>(recv);
-      const bool overlaps = mine != 0 && out < send_begin + total * isz && out + mine * isz > send_begin;
+      const bool overlaps =
+          (out >= send_begin && out <= send_end) || (mine != 0 && out < send_end && out + mine * isz > send_begin);
       std::byte* target = out;
       if (overlaps) {
-        scratch_.resize(mine * isz);
+        scratch_.resize(std::max<std::size_t>(mine, 1) * isz);
         target = scratch_.data();
       }
       const bool equal = std::all_of(elems.begin(), elems.end(), [&](int c) { return c == elems[0]; });
