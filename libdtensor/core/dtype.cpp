@@ -49,6 +49,9 @@ bool is_cpu_supported(DType dtype) {
   return dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Int64;
 }
 bool is_floating(DType dtype) { return dtype != DType::Int64; }
+DType cpu_compute_dtype(DType dtype) {
+  return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
+}
 
 std::string_view device_name(Device device) { return device == Device::CPU ? "cpu" : "cuda"; }
 

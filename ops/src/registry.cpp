@@ -21,6 +21,7 @@ std::size_t OpAttrs::hash() const {
   mix(flag);
   for (char c : text) mix(static_cast<unsigned char>(c));
   mix(static_cast<std::uint64_t>(dtype));
+  mix(static_cast<std::uint64_t>(device));
   return h;
 }
 

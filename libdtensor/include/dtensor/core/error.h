@@ -56,6 +56,13 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
+/// A device runtime call failed (CUDA, cuBLAS): names the call and the
+/// runtime's own message, e.g. "[cuda] cudaMalloc of 8 GiB: out of memory".
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Any failure inside a communicator.
 class CommError : public Error {
  public:

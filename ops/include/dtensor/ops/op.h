@@ -29,6 +29,7 @@ struct OpAttrs {
   bool flag = false;               // keepdim and the like
   std::string text;                // an einsum equation
   DType dtype = DType::Float32;    // a target dtype (to, factories)
+  Device device = Device::CPU;     // where a factory (no tensor inputs) allocates
 
   bool operator==(const OpAttrs&) const = default;
   std::size_t hash() const;

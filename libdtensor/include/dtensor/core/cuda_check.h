@@ -1,0 +1,31 @@
+#pragma once
+// For sources compiled only in a CUDA build (libdtensor/core/cuda/,
+// ops/cuda/, mesh/nccl/): turns a failed runtime call into a DeviceError
+// that names the call and the runtime's message. Never include it from a
+// header that a CPU build compiles.
+#include <cuda_runtime.h>
+
+#include "dtensor/core/cuda.h"
+
+namespace dtensor::cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* call);
+
+inline void check(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) throw_cuda_error(status, call);
+}
+
+/// The calling thread's stream, typed.
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
+
+/// Blocks for a grid-stride loop over n elements: enough to fill the GPU,
+/// never more than n needs.
+inline unsigned grid_for(std::int64_t n, unsigned block = 256) {
+  const std::int64_t want = (n + block - 1) / block;
+  return static_cast<unsigned>(want < 1 ? 1 : (want > 65535 * 8 ? 65535 * 8 : want));
+}
+
+}  // namespace dtensor::cuda
+
+/// DTENSOR_CUDA_CHECK(cudaMemcpyAsync(...)): throws DeviceError on failure.
+#define DTENSOR_CUDA_CHECK(call) ::dtensor::cuda::check((call), #call)
