@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor {
@@ -85,34 +87,36 @@ void check_box(const Shape& shape, const Box& box, std::string_view what) {
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   check_shape(shape, "tensor");
-  if (device != Device::CPU)
-    throw UnsupportedError(fmt::format("[tensor] device {} is not available in this build", device));
   Tensor t;
   t.numel_ = dtensor::numel(shape);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = allocate(t.nbytes());
+  t.storage_ = device == Device::CUDA ? cuda::allocate(t.nbytes()) : allocate(t.nbytes());
   return t;
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
-  std::memset(t.data(), 0, t.nbytes());
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  t.zero_();
   return t;
 }
 
-Tensor Tensor::ones(Shape shape, DType dtype) { return full(std::move(shape), 1.0, dtype); }
+Tensor Tensor::ones(Shape shape, DType dtype, Device device) { return full(std::move(shape), 1.0, dtype, device); }
 
-Tensor Tensor::full(Shape shape, double value, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
+Tensor Tensor::full(Shape shape, double value, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
   t.fill(value);
   return t;
 }
 
-Tensor Tensor::arange(Shape shape, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
-  visit_dtype(dtype, [&](auto zero) {
+Tensor Tensor::arange(Shape shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  if (device == Device::CUDA) {
+    cuda::arange(t.data(), t.numel(), dtype);
+    return t;
+  }
+  visit_any_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* p = t.data_as<T>();
     for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(i);
@@ -120,17 +124,50 @@ Tensor Tensor::arange(Shape shape, DType dtype) {
   return t;
 }
 
-Tensor Tensor::rand(Shape shape, DType dtype, std::uint64_t seed) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::rand(Shape shape, DType dtype, std::uint64_t seed, Device device) {
+  Tensor t = empty(shape, dtype, device);
   Shape offset(shape.size(), 0);
   fill_random(t, seed, shape, offset);
   return t;
 }
 
-Tensor Tensor::randn(Shape shape, DType dtype, std::uint64_t seed) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::randn(Shape shape, DType dtype, std::uint64_t seed, Device device) {
+  Tensor t = empty(shape, dtype, device);
   Shape offset(shape.size(), 0);
   fill_randn(t, seed, shape, offset);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (!defined() || device == device_) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  cuda::copy(t.data(), device, data(), device_, nbytes());
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (!defined() || dtype == dtype_) return *this;
+  Tensor t = empty(shape_, dtype, device_);
+  if (device_ == Device::CUDA) {
+    cuda::cast(data(), dtype_, t.data(), dtype, numel_);
+    return t;
+  }
+  visit_any_dtype(dtype_, [&](auto from) {
+    using S = decltype(from);
+    const S* src = data_as<S>();
+    visit_any_dtype(dtype, [&](auto to) {
+      using D = decltype(to);
+      D* dst = t.data_as<D>();
+      for (std::int64_t i = 0; i < numel_; ++i) {
+        if constexpr (std::is_same_v<S, bfloat16> || std::is_same_v<S, float16>)
+          dst[i] = static_cast<D>(static_cast<float>(src[i]));
+        else if constexpr (std::is_same_v<D, bfloat16> || std::is_same_v<D, float16>)
+          dst[i] = D(static_cast<float>(src[i]));
+        else
+          dst[i] = static_cast<D>(src[i]);
+      }
+    });
+  });
   return t;
 }
 
@@ -143,24 +180,36 @@ std::int64_t Tensor::size(int d) const {
 
 double Tensor::get(std::span<const std::int64_t> index) const {
   std::int64_t i = linear_index(*this, index);
-  return visit_dtype(dtype_, [&](auto zero) {
+  return visit_any_dtype(dtype_, [&](auto zero) {
     using T = decltype(zero);
-    return static_cast<double>(data_as<T>()[i]);
+    T v;
+    if (device_ == Device::CUDA)
+      cuda::copy(&v, Device::CPU, data_as<T>() + i, Device::CUDA, sizeof(T));
+    else
+      v = data_as<T>()[i];
+    return static_cast<double>(v);
   });
 }
 
 void Tensor::set(std::span<const std::int64_t> index, double value) {
   std::int64_t i = linear_index(*this, index);
-  visit_dtype(dtype_, [&](auto zero) {
+  visit_any_dtype(dtype_, [&](auto zero) {
     using T = decltype(zero);
-    data_as<T>()[i] = static_cast<T>(value);
+    const T v = static_cast<T>(value);
+    if (device_ == Device::CUDA)
+      cuda::copy(data_as<T>() + i, Device::CUDA, &v, Device::CPU, sizeof(T));
+    else
+      data_as<T>()[i] = v;
   });
 }
 
 Tensor Tensor::clone() const {
   if (!defined()) return Tensor();
   Tensor t = empty(shape_, dtype_, device_);
-  std::memcpy(t.data(), data(), nbytes());
+  if (device_ == Device::CUDA)
+    cuda::copy(t.data(), device_, data(), device_, nbytes());
+  else
+    std::memcpy(t.data(), data(), nbytes());
   return t;
 }
 
@@ -175,24 +224,39 @@ Tensor Tensor::view(Shape shape) const {
 }
 
 void Tensor::fill(double value) {
-  visit_dtype(dtype_, [&](auto zero) {
+  if (device_ == Device::CUDA) {
+    cuda::fill(data(), numel_, dtype_, value);
+    return;
+  }
+  visit_any_dtype(dtype_, [&](auto zero) {
     using T = decltype(zero);
     std::fill_n(data_as<T>(), numel_, static_cast<T>(value));
   });
 }
 
 void Tensor::zero_() {
-  if (defined()) std::memset(data(), 0, nbytes());
+  if (!defined()) return;
+  if (device_ == Device::CUDA)
+    cuda::fill(data(), numel_, dtype_, 0.0);
+  else
+    std::memset(data(), 0, nbytes());
 }
 
-bool equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+namespace {
+// Comparisons look at host values: a CUDA operand is copied over first.
+Tensor on_host(const Tensor& t) { return t.device() == Device::CPU ? t : t.to(Device::CPU); }
+}  // namespace
+
+bool equal(const Tensor& a_in, const Tensor& b_in) {
+  if (a_in.shape() != b_in.shape() || a_in.dtype() != b_in.dtype()) return false;
+  const Tensor a = on_host(a_in), b = on_host(b_in);
   return std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return INFINITY;
-  return visit_dtype(a.dtype(), [&](auto zero) {
+double max_abs_diff(const Tensor& a_in, const Tensor& b_in) {
+  if (a_in.shape() != b_in.shape() || a_in.dtype() != b_in.dtype()) return INFINITY;
+  const Tensor a = on_host(a_in), b = on_host(b_in);
+  return visit_any_dtype(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* pa = a.data_as<T>();
     const T* pb = b.data_as<T>();
@@ -206,9 +270,10 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   });
 }
 
-bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  return visit_dtype(a.dtype(), [&](auto zero) {
+bool allclose(const Tensor& a_in, const Tensor& b_in, double rtol, double atol) {
+  if (a_in.shape() != b_in.shape() || a_in.dtype() != b_in.dtype()) return false;
+  const Tensor a = on_host(a_in), b = on_host(b_in);
+  return visit_any_dtype(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* pa = a.data_as<T>();
     const T* pb = b.data_as<T>();
@@ -221,7 +286,7 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
 }
 
 Tensor slice_box(const Tensor& src, const Box& box) {
-  Tensor out = Tensor::empty(box.size, src.dtype());
+  Tensor out = Tensor::empty(box.size, src.dtype(), src.device());
   Shape zero(box.ndim(), 0);
   copy_box(src, box, out, zero);
   return out;
@@ -234,6 +299,13 @@ void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const st
   Box dbox{Shape(dst_offset.begin(), dst_offset.end()), box.size};
   check_box(dst.shape(), dbox, "copy_box destination");
   const std::size_t is = itemsize(src.dtype());
+  if (src.device() != dst.device())
+    throw ValueError(fmt::format("[tensor] copy_box from a {} tensor to a {} tensor; move one with to() first",
+                                 src.device(), dst.device()));
+  if (src.device() == Device::CUDA) {
+    cuda::copy_box(src.bytes(), src.shape(), box.offset, dst.bytes(), dst.shape(), dbox.offset, box.size, is);
+    return;
+  }
   const std::byte* s = src.bytes();
   std::byte* d = dst.bytes();
   for_each_row(src.shape(), box.offset, dst.shape(), dbox.offset, box.size,
@@ -245,6 +317,10 @@ void pack_box(const Tensor& src, const Box& box, std::byte* out) {
   const std::size_t is = itemsize(src.dtype());
   const std::byte* s = src.bytes();
   Shape zero(box.ndim(), 0);
+  if (src.device() == Device::CUDA) {
+    cuda::copy_box(s, src.shape(), box.offset, out, box.size, zero, box.size, is);
+    return;
+  }
   for_each_row(src.shape(), box.offset, box.size, zero, box.size,
                [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(out + dof * is, s + so * is, n * is); });
 }
@@ -254,6 +330,10 @@ void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
   const std::size_t is = itemsize(dst.dtype());
   std::byte* d = dst.bytes();
   Shape zero(box.ndim(), 0);
+  if (dst.device() == Device::CUDA) {
+    cuda::copy_box(in, box.size, zero, d, dst.shape(), box.offset, box.size, is);
+    return;
+  }
   for_each_row(box.size, zero, dst.shape(), box.offset, box.size,
                [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(d + dof * is, in + so * is, n * is); });
 }
@@ -264,6 +344,17 @@ void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> 
     throw ShapeError(fmt::format("[tensor] fill_random: a {}-d box of a {}-d tensor", out.dim(), global_shape.size()));
   Box box{Shape(offset.begin(), offset.end()), out.shape()};
   check_box(Shape(global_shape.begin(), global_shape.end()), box, "fill_random");
+  if (out.device() == Device::CUDA) {
+    cuda::fill_random(out.data(), out.dtype(), seed, global_shape, offset, out.shape(), false);
+    return;
+  }
+  if (out.dtype() == DType::BFloat16 || out.dtype() == DType::Float16) {
+    // The f32 values, rounded once: the same numbers the GPU makes.
+    Tensor wide = Tensor::empty(out.shape(), DType::Float32);
+    fill_random(wide, seed, global_shape, offset);
+    out = wide.to(out.dtype());
+    return;
+  }
   r123::Philox4x32 rng;
   r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
   const DType dtype = out.dtype();
@@ -302,6 +393,16 @@ void fill_randn(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> g
     throw DTypeError(fmt::format("[tensor] randn: normal values need a floating dtype, got {}", out.dtype()));
   Box box{Shape(offset.begin(), offset.end()), out.shape()};
   check_box(Shape(global_shape.begin(), global_shape.end()), box, "fill_randn");
+  if (out.device() == Device::CUDA) {
+    cuda::fill_random(out.data(), out.dtype(), seed, global_shape, offset, out.shape(), true);
+    return;
+  }
+  if (out.dtype() == DType::BFloat16 || out.dtype() == DType::Float16) {
+    Tensor wide = Tensor::empty(out.shape(), DType::Float32);
+    fill_randn(wide, seed, global_shape, offset);
+    out = wide.to(out.dtype());
+    return;
+  }
   r123::Philox4x32 rng;
   r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
   const DType dtype = out.dtype();
@@ -337,6 +438,20 @@ void reduce_loop(T* __restrict acc, const T* __restrict x, std::size_t n, Op op)
 }  // namespace
 
 void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op) {
+  if (dtype == DType::BFloat16 || dtype == DType::Float16) {
+    // Each pairwise step in float, rounded once, as NCCL does for 16-bit types.
+    visit_any_dtype(dtype, [&](auto zero) {
+      using H = decltype(zero);
+      H* a = static_cast<H*>(acc);
+      const H* b = static_cast<const H*>(x);
+      for (std::size_t i = 0; i < count; ++i) {
+        const float u = static_cast<float>(a[i]), v = static_cast<float>(b[i]);
+        const float r = op == ReduceOp::Max ? (u < v ? v : u) : op == ReduceOp::Min ? (v < u ? v : u) : u + v;
+        a[i] = H(r);
+      }
+    });
+    return;
+  }
   visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* a = static_cast<T*>(acc);
@@ -351,6 +466,14 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, Reduc
 }
 
 void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor) {
+  if (dtype == DType::BFloat16 || dtype == DType::Float16) {
+    visit_any_dtype(dtype, [&](auto zero) {
+      using H = decltype(zero);
+      H* a = static_cast<H*>(acc);
+      for (std::size_t i = 0; i < count; ++i) a[i] = H(static_cast<float>(a[i]) / static_cast<float>(divisor));
+    });
+    return;
+  }
   visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* a = static_cast<T*>(acc);
@@ -365,14 +488,21 @@ fmt::format_context::iterator fmt::formatter<dtensor::Tensor>::format(const dten
                                                                       fmt::format_context& ctx) const {
   auto out = ctx.out();
   if (!t.defined()) return fmt::format_to(out, "Tensor(undefined)");
-  out = fmt::format_to(out, "Tensor({}, {}", fmt::join(t.shape(), "x"), t.dtype());
+  out = fmt::format_to(out, "Tensor({}, {}{}", fmt::join(t.shape(), "x"), t.dtype(),
+                       t.device() == dtensor::Device::CUDA ? ", cuda" : "");
   const std::int64_t shown = std::min<std::int64_t>(t.numel(), 16);
   if (shown > 0) {
     out = fmt::format_to(out, ", [");
-    dtensor::visit_dtype(t.dtype(), [&](auto zero) {
+    const dtensor::Tensor host = t.device() == dtensor::Device::CPU ? t : t.to(dtensor::Device::CPU);
+    dtensor::visit_any_dtype(t.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      const T* p = t.data_as<T>();
-      for (std::int64_t i = 0; i < shown; ++i) out = fmt::format_to(out, "{}{}", i ? ", " : "", p[i]);
+      const T* p = host.data_as<T>();
+      for (std::int64_t i = 0; i < shown; ++i) {
+        if constexpr (std::is_same_v<T, dtensor::bfloat16> || std::is_same_v<T, dtensor::float16>)
+          out = fmt::format_to(out, "{}{}", i ? ", " : "", static_cast<float>(p[i]));
+        else
+          out = fmt::format_to(out, "{}{}", i ? ", " : "", p[i]);
+      }
     });
     out = fmt::format_to(out, "{}]", t.numel() > shown ? ", ..." : "");
   }

@@ -9,15 +9,23 @@
 #include <cstdint>
 #include <cstring>
 
+// The same conversions compile for the device in .cu files, so that the CPU
+// and the GPU round identically.
+#if defined(__CUDACC__)
+#define DTENSOR_HOST_DEVICE __host__ __device__
+#else
+#define DTENSOR_HOST_DEVICE
+#endif
+
 namespace dtensor {
 
 namespace half_detail {
-inline std::uint32_t float_bits(float f) {
+DTENSOR_HOST_DEVICE inline std::uint32_t float_bits(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
-inline float bits_float(std::uint32_t u) {
+DTENSOR_HOST_DEVICE inline float bits_float(std::uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
@@ -28,7 +36,7 @@ struct bfloat16 {
   std::uint16_t bits = 0;
 
   bfloat16() = default;
-  explicit bfloat16(float f) {
+  DTENSOR_HOST_DEVICE explicit bfloat16(float f) {
     const std::uint32_t u = half_detail::float_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet and a NaN
       bits = static_cast<std::uint16_t>((u >> 16) | 0x40u);
@@ -37,11 +45,11 @@ struct bfloat16 {
     const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
     bits = static_cast<std::uint16_t>((u + rounding) >> 16);
   }
-  explicit bfloat16(double d) : bfloat16(static_cast<float>(d)) {}
-  explicit bfloat16(std::int64_t i) : bfloat16(static_cast<float>(i)) {}
-  explicit operator float() const { return half_detail::bits_float(static_cast<std::uint32_t>(bits) << 16); }
-  explicit operator double() const { return static_cast<float>(*this); }
-  static bfloat16 from_bits(std::uint16_t b) {
+  DTENSOR_HOST_DEVICE explicit bfloat16(double d) : bfloat16(static_cast<float>(d)) {}
+  DTENSOR_HOST_DEVICE explicit bfloat16(std::int64_t i) : bfloat16(static_cast<float>(i)) {}
+  DTENSOR_HOST_DEVICE explicit operator float() const { return half_detail::bits_float(static_cast<std::uint32_t>(bits) << 16); }
+  DTENSOR_HOST_DEVICE explicit operator double() const { return static_cast<float>(*this); }
+  DTENSOR_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) {
     bfloat16 h;
     h.bits = b;
     return h;
@@ -52,19 +60,19 @@ struct float16 {
   std::uint16_t bits = 0;
 
   float16() = default;
-  explicit float16(float f) : bits(from_float(f)) {}
-  explicit float16(double d) : float16(static_cast<float>(d)) {}
-  explicit float16(std::int64_t i) : float16(static_cast<float>(i)) {}
-  explicit operator float() const { return to_float(bits); }
-  explicit operator double() const { return static_cast<float>(*this); }
-  static float16 from_bits(std::uint16_t b) {
+  DTENSOR_HOST_DEVICE explicit float16(float f) : bits(from_float(f)) {}
+  DTENSOR_HOST_DEVICE explicit float16(double d) : float16(static_cast<float>(d)) {}
+  DTENSOR_HOST_DEVICE explicit float16(std::int64_t i) : float16(static_cast<float>(i)) {}
+  DTENSOR_HOST_DEVICE explicit operator float() const { return to_float(bits); }
+  DTENSOR_HOST_DEVICE explicit operator double() const { return static_cast<float>(*this); }
+  DTENSOR_HOST_DEVICE static float16 from_bits(std::uint16_t b) {
     float16 h;
     h.bits = b;
     return h;
   }
 
  private:
-  static std::uint16_t from_float(float f) {
+  DTENSOR_HOST_DEVICE static std::uint16_t from_float(float f) {
     const std::uint32_t u = half_detail::float_bits(f);
     const std::uint32_t sign = (u >> 16) & 0x8000u;
     const std::uint32_t abs = u & 0x7fffffffu;
@@ -90,7 +98,7 @@ struct float16 {
     v = (v + rounding) >> 13;
     return static_cast<std::uint16_t>(sign | v);
   }
-  static float to_float(std::uint16_t h) {
+  DTENSOR_HOST_DEVICE static float to_float(std::uint16_t h) {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu;
     std::uint32_t mant = h & 0x3ffu;

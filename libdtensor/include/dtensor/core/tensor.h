@@ -22,19 +22,20 @@ class Tensor {
 
   /// Uninitialised storage.
   static Tensor empty(Shape shape, DType dtype = DType::Float32, Device device = Device::CPU);
-  static Tensor zeros(Shape shape, DType dtype = DType::Float32);
-  static Tensor ones(Shape shape, DType dtype = DType::Float32);
-  static Tensor full(Shape shape, double value, DType dtype = DType::Float32);
+  static Tensor zeros(Shape shape, DType dtype = DType::Float32, Device device = Device::CPU);
+  static Tensor ones(Shape shape, DType dtype = DType::Float32, Device device = Device::CPU);
+  static Tensor full(Shape shape, double value, DType dtype = DType::Float32, Device device = Device::CPU);
   /// 0, 1, ..., n-1 reshaped to `shape`.
-  static Tensor arange(Shape shape, DType dtype = DType::Float32);
+  static Tensor arange(Shape shape, DType dtype = DType::Float32, Device device = Device::CPU);
   /// Seeded counter-based (Philox4x32-10) values: element i of the row-major
   /// order is a pure function of (seed, i), so any part of the tensor can be
   /// computed alone (see fill_random). Floats are uniform in [0, 1); int64 in
-  /// [-1000, 1000).
-  static Tensor rand(Shape shape, DType dtype, std::uint64_t seed);
+  /// [-1000, 1000); bf16/f16 are the f32 values rounded. A CUDA tensor gets
+  /// the same values.
+  static Tensor rand(Shape shape, DType dtype, std::uint64_t seed, Device device = Device::CPU);
   /// Seeded standard normal values (floating dtypes only), element i a pure
   /// function of (seed, i) by Box-Muller over Philox (see fill_randn).
-  static Tensor randn(Shape shape, DType dtype, std::uint64_t seed);
+  static Tensor randn(Shape shape, DType dtype, std::uint64_t seed, Device device = Device::CPU);
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape);
 
@@ -69,6 +70,11 @@ class Tensor {
   }
 
   Tensor clone() const;
+  /// A copy on `device` (this tensor itself when it is already there).
+  Tensor to(Device device) const;
+  /// A copy converted to `dtype`, rounding to nearest even (this tensor
+  /// itself when it already has that dtype).
+  Tensor to(DType dtype) const;
   /// Same storage, new shape of the same numel.
   Tensor view(Shape shape) const;
   void fill(double value);
@@ -82,6 +88,7 @@ class Tensor {
   Device device_ = Device::CPU;
 };
 
+/// Comparisons work on any device (a CUDA operand is copied to the host).
 /// Same shape, dtype and bitwise-equal elements.
 bool equal(const Tensor& a, const Tensor& b);
 /// Same shape and dtype and |a-b| <= atol + rtol*|b| elementwise.
@@ -89,6 +96,8 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-6, double atol 
 /// Largest |a-b| / (atol + |b|) style diagnostic: max abs difference.
 double max_abs_diff(const Tensor& a, const Tensor& b);
 
+/// Box copies work on either device; source and destination (and `out`/`in`
+/// of pack/unpack) live on the same device.
 /// Copies the box `box` of `src` into a new tensor of shape box.size.
 Tensor slice_box(const Tensor& src, const Box& box);
 /// Copies `box` of `src` into `dst` at `dst_offset` (same dtype).
