@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/units.h"
 
 namespace dtensor {
@@ -52,6 +53,30 @@ void Communicator::all_gather(const void* send, void* recv, std::size_t bytes) {
     std::vector<std::size_t> sizes(static_cast<std::size_t>(n), bytes);
     all_gather(send, recv, std::span<const std::size_t>(sizes));
   }
+}
+
+void Communicator::broadcast_host(void* buf, std::size_t bytes, int root) {
+  if (device() == Device::CPU) {
+    broadcast(buf, bytes, root);
+    return;
+  }
+  auto staged = cuda::allocate(bytes);
+  if (rank() == root) cuda::copy(staged.get(), Device::CUDA, buf, Device::CPU, bytes);
+  broadcast(staged.get(), bytes, root);
+  cuda::copy(buf, Device::CPU, staged.get(), Device::CUDA, bytes);
+}
+
+void Communicator::all_gather_host(const void* send, void* recv, std::size_t bytes) {
+  if (device() == Device::CPU) {
+    all_gather(send, recv, bytes);
+    return;
+  }
+  const std::size_t total = bytes * static_cast<std::size_t>(size());
+  auto staged_send = cuda::allocate(bytes);
+  auto staged_recv = cuda::allocate(total);
+  cuda::copy(staged_send.get(), Device::CUDA, send, Device::CPU, bytes);
+  all_gather(staged_send.get(), staged_recv.get(), bytes);
+  cuda::copy(recv, Device::CPU, staged_recv.get(), Device::CUDA, total);
 }
 
 }  // namespace dtensor

@@ -27,6 +27,10 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shap
 
 DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements, std::optional<Shape> global_shape) {
   if (!local.defined()) throw ValueError("[from_local] the local tensor is undefined");
+  if (local.device() != mesh.device())
+    throw ValueError(fmt::format("[from_local] the local tensor is on {} but the mesh keeps its shards on {}; move it "
+                                 "with to({})",
+                                 local.device(), mesh.device(), mesh.device()));
   const int nd = local.dim();
   Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
   Shape global;
@@ -40,7 +44,7 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
     // dim's split, and checks that chunk semantics reproduce every shape.
     const int n = static_cast<int>(mesh.size());
     std::vector<std::int64_t> all(static_cast<std::size_t>(n) * nd);
-    mesh.comm().all_gather(local.shape().data(), all.data(), nd * sizeof(std::int64_t));
+    mesh.comm().all_gather_host(local.shape().data(), all.data(), nd * sizeof(std::int64_t));
     global = local.shape();
     for (int d = 0; d < nd; ++d) {
       std::vector<int> sharding = layout.split_order(d);
@@ -104,10 +108,10 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   // The source tells everyone the shape and dtype, so other ranks need not
   // hold (or even know) the full tensor.
   std::int64_t header[2] = {is_src ? full.dim() : 0, is_src ? static_cast<std::int64_t>(full.dtype()) : 0};
-  comm.broadcast(header, sizeof header, src_rank);
+  comm.broadcast_host(header, sizeof header, src_rank);
   Shape global(static_cast<std::size_t>(header[0]));
   if (is_src) global = full.shape();
-  comm.broadcast(global.data(), global.size() * sizeof(std::int64_t), src_rank);
+  comm.broadcast_host(global.data(), global.size() * sizeof(std::int64_t), src_rank);
   const DType dtype = static_cast<DType>(header[1]);
   Layout layout = validate_layout(placements, mesh.shape(), global);
 
@@ -120,21 +124,24 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
     boxes.push_back(distributed_box(mesh, global, layout, r));
     bytes[r] = static_cast<std::size_t>(boxes.back().numel()) * is;
   }
-  std::vector<std::byte> packed;
+  // The source packs every rank's box back to back on the mesh's device.
+  const Device device = mesh.device();
+  Tensor packed;
   if (is_src) {
+    const Tensor source = full.to(device);
     std::size_t total = 0;
     for (auto b : bytes) total += b;
-    packed.resize(total);
+    packed = Tensor::empty({static_cast<std::int64_t>(total / is)}, dtype, device);
     std::size_t at = 0;
     for (int r = 0; r < n; ++r) {
-      pack_box(full, boxes[r], packed.data() + at);
+      pack_box(source, boxes[r], packed.bytes() + at);
       at += bytes[r];
     }
   }
   Box mine = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate());
-  Tensor local = Tensor::empty(mine.size, dtype);
+  Tensor local = Tensor::empty(mine.size, dtype, device);
   if (boxes[comm.rank()].empty()) local.zero_();
-  comm.scatter(packed.data(), bytes, local.data(), src_rank);
+  comm.scatter(is_src ? packed.data() : nullptr, bytes, local.data(), src_rank);
   return DTensor::from_local(std::move(local), mesh, layout, global);
 }
 

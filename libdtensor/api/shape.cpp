@@ -13,7 +13,7 @@ DTensor make(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, D
   check_shape(shape, what);
   const Layout l = validate_layout(layout, mesh.shape(), shape);
   const Box box = local_box(mesh.shape(), shape, l, mesh.coordinate());
-  Tensor local = Tensor::empty(box.size, dtype);
+  Tensor local = Tensor::empty(box.size, dtype, mesh.device());
   bool zero = false;
   for (int m = 0; m < l.mesh_ndim(); ++m)
     if (is_partial(l[m]) && std::get<Partial>(l[m]).op == ReduceOp::Sum && mesh.coordinate()[m] != 0) zero = true;
@@ -37,11 +37,13 @@ DTensor ones(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, D
 }
 
 DTensor arange(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, DType dtype) {
-  return make(shape, mesh, layout, dtype, "arange", [&](Tensor& t, const Box& box) {
-    if (t.numel() == 0) return;
+  return make(shape, mesh, layout, dtype, "arange", [&](Tensor& out, const Box& box) {
+    if (out.numel() == 0) return;
     const Shape strides = row_major_strides(shape);
     const int nd = box.ndim();
-    visit_dtype(dtype, [&](auto z) {
+    // Computed on the host (in f32 for bf16/f16, then rounded), then moved.
+    Tensor t = Tensor::empty(box.size, cpu_compute_dtype(dtype));
+    visit_dtype(t.dtype(), [&](auto z) {
       using T = decltype(z);
       T* p = t.data_as<T>();
       Shape idx(nd, 0);
@@ -52,6 +54,7 @@ DTensor arange(const Shape& shape, const DeviceMesh& mesh, const Layout& layout,
         for (int d = nd - 1; d >= 0 && ++idx[d] == box.size[d]; --d) idx[d] = 0;
       }
     });
+    out = t.to(dtype).to(out.device());
   });
 }
 

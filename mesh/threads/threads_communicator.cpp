@@ -15,6 +15,12 @@
 // M and B are not abortable: every rank that passed A reaches them without
 // blocking on anything else, and leaving early would free buffers a peer may
 // still be reading.
+//
+// Simulated GPU ranks (ThreadsOptions::device == CUDA): the buffers are device
+// memory, copies are device-to-device on the rank's own stream and the
+// reductions are kernels. A rank synchronises its stream before every phase
+// boundary, so its send data is complete when peers start reading (A), and
+// its reads of peers' buffers are done before it lets them go (M, B).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -30,6 +36,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
@@ -52,6 +59,7 @@ class ThreadsCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->n; }
   std::string_view backend() const override { return "threads"; }
+  Device device() const override { return world_->options.device; }
   std::chrono::milliseconds timeout() const override { return world_->options.timeout; }
   CommStats& stats() override { return *stats_; }
 
@@ -61,7 +69,7 @@ class ThreadsCommunicator final : public Communicator {
     const int n = size();
     const auto deadline = enter(kind);
     if (n == 1) {
-      copy_bytes(recv, send, count * isz);
+      move_bytes(recv, send, count * isz);
       stats_->record(kind, 0);
       return;
     }
@@ -87,7 +95,7 @@ class ThreadsCommunicator final : public Communicator {
       const int p = (rank_ + k) % n;
       const auto sp = even_split(static_cast<std::int64_t>(count), n, p);
       const std::size_t off = static_cast<std::size_t>(sp.offset) * isz;
-      copy_bytes(static_cast<std::byte*>(recv) + off,
+      move_bytes(static_cast<std::byte*>(recv) + off,
                  static_cast<const std::byte*>(group_->slot(p, seq).recv) + off,
                  static_cast<std::size_t>(sp.size) * isz);
     }
@@ -103,7 +111,7 @@ class ThreadsCommunicator final : public Communicator {
     auto* out = static_cast<std::byte*>(recv);
     const std::size_t my_off = prefix(recv_bytes, rank_);
     if (n == 1) {
-      copy_bytes(out + my_off, send, recv_bytes[0]);
+      move_bytes(out + my_off, send, recv_bytes[0]);
       stats_->record(kind, 0);
       return;
     }
@@ -111,12 +119,12 @@ class ThreadsCommunicator final : public Communicator {
     s.desc = {.kind = kind, .v0 = recv_bytes.data()};
     s.send = send;
     const auto seq = post(s, deadline);
-    copy_bytes(out + my_off, send, recv_bytes[static_cast<std::size_t>(rank_)]);
+    move_bytes(out + my_off, send, recv_bytes[static_cast<std::size_t>(rank_)]);
     std::size_t off = 0, received = 0;
     for (int p = 0; p < n; ++p) {
       const std::size_t b = recv_bytes[static_cast<std::size_t>(p)];
       if (p != rank_) {
-        copy_bytes(out + off, group_->slot(p, seq).send, b);
+        move_bytes(out + off, group_->slot(p, seq).send, b);
         received += b;
       }
       off += b;
@@ -136,7 +144,7 @@ class ThreadsCommunicator final : public Communicator {
     const std::size_t my_off = prefix(counts, rank_) * isz;
     const auto* own = static_cast<const std::byte*>(send) + my_off;
     if (n == 1) {
-      copy_bytes(recv, own, my_count * isz);
+      move_bytes(recv, own, my_count * isz);
       stats_->record(kind, 0);
       return;
     }
@@ -152,14 +160,18 @@ class ThreadsCommunicator final : public Communicator {
     auto* out = static_cast<std::byte*>(recv);
     const bool overlaps = my_count != 0 && out < send_end && out + my_count * isz > send_begin && out != own;
     thread_local std::vector<std::byte> scratch;
+    std::shared_ptr<std::byte[]> device_scratch;
     std::byte* acc = out;
-    if (overlaps) {
+    if (overlaps && on_gpu()) {
+      device_scratch = cuda::allocate(my_count * isz);
+      acc = device_scratch.get();
+    } else if (overlaps) {
       scratch.resize(my_count * isz);
       acc = scratch.data();
     }
     fold_peers(acc, own, my_off, my_count, dtype, op, seq);
     wait_phase(kind, deadline);
-    if (overlaps) copy_bytes(out, acc, my_count * isz);
+    if (overlaps) move_bytes(out, acc, my_count * isz);
     stats_->record(kind, (n - 1) * my_count * isz);
   }
 
@@ -178,7 +190,7 @@ class ThreadsCommunicator final : public Communicator {
                                    rank_, send_bytes[r], recv_bytes[r]));
     const auto deadline = enter(kind);
     auto* out = static_cast<std::byte*>(recv);
-    copy_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
+    move_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
     if (n == 1) {
       stats_->record(kind, 0);
       return;
@@ -193,7 +205,7 @@ class ThreadsCommunicator final : public Communicator {
       const int p = (rank_ + k) % n;
       const Slot& peer = group_->slot(p, seq);
       const std::size_t b = recv_bytes[static_cast<std::size_t>(p)];
-      copy_bytes(out + recv_offsets[static_cast<std::size_t>(p)],
+      move_bytes(out + recv_offsets[static_cast<std::size_t>(p)],
                  static_cast<const std::byte*>(peer.send) + peer.send_offsets[r], b);
       received += b;
     }
@@ -213,7 +225,7 @@ class ThreadsCommunicator final : public Communicator {
     s.desc = {.kind = kind, .root = root, .count = bytes};
     s.recv = buf;
     const auto seq = post(s, deadline);
-    if (rank_ != root) copy_bytes(buf, group_->slot(root, seq).recv, bytes);
+    if (rank_ != root) move_bytes(buf, group_->slot(root, seq).recv, bytes);
     wait_phase(kind, deadline);
     stats_->record(kind, rank_ != root ? bytes : 0);
   }
@@ -225,7 +237,7 @@ class ThreadsCommunicator final : public Communicator {
     const auto deadline = enter(kind);
     const std::size_t mine = bytes[static_cast<std::size_t>(rank_)];
     if (size() == 1) {
-      copy_bytes(recv, send, mine);
+      move_bytes(recv, send, mine);
       stats_->record(kind, 0);
       return;
     }
@@ -233,7 +245,7 @@ class ThreadsCommunicator final : public Communicator {
     s.desc = {.kind = kind, .root = root, .v0 = bytes.data()};
     s.send = send;
     const auto seq = post(s, deadline);
-    copy_bytes(recv, static_cast<const std::byte*>(group_->slot(root, seq).send) + prefix(bytes, rank_), mine);
+    move_bytes(recv, static_cast<const std::byte*>(group_->slot(root, seq).send) + prefix(bytes, rank_), mine);
     wait_phase(kind, deadline);
     stats_->record(kind, rank_ != root ? mine : 0);
   }
@@ -244,7 +256,10 @@ class ThreadsCommunicator final : public Communicator {
     enter(kind);
     Message m;
     m.data.resize(bytes);
-    copy_bytes(m.data.data(), buf, bytes);
+    if (on_gpu())
+      cuda::copy(m.data.data(), Device::CPU, buf, Device::CUDA, bytes);
+    else
+      copy_bytes(m.data.data(), buf, bytes);
     {
       std::lock_guard lock(group_->mu);
       group_->mail[{rank_, dst, tag}].push_back(std::move(m));
@@ -282,7 +297,10 @@ class ThreadsCommunicator final : public Communicator {
       throw CommError(fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but "
                                   "the matching send has {} bytes",
                                   rank_, size(), src, tag, bytes, m.data.size()));
-    copy_bytes(buf, m.data.data(), bytes);
+    if (on_gpu())
+      cuda::copy(buf, Device::CUDA, m.data.data(), Device::CPU, bytes);
+    else
+      copy_bytes(buf, m.data.data(), bytes);
     stats_->record(kind, bytes);
   }
 
@@ -355,21 +373,42 @@ class ThreadsCommunicator final : public Communicator {
     const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
     for (std::size_t b = 0; b < elems; b += block) {
       const std::size_t m = std::min(block, elems - b);
-      copy_bytes(acc + b * isz, own + b * isz, m * isz);
+      move_bytes(acc + b * isz, own + b * isz, m * isz);
       for (int k = 1; k < n; ++k) {
         const int p = (rank_ + k) % n;
         const auto* src = static_cast<const std::byte*>(group_->slot(p, seq).send) + offset + b * isz;
-        reduce_into(acc + b * isz, src, m, dtype, op);
+        reduce_bytes(acc + b * isz, src, m, dtype, op);
       }
     }
-    if (op == ReduceOp::Avg && elems != 0) divide_by(acc, elems, dtype, n);
+    if (op == ReduceOp::Avg && elems != 0) {
+      if (on_gpu())
+        cuda::divide_by(acc, elems, dtype, n);
+      else
+        divide_by(acc, elems, dtype, n);
+    }
   }
 
-  std::size_t check_dtype(CollectiveKind kind, DType dtype) const {
-    if (!is_cpu_supported(dtype))
-      throw DTypeError(fmt::format("[threads] {} on rank {}: dtype {} has no CPU reduction; expected f32, f64 or i64",
-                                   collective_name(kind), rank_, dtype));
-    return itemsize(dtype);
+  std::size_t check_dtype(CollectiveKind, DType dtype) const { return itemsize(dtype); }
+
+  bool on_gpu() const { return world_->options.device == Device::CUDA; }
+  // Copies between collective buffers: memcpy, or a device-to-device copy on
+  // this rank's stream for simulated GPU ranks.
+  void move_bytes(void* dst, const void* src, std::size_t bytes) const {
+    if (!on_gpu()) {
+      copy_bytes(dst, src, bytes);
+    } else if (bytes != 0 && dst != src) {
+      cuda::copy(dst, Device::CUDA, src, Device::CUDA, bytes);
+    }
+  }
+  void reduce_bytes(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op) const {
+    if (on_gpu())
+      cuda::reduce_into(acc, x, count, dtype, op);
+    else
+      reduce_into(acc, x, count, dtype, op);
+  }
+  // Before a phase boundary: this rank's queued device work is done.
+  void settle() const {
+    if (on_gpu()) cuda::synchronize();
   }
   void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
     if (entries != static_cast<std::size_t>(size()))
@@ -415,6 +454,7 @@ class ThreadsCommunicator final : public Communicator {
 
   // Phase A: post this rank's slot, wait for the group, check agreement.
   std::uint64_t post(const Slot& s, Clock::time_point deadline) {
+    settle();
     const std::uint64_t seq = seq_++;
     const auto kind = s.desc.kind;
     Group& g = *group_;
@@ -463,6 +503,7 @@ class ThreadsCommunicator final : public Communicator {
 
   // M and B: not abortable (see the file comment).
   void wait_phase(CollectiveKind kind, Clock::time_point deadline) {
+    settle();
     Group& g = *group_;
     std::unique_lock lock(g.mu);
     const std::uint64_t my_gen = g.gen;
@@ -544,12 +585,19 @@ void run_threads(int world_size, const std::function<void(Communicator& world)>&
     throw ValueError(fmt::format("[run_threads] world_size {}; expected at least 1", world_size));
   std::vector<int> ranks(static_cast<std::size_t>(world_size));
   for (int r = 0; r < world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  if (options.device == Device::CUDA) {
+    cuda::require("run_threads with Device::CUDA (simulated GPU ranks)");
+    if (options.cuda_device < 0 || options.cuda_device >= cuda::device_count())
+      throw ValueError(fmt::format("[run_threads] cuda_device {}: this process sees {} GPU(s)", options.cuda_device,
+                                   cuda::device_count()));
+  }
   auto world = std::make_shared<World>(world_size, options);
   auto group = std::make_shared<Group>(std::move(ranks));
   world->add_group(group);
 
   auto body = [&](int r) {
     try {
+      if (options.device == Device::CUDA) cuda::set_device(options.cuda_device);
       ThreadsCommunicator comm(world, group, r);
       fn(comm);
     } catch (const std::exception& e) {

@@ -9,6 +9,42 @@
 #include "dtensor/redistribute/planner.h"
 
 namespace dtensor {
+
+namespace {
+
+bool is_half(DType dtype) { return dtype == DType::BFloat16 || dtype == DType::Float16; }
+
+/// Runs the op's kernel for the inputs' device (a factory's: attrs.device).
+/// The CPU kernels compute bf16 and f16 in f32: the inputs are widened, the
+/// kernel runs, and the output is rounded once to its dtype.
+Tensor run_kernel(const OpDef& op, const KernelArgs& args) {
+  const std::size_t n = args.inputs.size();
+  const Device device = n ? args.inputs[0].device() : args.attrs.device;
+  for (std::size_t i = 1; i < n; ++i)
+    if (args.inputs[i].device() != device)
+      throw ValueError(fmt::format("[{}] input {} is on {} and input 0 on {}; move them to one device with to()",
+                                   op.name, i, args.inputs[i].device(), device));
+  const Kernel& kernel = op.kernels[static_cast<int>(device)];
+  if (!kernel) throw UnsupportedError(fmt::format("[{}] has no {} kernel in this build", op.name, device));
+  if (device != Device::CPU) return kernel(args);
+  bool widen = is_half(args.output.dtype);
+  for (std::size_t i = 0; i < n; ++i) widen = widen || is_half(args.inputs[i].dtype());
+  if (!widen) return kernel(args);
+  std::vector<Tensor> inputs(args.inputs.begin(), args.inputs.end());
+  std::vector<TensorMeta> global(args.global.begin(), args.global.end());
+  for (std::size_t i = 0; i < n; ++i) {
+    inputs[i] = inputs[i].to(cpu_compute_dtype(inputs[i].dtype()));
+    global[i].dtype = cpu_compute_dtype(global[i].dtype);
+  }
+  OpAttrs attrs = args.attrs;
+  attrs.dtype = cpu_compute_dtype(attrs.dtype);
+  TensorMeta output = args.output;
+  output.dtype = cpu_compute_dtype(output.dtype);
+  KernelArgs wide{inputs, global, args.boxes, args.layouts, attrs, output, args.output_box, args.output_layout};
+  return kernel(wide).to(args.output.dtype);
+}
+
+}  // namespace
 namespace {
 
 // One cached decision with the key it was made for. A hit compares the key
@@ -259,11 +295,8 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
   for (std::size_t i = 0; i < n; ++i)
     locals[i] = d.input_plans[i] ? execute_plan(*d.input_plans[i], mesh, inputs[i]->local) : inputs[i]->local;
   const Box& out_box = d.output_box;
-  const Device device = n ? inputs[0]->local.device() : Device::CPU;
-  const Kernel& kernel = op.kernels[static_cast<int>(device)];
-  if (!kernel) throw UnsupportedError(fmt::format("[{}] has no {} kernel in this build", op.name, device));
   KernelArgs args{locals, metas, d.input_boxes, d.chosen.inputs, attrs, d.output, out_box, d.chosen.output};
-  Tensor out = kernel(args);
+  Tensor out = run_kernel(op, args);
   if (out.shape() != out_box.size)
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
                             fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(out_box.size, "x")));
@@ -295,11 +328,8 @@ Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAt
     boxes[i] = full_box(inputs[i].shape());
   }
   TensorMeta out = op.meta(metas, attrs);
-  const Device device = n ? inputs[0].device() : Device::CPU;
-  const Kernel& kernel = op.kernels[static_cast<int>(device)];
-  if (!kernel) throw UnsupportedError(fmt::format("[{}] has no {} kernel in this build", op.name, device));
   KernelArgs args{inputs, metas, boxes, layouts, attrs, out, full_box(out.shape), Layout()};
-  return kernel(args);
+  return run_kernel(op, args);
 }
 
 PropagationCacheStats propagation_cache_stats() { return cache.stats; }

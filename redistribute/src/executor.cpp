@@ -14,6 +14,13 @@
 namespace dtensor {
 namespace {
 
+// Staging bytes on the device of `like` (a CUDA tensor stages in device
+// memory, so the communicator moves device buffers).
+Tensor scratch(std::size_t bytes, const Tensor& like) {
+  const std::size_t isz = itemsize(like.dtype());
+  return Tensor::empty({static_cast<std::int64_t>((bytes + isz - 1) / isz)}, like.dtype(), like.device());
+}
+
 struct Ctx {
   const Plan& plan;
   const DeviceMesh& mesh;
@@ -75,7 +82,7 @@ Tensor all_gather(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
   const int n = comm.size();
   const Box nb = cx.box(s.to);
-  Tensor out = Tensor::empty(nb.size, cur.dtype());
+  Tensor out = Tensor::empty(nb.size, cur.dtype(), cur.device());
   std::vector<Box> pieces(n);
   std::vector<std::size_t> sizes(n);
   for (int i = 0; i < n; ++i) {
@@ -88,11 +95,11 @@ Tensor all_gather(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   }
   std::size_t total = 0;
   for (auto b : sizes) total += b;
-  std::vector<std::byte> staging(total);
-  comm.all_gather(cur.data(), staging.data(), sizes);
+  Tensor staging = scratch(total, cur);
+  comm.all_gather(cur.data(), staging.bytes(), sizes);
   std::size_t at = 0;
   for (int i = 0; i < n; ++i) {
-    if (sizes[i]) unpack_box(staging.data() + at, out, relative(pieces[i], nb));
+    if (sizes[i]) unpack_box(staging.bytes() + at, out, relative(pieces[i], nb));
     at += sizes[i];
   }
   return out;
@@ -108,19 +115,19 @@ Tensor reduce_scatter(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
     pieces[i] = cx.box(s.to, cx.group_coord(s.mesh_dims, i));
     counts[i] = static_cast<std::size_t>(pieces[i].numel());
   }
-  Tensor out = Tensor::empty(pieces[cx.group_rank(s.mesh_dims)].size, cur.dtype());
+  Tensor out = Tensor::empty(pieces[cx.group_rank(s.mesh_dims)].size, cur.dtype(), cur.device());
   const ReduceOp op = partial_op(s.from, s.mesh_dims);
   if (consecutive(pieces, ob, s.tensor_dim)) {
     comm.reduce_scatter(cur.data(), out.data(), counts, cur.dtype(), op);
     return out;
   }
-  std::vector<std::byte> send(static_cast<std::size_t>(ob.numel()) * cx.isz);
+  Tensor send = scratch(static_cast<std::size_t>(ob.numel()) * cx.isz, cur);
   std::size_t at = 0;
   for (int i = 0; i < n; ++i) {
-    if (counts[i]) pack_box(cur, relative(pieces[i], ob), send.data() + at);
+    if (counts[i]) pack_box(cur, relative(pieces[i], ob), send.bytes() + at);
     at += counts[i] * cx.isz;
   }
-  comm.reduce_scatter(send.data(), out.data(), counts, cur.dtype(), op);
+  comm.reduce_scatter(send.bytes(), out.data(), counts, cur.dtype(), op);
   return out;
 }
 
@@ -136,7 +143,7 @@ Tensor all_to_all(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
   const int n = comm.size();
   const Box ob = cx.box(s.from), nb = cx.box(s.to);
-  Tensor out = Tensor::empty(nb.size, cur.dtype());
+  Tensor out = Tensor::empty(nb.size, cur.dtype(), cur.device());
   std::vector<Box> send_boxes(n), recv_boxes(n);
   std::vector<std::size_t> sb(n), so(n), rb(n), ro(n);
   std::size_t send_total = 0, recv_total = 0;
@@ -151,12 +158,12 @@ Tensor all_to_all(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
     send_total += sb[i];
     recv_total += rb[i];
   }
-  std::vector<std::byte> send(send_total), recv(recv_total);
+  Tensor send = scratch(send_total, cur), recv = scratch(recv_total, cur);
   for (int i = 0; i < n; ++i)
-    if (sb[i]) pack_box(cur, relative(send_boxes[i], ob), send.data() + so[i]);
-  comm.all_to_all(send.data(), sb, so, recv.data(), rb, ro);
+    if (sb[i]) pack_box(cur, relative(send_boxes[i], ob), send.bytes() + so[i]);
+  comm.all_to_all(send.bytes(), sb, so, recv.bytes(), rb, ro);
   for (int i = 0; i < n; ++i)
-    if (rb[i]) unpack_box(recv.data() + ro[i], out, relative(recv_boxes[i], nb));
+    if (rb[i]) unpack_box(recv.bytes() + ro[i], out, relative(recv_boxes[i], nb));
   return out;
 }
 
@@ -167,7 +174,7 @@ Tensor exchange(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   bool needs = true;
   for (int m = 0; m < s.to.mesh_ndim(); ++m)
     if (auto* q = std::get_if<Partial>(&s.to[m]); q && q->op == ReduceOp::Sum && cx.coord[m] != 0) needs = false;
-  Tensor out = needs ? Tensor::empty(nb.size, cur.dtype()) : Tensor::zeros(nb.size, cur.dtype());
+  Tensor out = needs ? Tensor::empty(nb.size, cur.dtype(), cur.device()) : Tensor::zeros(nb.size, cur.dtype(), cur.device());
   const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
                                   [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
   for (const ExchangeBlock& b : s.blocks)
@@ -192,18 +199,18 @@ Tensor exchange(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
     send_total += sb[p];
     recv_total += rb[p];
   }
-  std::vector<std::byte> send(send_total), recv(recv_total);
+  Tensor send = scratch(send_total, cur), recv = scratch(recv_total, cur);
   std::vector<std::size_t> put = so;
   for (const ExchangeBlock& b : s.blocks)
     if (b.src_rank == me && b.dst_rank != me) {
-      pack_box(cur, relative(b.box, ob), send.data() + put[b.dst_rank]);
+      pack_box(cur, relative(b.box, ob), send.bytes() + put[b.dst_rank]);
       put[b.dst_rank] += static_cast<std::size_t>(b.box.numel()) * cx.isz;
     }
-  comm.all_to_all(send.data(), sb, so, recv.data(), rb, ro);
+  comm.all_to_all(send.bytes(), sb, so, recv.bytes(), rb, ro);
   std::vector<std::size_t> get = ro;
   for (const ExchangeBlock& b : s.blocks)
     if (b.dst_rank == me && b.src_rank != me) {
-      unpack_box(recv.data() + get[b.src_rank], out, relative(b.box, nb));
+      unpack_box(recv.bytes() + get[b.src_rank], out, relative(b.box, nb));
       get[b.src_rank] += static_cast<std::size_t>(b.box.numel()) * cx.isz;
     }
   return out;
@@ -218,12 +225,12 @@ Tensor run_step(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
     case StepKind::Exchange: return exchange(cx, s, cur);
     case StepKind::Slice: {
       const Box nb = cx.box(s.to);
-      if (nb.empty()) return Tensor::empty(nb.size, cur.dtype());  // empty shards may sit past the end
+      if (nb.empty()) return Tensor::empty(nb.size, cur.dtype(), cur.device());  // empty shards may sit past the end
       return slice_box(cur, relative(nb, cx.box(s.from)));
     }
     case StepKind::ZeroFill:
       for (int m : s.mesh_dims)
-        if (cx.coord[m] != 0) return Tensor::zeros(cur.shape(), cur.dtype());
+        if (cx.coord[m] != 0) return Tensor::zeros(cur.shape(), cur.dtype(), cur.device());
       return cur;
     case StepKind::Relabel: return cur;
   }

@@ -113,6 +113,10 @@ class Communicator {
   /// communicator, ordered by key (ties by rank). color < 0: no group, nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
+  /// Where the buffers this communicator moves live: host memory (threads,
+  /// MPI) or GPU memory (NCCL, simulated GPU ranks).
+  virtual Device device() const { return Device::CPU; }
+
   /// How long any wait may last before CommTimeout.
   virtual std::chrono::milliseconds timeout() const = 0;
 
@@ -123,6 +127,11 @@ class Communicator {
 
   /// Equal-size all_gather: every rank contributes `bytes`.
   void all_gather(const void* send, void* recv, std::size_t bytes);
+
+  /// The same on small host buffers (shapes, headers) whatever device() is:
+  /// a GPU communicator stages them through device memory.
+  void broadcast_host(void* buf, std::size_t bytes, int root);
+  void all_gather_host(const void* send, void* recv, std::size_t bytes);
 };
 
 }  // namespace dtensor

@@ -39,6 +39,9 @@ class DeviceMesh {
   int rank_of(std::span<const std::int64_t> coord) const;
 
   Communicator& comm() const;
+  /// Where this mesh's ranks keep their shards: the world communicator's
+  /// device (CPU for threads and MPI, CUDA for NCCL and simulated GPU ranks).
+  Device device() const { return comm().device(); }
   /// The ranks that differ from this one only along `mesh_dim`, ordered by
   /// their coordinate on it.
   Communicator& dim_comm(int mesh_dim) const;

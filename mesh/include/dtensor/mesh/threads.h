@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 
+#include "dtensor/core/dtype.h"
 #include "dtensor/mesh/communicator.h"
 
 namespace dtensor {
@@ -14,6 +15,14 @@ struct ThreadsOptions {
   /// that times out leaves its group unusable: every rank waiting in it, and
   /// every later collective on that group, throws CommTimeout at once.
   std::chrono::milliseconds timeout{60'000};
+  /// Where the buffers handed to the collectives live. Device::CUDA is the
+  /// simulated multi-rank mode: every rank thread works on GPU `cuda_device`
+  /// with a stream of its own, and the collectives move data with
+  /// device-to-device copies and reduction kernels, so a tensor-parallel
+  /// program can be run and checked on one GPU. run_threads throws
+  /// DeviceError (or UnsupportedError without CUDA) when there is no GPU.
+  Device device = Device::CPU;
+  int cuda_device = 0;
 };
 
 /// Runs fn(world) on `world_size` ranks, each a thread, and joins them all.
