@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,6 +20,32 @@
 #include "nccl_detail.h"
 
 namespace dtensor {
+namespace nccl_detail {
+
+std::string error_text(ncclResult_t rc, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  if (last == nullptr || *last == '\0') return ncclGetErrorString(rc);
+  return fmt::format("{} ({})", ncclGetErrorString(rc), last);
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+ncclResult_t wait_ready(ncclComm_t comm, Clock::time_point deadline) {
+  for (int spins = 0;; ++spins) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+    if (rc != ncclSuccess) return rc;
+    if (state != ncclInProgress) return state;
+    if (spins >= 64) std::this_thread::yield();
+    if ((spins & 63) == 0 && Clock::now() >= deadline) return ncclInProgress;
+  }
+}
+
+}  // namespace nccl_detail
 namespace {
 
 using nccl_detail::Clock;
@@ -32,16 +59,19 @@ struct PendingComms {
   }
 };
 
-// Waits for every communicator of `pending` to finish its creation.
-void wait_created(PendingComms& pending, std::string_view what, std::chrono::milliseconds timeout) {
+// Waits for every communicator of `pending` (ranks first_rank, ... of a
+// group of `size`) to finish its creation.
+void wait_created(PendingComms& pending, std::string_view what, int first_rank, int size,
+                  std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (std::size_t i = 0; i < pending.comms.size(); ++i) {
+    const int rank = first_rank + static_cast<int>(i);
     const ncclResult_t state = nccl_detail::wait_ready(pending.comms[i], deadline);
     if (state == ncclInProgress)
       throw CommTimeout(fmt::format("[nccl] {}: creating rank {} of {} timed out after {} ms: a peer did not join",
-                                    what, i, pending.comms.size(), timeout.count()));
+                                    what, rank, size, timeout.count()));
     if (state != ncclSuccess)
-      throw CommError(fmt::format("[nccl] {}: creating rank {} failed: {}", what, i,
+      throw CommError(fmt::format("[nccl] {}: creating rank {} of {} failed: {}", what, rank, size,
                                   nccl_detail::error_text(state, pending.comms[i])));
   }
 }
@@ -89,9 +119,9 @@ std::unique_ptr<Communicator> nccl_world(const NcclOptions& options) {
   if (rank == 0) check(ncclGetUniqueId(&id), what, "ncclGetUniqueId");
   mpi->broadcast(&id, sizeof id, 0);
   ncclConfig_t config = nccl_detail::nonblocking_config();
-  PendingComms pending{{nullptr}};
+  PendingComms pending{std::vector<ncclComm_t>(1, nullptr)};
   check(ncclCommInitRankConfig(&pending.comms[0], mpi->size(), id, rank, &config), what, "ncclCommInitRankConfig");
-  wait_created(pending, what, options.timeout);
+  wait_created(pending, what, rank, mpi->size(), options.timeout);
   auto comm = nccl_detail::make_communicator(pending.comms[0], device, std::make_shared<CommStats>(), options.timeout);
   pending.comms[0] = nullptr;
   return comm;
@@ -117,12 +147,14 @@ std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int>
   check(ncclGetUniqueId(&id), what, "ncclGetUniqueId");
   // ncclCommInitAll has no configuration (it would block without a
   // deadline): the same clique from ncclCommInitRankConfig in one group.
+  // NCCL may read the configurations until the group ends.
   PendingComms pending{std::vector<ncclComm_t>(devices.size(), nullptr)};
+  std::vector<ncclConfig_t> configs(devices.size(), nccl_detail::nonblocking_config());
   ncclResult_t first = ncclGroupStart();
   const char* failed = "ncclGroupStart";
   if (first == ncclSuccess) {
     for (int i = 0; i < n && first == ncclSuccess; ++i) {
-      ncclConfig_t config = nccl_detail::nonblocking_config();
+      ncclConfig_t& config = configs[static_cast<std::size_t>(i)];
       if (cudaSetDevice(devices[static_cast<std::size_t>(i)]) != cudaSuccess) {
         first = ncclUnhandledCudaError;
         failed = "cudaSetDevice";
@@ -142,7 +174,7 @@ std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int>
   }
   cuda::set_device(previous);
   check(first, what, failed);
-  wait_created(pending, what, options.timeout);
+  wait_created(pending, what, 0, n, options.timeout);
   std::vector<std::unique_ptr<Communicator>> out;
   out.reserve(devices.size());
   for (std::size_t i = 0; i < devices.size(); ++i) {

@@ -64,29 +64,6 @@
 namespace dtensor {
 namespace nccl_detail {
 
-std::string error_text(ncclResult_t rc, ncclComm_t comm) {
-  const char* last = ncclGetLastError(comm);
-  if (last == nullptr || *last == '\0') return ncclGetErrorString(rc);
-  return fmt::format("{} ({})", ncclGetErrorString(rc), last);
-}
-
-ncclConfig_t nonblocking_config() {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  return config;
-}
-
-ncclResult_t wait_ready(ncclComm_t comm, Clock::time_point deadline) {
-  for (int spins = 0;; ++spins) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
-    if (rc != ncclSuccess) return rc;
-    if (state != ncclInProgress) return state;
-    if (spins >= 64) std::this_thread::yield();
-    if ((spins & 63) == 0 && Clock::now() >= deadline) return ncclInProgress;
-  }
-}
-
 namespace {
 
 ncclDataType_t nccl_type(DType dtype) {
@@ -133,21 +110,27 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     if (comm_ == nullptr) return;  // aborted after a failure
+    const ncclComm_t comm = std::exchange(comm_, nullptr);
+    int previous = -1;
     try {
-      cuda::set_device(device_);
-      stash_.clear();
-      ctl_.reset();
-      // Every call completed before returning, so finalizing only releases
-      // resources; it still gets the deadline, and an abort otherwise.
-      const ncclResult_t rc = ncclCommFinalize(comm_);
-      const ncclResult_t state =
-          rc == ncclSuccess || rc == ncclInProgress ? wait_ready(comm_, Clock::now() + timeout_) : rc;
-      if (state == ncclSuccess)
-        ncclCommDestroy(comm_);
-      else
-        ncclCommAbort(comm_);
+      previous = cuda::current_device();
+      if (previous != device_) cuda::set_device(device_);
     } catch (...) {
-      ncclCommAbort(comm_);
+    }
+    stash_.clear();
+    ctl_.reset();
+    // Every call completed before returning, so finalizing only releases
+    // resources; it still gets the deadline, and an abort otherwise.
+    const ncclResult_t rc = ncclCommFinalize(comm);
+    const ncclResult_t state =
+        rc == ncclSuccess || rc == ncclInProgress ? wait_ready(comm, Clock::now() + timeout_) : rc;
+    if (state == ncclSuccess)
+      ncclCommDestroy(comm);
+    else
+      ncclCommAbort(comm);
+    try {
+      if (previous >= 0 && previous != device_) cuda::set_device(previous);
+    } catch (...) {
     }
   }
 
