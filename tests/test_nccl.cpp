@@ -54,7 +54,8 @@ std::vector<int> all_devices() {
 }
 
 // Runs fn(comm) on one thread per communicator of `comms`, each on its own
-// device; an exception on a rank becomes a failure of that rank.
+// device, and ends each communicator on its thread (the ranks finalize
+// together); an exception on a rank becomes a failure of that rank.
 void run_on(std::vector<std::unique_ptr<Communicator>>& comms, const std::vector<int>& devices, Failures& failures,
             const std::function<void(Communicator&)>& fn) {
   std::vector<std::thread> threads;
@@ -63,6 +64,7 @@ void run_on(std::vector<std::unique_ptr<Communicator>>& comms, const std::vector
       try {
         cuda::set_device(devices[i]);
         fn(*comms[i]);
+        comms[i].reset();
       } catch (const std::exception& e) {
         failures.add(static_cast<int>(i), fmt::format("threw: {}", e.what()));
       }

@@ -142,7 +142,11 @@ std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int>
             "[nccl] nccl_local_group: device {} is listed twice; NCCL takes one rank per device", devices[i]));
   }
   const int n = static_cast<int>(devices.size());
-  const int previous = cuda::current_device();
+  // The group sets each device in turn with the runtime call (nothing in a
+  // group may throw); the caller's device is restored the same way.
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess)
+    throw DeviceError("[nccl] nccl_local_group: cudaGetDevice failed: no usable device");
   ncclUniqueId id{};
   check(ncclGetUniqueId(&id), what, "ncclGetUniqueId");
   // ncclCommInitAll has no configuration (it would block without a
@@ -172,7 +176,10 @@ std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int>
       failed = "ncclGroupEnd";
     }
   }
-  cuda::set_device(previous);
+  if (cudaSetDevice(previous) != cudaSuccess && first == ncclSuccess) {
+    first = ncclUnhandledCudaError;
+    failed = "cudaSetDevice";
+  }
   check(first, what, failed);
   wait_created(pending, what, 0, n, options.timeout);
   std::vector<std::unique_ptr<Communicator>> out;
