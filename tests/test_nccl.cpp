@@ -148,7 +148,8 @@ BOOST_AUTO_TEST_CASE(all_reduce_values_and_bytes, *utf::precondition(has_nccl_de
     const int rank = comm.rank();
     EXPECT_R(comm.size() == n && comm.backend() == "nccl", "size {} backend {}", comm.size(), comm.backend());
     std::uint64_t seed = 7000;
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(3 * n + 1), std::size_t{25000}}) {
+    const auto odd = static_cast<std::size_t>(3 * n + 1);
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, odd, std::size_t{25000}}) {
       for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::BFloat16, DType::Float16}) {
         for (ReduceOp op : kOps) {
           const bool half = dtype == DType::BFloat16 || dtype == DType::Float16;

@@ -165,7 +165,8 @@ class NcclCommunicator final : public Communicator {
     auto* out = static_cast<std::byte*>(recv);
     const std::size_t total = prefix_sums(recv_bytes, offsets_);
     if (size_ > 1 && total > 0) {
-      const bool equal = std::all_of(recv_bytes.begin(), recv_bytes.end(), [&](std::size_t b) { return b == recv_bytes[0]; });
+      const bool equal =
+          std::all_of(recv_bytes.begin(), recv_bytes.end(), [&](std::size_t b) { return b == recv_bytes[0]; });
       if (equal) {
         // In place when send already is this rank's block of recv.
         call(kind, "ncclAllGather", ncclAllGather(send, recv, recv_bytes[0], ncclUint8, comm_, s));
@@ -176,7 +177,8 @@ class NcclCommunicator final : public Communicator {
             const auto pp = static_cast<std::size_t>(p);
             if (p == rank_) continue;
             if (recv_bytes[r] > 0) issue(ncclSend(send, recv_bytes[r], ncclUint8, p, comm_, s), "ncclSend");
-            if (recv_bytes[pp] > 0) issue(ncclRecv(out + offsets_[pp], recv_bytes[pp], ncclUint8, p, comm_, s), "ncclRecv");
+            if (recv_bytes[pp] > 0)
+              issue(ncclRecv(out + offsets_[pp], recv_bytes[pp], ncclUint8, p, comm_, s), "ncclRecv");
           }
         });
       }
@@ -362,7 +364,8 @@ class NcclCommunicator final : public Communicator {
       Header got;
       DTENSOR_CUDA_CHECK(cudaMemcpyAsync(&got, hdr, sizeof(Header), cudaMemcpyDeviceToHost, s));
       wait(kind, what);
-      if (got.bytes < 0) fail(kind, "recv", fmt::format("corrupt message header from rank {} ({} bytes)", src, got.bytes));
+      if (got.bytes < 0)
+        fail(kind, "recv", fmt::format("corrupt message header from rank {} ({} bytes)", src, got.bytes));
       const auto size = static_cast<std::size_t>(got.bytes);
       if (got.tag == tag && size == bytes) {
         if (bytes > 0) {
@@ -570,7 +573,8 @@ class NcclCommunicator final : public Communicator {
   }
   void check_peer(std::string_view what, int peer) const {
     if (peer < 0 || peer >= size_)
-      throw ValueError(fmt::format("[nccl] {} rank {} on rank {}: expected a rank in [0, {})", what, peer, rank_, size_));
+      throw ValueError(
+          fmt::format("[nccl] {} rank {} on rank {}: expected a rank in [0, {})", what, peer, rank_, size_));
   }
 
   ncclComm_t comm_;  // nullptr once aborted
