@@ -5,6 +5,8 @@
 // (dtensor/mesh/launch.h) rather than directly.
 #include <chrono>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "dtensor/mesh/communicator.h"
 
@@ -30,7 +32,35 @@ std::unique_ptr<Communicator> mpi_world(MpiOptions options = {});
 /// when MPI is not running.
 [[noreturn]] void mpi_abort(int exit_code) noexcept;
 
+struct NcclOptions {
+  /// Longest any call (creation and split included) waits before
+  /// CommTimeout. A call that times out aborts the NCCL communicator: every
+  /// later call on it throws CommError.
+  std::chrono::milliseconds timeout{60'000};
+};
+
 /// True when this build has the NCCL communicator.
 bool nccl_available();
+/// The version of the NCCL library linked (NCCL_VERSION_CODE, 22809 for
+/// 2.28.9); 0 in a build without NCCL.
+int nccl_version();
+/// A communicator over one GPU per process of the MPI job: the device is the
+/// process's local rank (from Open MPI's, MPICH's, PMI's or Slurm's
+/// environment, else its MPI rank) modulo the devices visible, made the
+/// calling thread's device. Rank 0 makes NCCL's unique id and broadcasts it
+/// over mpi_world(). Buffers passed to it are device memory on that device,
+/// and every call runs on the calling thread's stream and returns when its
+/// result is ready. Point to point is a rendezvous on NCCL: send returns
+/// once the peer received. UnsupportedError in a build without NCCL or
+/// without MPI; DeviceError without a device.
+std::unique_ptr<Communicator> nccl_world(const NcclOptions& options = {});
+/// One process driving several devices: communicator i is rank i, on
+/// devices[i] (distinct devices). Each must be used from its own thread,
+/// one that has called dtensor::cuda::set_device(devices[i]); a call also
+/// makes that device current on the calling thread if it is not. Each
+/// communicator has its own CommStats (each is a rank). UnsupportedError in
+/// a build without NCCL.
+std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int> devices,
+                                                           const NcclOptions& options = {});
 
 }  // namespace dtensor
