@@ -1,13 +1,14 @@
 // CUDA kernels of the reduction family. Every reduction views its input as
 // outputs x reduced elements through coalesced index maps (the reduced dims
 // need not be contiguous), and picks one of two shapes of work:
-//  - a block per output (threads stride over the reduced elements, a warp
-//    shuffle and shared-memory tree combines them), when the reduced
-//    elements are contiguous or the outputs are few; few outputs over many
-//    elements split further across blocks and finish in a second pass;
-//  - a thread per output, when the innermost dim is kept, so that
-//    neighbouring threads read neighbouring elements.
-// softmax and normalize work row by row the same way. Accumulation is in
+//  - a thread per output, when there are enough outputs to fill the GPU and
+//    either the innermost dim is kept (neighbouring threads read
+//    neighbouring elements) or each output has only a few elements;
+//  - otherwise a block per output (threads stride over the reduced
+//    elements, warp shuffles and shared memory combine them); few outputs
+//    over many elements split further across blocks and finish in a second
+//    pass.
+// argmax and softmax choose the same way; normalize takes a block per row. Accumulation is in
 // the compute type (f32 for f32, bf16 and f16; f64 for f64; i64 for i64).
 #include <cmath>
 #include <limits>
@@ -465,10 +466,11 @@ Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& 
   if (kind == ReduceKind::Norm && !is_floating(x.dtype()))
     throw DTypeError(fmt::format("[reduction] norm of a {} tensor; expected a floating dtype", x.dtype()));
   cudaStream_t stream = cuda::stream();
-  // Thread per output when the innermost dim is kept (coalesced reads) and
-  // the outputs fill the GPU; otherwise block per output.
+  // Thread per output when the outputs fill the GPU and either the innermost
+  // dim is kept (neighbouring threads read neighbours) or each output has
+  // too few elements to keep a block busy; otherwise block per output.
   const bool inner_kept = m.kept.n > 0 && m.kept.stride[m.kept.n - 1] == 1;
-  const bool per_thread = inner_kept && m.outputs >= 4096;
+  const bool per_thread = m.outputs >= 4096 && (inner_kept || m.extent <= 64);
   // Few outputs over many elements: split each over several blocks.
   unsigned splits = 1;
   if (!per_thread && m.outputs < 512 && m.extent >= 16 * kBlock) {
@@ -527,7 +529,7 @@ Tensor argmax(const Tensor& x, int dim, const Shape& out_shape) {
   detail::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto* px = static_cast<const T*>(x.data());
-    if (a.inner == 1)
+    if (a.inner == 1 && (a.n > 64 || a.outer < 4096))
       argmax_block_kernel<T><<<grid_blocks(a.outer), kBlock, 0, cuda::stream()>>>(px, a.outer, a.n, po);
     else
       argmax_thread_kernel<T><<<cuda::grid_for(outputs, kBlock), kBlock, 0, cuda::stream()>>>(px, a, po);
@@ -548,7 +550,7 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
     } else {
       const auto* px = static_cast<const T*>(x.data());
       auto* py = static_cast<T*>(out.data());
-      if (a.inner == 1)
+      if (a.inner == 1 && (a.n > 64 || a.outer < 4096))
         softmax_rows_kernel<T><<<grid_blocks(a.outer), kBlock, 0, cuda::stream()>>>(px, py, a.outer, a.n, log);
       else
         softmax_columns_kernel<T><<<cuda::grid_for(a.outer * a.inner, kBlock), kBlock, 0, cuda::stream()>>>(px, py, a,
