@@ -10,6 +10,8 @@
 #include <functional>
 
 #include "../cpu/pointwise_kernels.h"
+#include "../cuda/pointwise_reduction.h"
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -18,6 +20,13 @@ namespace {
 
 using pointwise::Binary;
 using pointwise::Unary;
+
+// One kernel serves both devices, picking the implementation by where the
+// first input lives; it is registered for CUDA only in a CUDA build.
+void set_kernels(OpDef& def, const Kernel& kernel) {
+  def.kernels[static_cast<int>(Device::CPU)] = kernel;
+  if (cuda::built()) def.kernels[static_cast<int>(Device::CUDA)] = kernel;
+}
 
 // A Partial candidate: the inputs marked hold Partial(in), the others
 // Replicate; the output is Partial(out).
@@ -203,9 +212,11 @@ void add_unary(OpRegistry& reg, const UnarySpec& spec) {
   const UnaryAlgebra alg = spec.algebra;
   def.strategy = [alg](const StrategyQuery& q) { return pointwise_strategy(q, unary_rules(alg, q.attrs)); };
   const Unary fn = spec.fn;
-  def.kernels[static_cast<int>(Device::CPU)] = [fn](const KernelArgs& a) {
-    return pointwise::unary(fn, a.inputs[0], a.attrs.scalar);
-  };
+  set_kernels(def, [fn](const KernelArgs& a) {
+    const Tensor& x = a.inputs[0];
+    return x.device() == Device::CUDA ? cuda_kernels::unary(fn, x, a.attrs.scalar)
+                                      : pointwise::unary(fn, x, a.attrs.scalar);
+  });
   reg.add(std::move(def));
 }
 
@@ -223,9 +234,12 @@ void add_binary(OpRegistry& reg, BinarySpec spec) {
   };
   def.strategy = [rules = std::move(spec.rules)](const StrategyQuery& q) { return pointwise_strategy(q, rules); };
   const Binary fn = spec.fn;
-  def.kernels[static_cast<int>(Device::CPU)] = [fn](const KernelArgs& a) {
-    return pointwise::binary(fn, a.inputs[0], a.inputs[1], a.output_box.size);
-  };
+  set_kernels(def, [fn](const KernelArgs& a) {
+    const Tensor& x = a.inputs[0];
+    const Tensor& y = a.inputs[1];
+    return x.device() == Device::CUDA ? cuda_kernels::binary(fn, x, y, a.output_box.size)
+                                      : pointwise::binary(fn, x, y, a.output_box.size);
+  });
   reg.add(std::move(def));
 }
 
@@ -279,9 +293,11 @@ void register_pointwise_ops(OpRegistry& reg) {
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
     where_rules.push_back({{false, true, true}, op, op});
   where.strategy = [where_rules](const StrategyQuery& q) { return pointwise_strategy(q, where_rules); };
-  where.kernels[static_cast<int>(Device::CPU)] = [](const KernelArgs& a) {
-    return pointwise::where(a.inputs[0], a.inputs[1], a.inputs[2], a.output_box.size);
-  };
+  set_kernels(where, [](const KernelArgs& a) {
+    const auto& in = a.inputs;
+    return in[0].device() == Device::CUDA ? cuda_kernels::where(in[0], in[1], in[2], a.output_box.size)
+                                          : pointwise::where(in[0], in[1], in[2], a.output_box.size);
+  });
   reg.add(std::move(where));
 }
 

@@ -6,6 +6,8 @@
 #include <optional>
 
 #include "../cpu/reduction_kernels.h"
+#include "../cuda/pointwise_reduction.h"
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -13,6 +15,17 @@ namespace dtensor {
 namespace {
 
 constexpr int kCpu = static_cast<int>(Device::CPU);
+constexpr int kCuda = static_cast<int>(Device::CUDA);
+
+// Each kernel below serves both devices, picking the implementation by
+// where its first input lives; it is registered for CUDA only in a CUDA
+// build (elsewhere dispatch reports that there is no cuda kernel).
+void set_kernels(OpDef& def, Kernel kernel) {
+  if (cuda::built()) def.kernels[kCuda] = kernel;
+  def.kernels[kCpu] = std::move(kernel);
+}
+
+bool on_cuda(const KernelArgs& a) { return a.inputs[0].device() == Device::CUDA; }
 
 // expand_to_mesh offers layouts of default shard nesting only. When input 0
 // comes with another nesting and each of its placements has an option in
@@ -150,7 +163,7 @@ void add_reduction(OpRegistry& registry, ReductionRule rule, std::string doc, Ke
   def.doc = std::move(doc);
   def.meta = [rule](std::span<const TensorMeta> in, const OpAttrs& a) { return reduction_meta(rule, in, a); };
   def.strategy = [rule](const StrategyQuery& q) { return reduction_strategy(rule, q); };
-  def.kernels[kCpu] = std::move(kernel);
+  set_kernels(def, std::move(kernel));
   registry.add(std::move(def));
 }
 
@@ -168,14 +181,19 @@ Kernel reduce_kernel(cpu::ReduceKind kind, bool mean) {
     const auto f = kernel_flags(a);
     const std::unique_ptr<bool[]> flags(new bool[f.size() + 1]);
     std::copy(f.begin(), f.end(), flags.get());
-    Tensor out = cpu::reduce_dims(a.inputs[0], std::span<const bool>(flags.get(), f.size()), a.output_box.size, kind,
-                                  a.attrs.scalar);
+    const std::span<const bool> reduced(flags.get(), f.size());
+    Tensor out = on_cuda(a) ? cuda_kernels::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar)
+                            : cpu::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar);
     if (mean) {
       // The GLOBAL count of the reduced elements: right for uneven and empty
       // shards, whose partial sums add up to the total (PyTorch #162692).
       std::int64_t count = 1;
       for (std::size_t d = 0; d < f.size(); ++d)
         if (f[d]) count *= a.global[0].shape[d];
+      if (on_cuda(a)) {
+        cuda_kernels::scale_by_count(out, count);
+        return out;
+      }
       visit_dtype(out.dtype(), [&](auto zero) {
         using T = decltype(zero);
         T* o = out.data_as<T>();
@@ -218,9 +236,10 @@ void add_softmax(OpRegistry& registry, std::string name, bool log) {
       if (d != sd) per_dim.push_back({{Shard{d}}, Shard{d}});
     return with_current_nesting(per_dim, q);
   };
-  def.kernels[kCpu] = [name, log](const KernelArgs& a) {
-    return cpu::softmax(a.inputs[0], static_cast<int>(softmax_dim(name, a.inputs[0].shape(), a.attrs)), log);
-  };
+  set_kernels(def, [name, log](const KernelArgs& a) {
+    const int dim = static_cast<int>(softmax_dim(name, a.inputs[0].shape(), a.attrs));
+    return on_cuda(a) ? cuda_kernels::softmax(a.inputs[0], dim, log) : cpu::softmax(a.inputs[0], dim, log);
+  });
   registry.add(std::move(def));
 }
 
@@ -290,12 +309,13 @@ void add_normalization(OpRegistry& registry, std::string name, bool rms) {
     for (std::int64_t d = 0; d < lead; ++d) per_dim.push_back({with_params(Shard{d}), Shard{d}});
     return with_current_nesting(per_dim, q);
   };
-  def.kernels[kCpu] = [name, rms](const KernelArgs& a) {
+  set_kernels(def, [name, rms](const KernelArgs& a) {
     const NormArgs n = norm_args(name, a.global, a.attrs, rms);
     Tensor weight = n.weight ? a.inputs[1] : Tensor();
     Tensor bias = n.bias ? a.inputs[n.weight ? 2 : 1] : Tensor();
-    return cpu::normalize(a.inputs[0], n.normalized_ndim, weight, bias, a.attrs.scalar, rms);
-  };
+    return on_cuda(a) ? cuda_kernels::normalize(a.inputs[0], n.normalized_ndim, weight, bias, a.attrs.scalar, rms)
+                      : cpu::normalize(a.inputs[0], n.normalized_ndim, weight, bias, a.attrs.scalar, rms);
+  });
   registry.add(std::move(def));
 }
 
@@ -325,7 +345,8 @@ void register_reduction_ops(OpRegistry& registry) {
                   int dim = -1;
                   if (!a.attrs.dims.empty() && nd > 0)
                     dim = static_cast<int>(a.attrs.dims[0] < 0 ? a.attrs.dims[0] + nd : a.attrs.dims[0]);
-                  return cpu::argmax(a.inputs[0], dim, a.output_box.size);
+                  return on_cuda(a) ? cuda_kernels::argmax(a.inputs[0], dim, a.output_box.size)
+                                    : cpu::argmax(a.inputs[0], dim, a.output_box.size);
                 });
   add_softmax(registry, "softmax", false);
   add_softmax(registry, "log_softmax", true);
