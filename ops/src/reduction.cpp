@@ -115,8 +115,9 @@ Shape reduced_shape(const Shape& shape, const std::vector<bool>& flags, bool kee
 }
 
 void check_dtype(std::string_view op, DType dtype, bool integer_ok) {
-  if (dtype == DType::Float32 || dtype == DType::Float64 || (integer_ok && dtype == DType::Int64)) return;
-  throw DTypeError(fmt::format("[{}] got a {} input; expected {}", op, dtype, integer_ok ? "f32, f64 or i64" : "f32 or f64"));
+  if (is_floating(dtype) || (integer_ok && dtype == DType::Int64)) return;
+  throw DTypeError(fmt::format("[{}] got a {} input; expected {}", op, dtype,
+                               integer_ok ? "f32, f64, bf16, f16 or i64" : "f32, f64, bf16 or f16"));
 }
 
 TensorMeta reduction_meta(const ReductionRule& rule, std::span<const TensorMeta> in, const OpAttrs& attrs) {

@@ -37,7 +37,7 @@ X pick(const X& logits, const X& targets) {
   return call_op("pick", {logits, targets});
 }
 
-/// Mean over N of -log softmax(logits)[n, targets[n]] for f32/f64 logits
+/// Mean over N of -log softmax(logits)[n, targets[n]] for floating logits
 /// [N, C] and i64 targets [N]; a 0-d tensor. Computed as
 /// lse(z) - z[target] with z = logits - max, so it stays finite for large
 /// logits.
@@ -46,8 +46,8 @@ X cross_entropy(const X& logits, const X& targets) {
   if (logits.dim() != 2)
     throw ShapeError(fmt::format("[cross_entropy] logits of shape {}; expected 2 dims [N, C]",
                                  fmt::join(logits.shape(), "x")));
-  if (logits.dtype() != DType::Float32 && logits.dtype() != DType::Float64)
-    throw DTypeError(fmt::format("[cross_entropy] logits are {}; expected f32 or f64", logits.dtype()));
+  if (!is_floating(logits.dtype()))
+    throw DTypeError(fmt::format("[cross_entropy] logits are {}; expected f32, f64, bf16 or f16", logits.dtype()));
   if (targets.dtype() != DType::Int64)
     throw DTypeError(fmt::format("[cross_entropy] targets are {}; expected i64", targets.dtype()));
   if (targets.dim() != 1 || targets.shape()[0] != logits.shape()[0])
