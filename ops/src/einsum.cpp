@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "../cpu/gemm.h"
+#include "../cuda/gemm_shape_embedding.h"
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -258,6 +260,9 @@ std::vector<DimStrategy> einsum_options(const Einsum& e, const std::map<char, st
 }
 
 // ---- Kernel: local einsum by batched GEMM -----------------------------------
+// The steps below work on CPU and CUDA tensors alike: each picks its loop by
+// the tensor's device (a CUDA tensor's data is only ever handed to
+// cuda_kernels), and every new tensor is made on its input's device.
 
 /// A contiguous tensor with one distinct label per dim.
 struct Operand {
@@ -267,8 +272,12 @@ struct Operand {
 
 /// out[idx] = src[sum idx[d] * src_strides[d]] for every index of out_shape.
 Tensor gather(const Tensor& src, const Shape& out_shape, const Shape& src_strides) {
-  Tensor out = Tensor::empty(out_shape, src.dtype());
+  Tensor out = Tensor::empty(out_shape, src.dtype(), src.device());
   if (out.numel() == 0) return out;
+  if (src.device() == Device::CUDA) {
+    cuda_kernels::gather_strided(src.data(), out.data(), out_shape, src_strides, itemsize(src.dtype()));
+    return out;
+  }
   visit_dtype(src.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* s = src.data_as<T>();
@@ -326,7 +335,11 @@ Operand sum_out(const Operand& x, std::string_view keep) {
       cols *= p.t.shape()[d];
     }
   }
-  Tensor out = Tensor::empty(shape, x.t.dtype());
+  Tensor out = Tensor::empty(shape, x.t.dtype(), x.t.device());
+  if (x.t.device() == Device::CUDA) {
+    cuda_kernels::sum_last(x.t.dtype(), p.t.data(), out.data(), rows, cols);
+    return Operand{out, kept};
+  }
   visit_dtype(x.t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* s = p.t.data_as<T>();
@@ -394,7 +407,12 @@ Operand contract(Operand a, Operand b, std::string_view keep) {
   Shape shape;
   for (char c : batch + free_a) shape.push_back(a.t.shape()[a.labels.find(c)]);
   for (char c : free_b) shape.push_back(b.t.shape()[b.labels.find(c)]);
-  Tensor out = Tensor::empty(shape, a.t.dtype());
+  Tensor out = Tensor::empty(shape, a.t.dtype(), a.t.device());
+  if (a.t.device() == Device::CUDA) {
+    cuda_kernels::gemm_batched(a.t.dtype(), ta, tb, m, n, k, a.t.data(), ta ? m : k, m * k, b.t.data(), tb ? k : n,
+                               k * n, out.data(), n, m * n, nb);
+    return Operand{out, batch + free_a + free_b};
+  }
   const std::size_t item = itemsize(a.t.dtype());
   for (std::int64_t i = 0; i < nb; ++i)
     cpu::gemm(a.t.dtype(), ta, tb, m, n, k, a.t.bytes() + static_cast<std::size_t>(i * m * k) * item, ta ? m : k,
@@ -456,6 +474,7 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
     return expand_to_mesh(options, q);
   };
   def.kernels[static_cast<int>(Device::CPU)] = [name, to_einsum, bias](const KernelArgs& a) {
+    const bool cuda = cuda_kernels::on_cuda(name, a.inputs);
     const std::size_t n = a.inputs.size() - (bias ? 1 : 0);
     const auto global = a.global.first(n);
     const Einsum e = to_einsum(name, global, a.attrs);
@@ -465,6 +484,10 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
       const std::int64_t cols = out.shape().empty() ? 1 : out.shape().back();
       if (b.numel() != cols)
         throw Error(fmt::format("[{}] internal: a bias shard of {} for {} output columns", name, b.numel(), cols));
+      if (cuda) {
+        cuda_kernels::add_bias(out.dtype(), out.data(), b.data(), cols == 0 ? 0 : out.numel() / cols, cols);
+        return out;
+      }
       visit_dtype(out.dtype(), [&](auto zero) {
         using T = decltype(zero);
         T* y = out.data_as<T>();
@@ -474,6 +497,7 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
     }
     return out;
   };
+  if (cuda::built()) def.kernels[static_cast<int>(Device::CUDA)] = def.kernels[static_cast<int>(Device::CPU)];
   registry.add(std::move(def));
 }
 
