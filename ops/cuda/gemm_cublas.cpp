@@ -60,7 +60,8 @@ cublasHandle_t handle() {
 }
 
 /// How cuBLAS is told about a dtype: storage type, compute type, and
-/// alpha = 1 / beta = 0 in the scale type the compute type needs.
+/// the constants 1 and 0 (alpha, beta) in the scale type the compute type
+/// needs.
 struct GemmTypes {
   cudaDataType data;
   cublasComputeType_t compute;
@@ -117,19 +118,22 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 
 void gemm_batched(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                   const void* a, std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
-                  std::int64_t stride_b, void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+                  std::int64_t stride_b, void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch,
+                  bool accumulate) {
   if (m <= 0 || n <= 0 || batch <= 0) return;
   if (k <= 0) {
+    if (accumulate) return;
     zero_matrices(m, n, c, ldc, stride_c, batch, itemsize(dtype));
     return;
   }
   if (dtype == DType::Int64) {
     detail::gemm_i64(trans_a, trans_b, m, n, k, static_cast<const std::int64_t*>(a), lda, stride_a,
                      static_cast<const std::int64_t*>(b), ldb, stride_b, static_cast<std::int64_t*>(c), ldc, stride_c,
-                     batch);
+                     batch, accumulate);
     return;
   }
   const GemmTypes t = gemm_types(dtype);
+  const void* beta = accumulate ? t.one : t.zero;
   cublasHandle_t h = handle();
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -138,14 +142,14 @@ void gemm_batched(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::
     const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
     if (batch == 1) {
       check_cublas(cublasGemmEx(h, op_b, op_a, mi, ni, ki, t.one, b, t.data, static_cast<int>(ldb), a, t.data,
-                                static_cast<int>(lda), t.zero, c, t.data, static_cast<int>(ldc), t.compute,
+                                static_cast<int>(lda), beta, c, t.data, static_cast<int>(ldc), t.compute,
                                 CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx");
       return;
     }
     if (batch <= INT_MAX) {
       check_cublas(cublasGemmStridedBatchedEx(h, op_b, op_a, mi, ni, ki, t.one, b, t.data, static_cast<int>(ldb),
-                                              stride_b, a, t.data, static_cast<int>(lda), stride_a, t.zero, c, t.data,
+                                              stride_b, a, t.data, static_cast<int>(lda), stride_a, beta, c, t.data,
                                               static_cast<int>(ldc), stride_c, static_cast<int>(batch), t.compute,
                                               CUBLAS_GEMM_DEFAULT),
                    "cublasGemmStridedBatchedEx");
@@ -153,7 +157,7 @@ void gemm_batched(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::
     }
   }
   check_cublas(cublasGemmStridedBatchedEx_64(h, op_b, op_a, n, m, k, t.one, b, t.data, ldb, stride_b, a, t.data, lda,
-                                             stride_a, t.zero, c, t.data, ldc, stride_c, batch, t.compute,
+                                             stride_a, beta, c, t.data, ldc, stride_c, batch, t.compute,
                                              CUBLAS_GEMM_DEFAULT),
                "cublasGemmStridedBatchedEx_64");
 }

@@ -23,7 +23,7 @@ __device__ __forceinline__ std::int64_t at(const std::int64_t* x, bool trans, st
 __global__ void gemm_i64_kernel(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                                 const std::int64_t* a, std::int64_t lda, std::int64_t stride_a, const std::int64_t* b,
                                 std::int64_t ldb, std::int64_t stride_b, std::int64_t* c, std::int64_t ldc,
-                                std::int64_t stride_c, std::int64_t batch) {
+                                std::int64_t stride_c, std::int64_t batch, bool accumulate) {
   __shared__ std::int64_t tile_a[kTile][kTile];
   __shared__ std::int64_t tile_b[kTile][kTile + 1];
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
@@ -45,7 +45,7 @@ __global__ void gemm_i64_kernel(bool trans_a, bool trans_b, std::int64_t m, std:
         for (int i = 0; i < kTile; ++i) acc += tile_a[ty][i] * tile_b[i][tx];
         __syncthreads();
       }
-      if (row < m && col < n) cz[row * ldc + col] = acc;
+      if (row < m && col < n) cz[row * ldc + col] = accumulate ? cz[row * ldc + col] + acc : acc;
     }
   }
 }
@@ -54,7 +54,7 @@ __global__ void gemm_i64_kernel(bool trans_a, bool trans_b, std::int64_t m, std:
 
 void gemm_i64(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const std::int64_t* a,
               std::int64_t lda, std::int64_t stride_a, const std::int64_t* b, std::int64_t ldb, std::int64_t stride_b,
-              std::int64_t* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+              std::int64_t* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, bool accumulate) {
   const std::int64_t col_tiles = (n + kTile - 1) / kTile;
   const std::int64_t row_tiles = (m + kTile - 1) / kTile;
   if (col_tiles > 0x7fffffff)
@@ -64,7 +64,8 @@ void gemm_i64(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
                   static_cast<unsigned>(batch < 65535 ? batch : 65535));
   const dim3 block(kTile, kTile);
   gemm_i64_kernel<<<grid, block, 0, dtensor::cuda::stream()>>>(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb,
-                                                               stride_b, c, ldc, stride_c, batch);
+                                                               stride_b, c, ldc, stride_c, batch,
+                                                               accumulate);
   DTENSOR_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -46,10 +46,13 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
           std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
 
 /// `batch` products as gemm, the i-th on a + i*stride_a, b + i*stride_b and
-/// c + i*stride_c (strides in elements): one cuBLAS call.
+/// c + i*stride_c (strides in elements): one cuBLAS call. With
+/// `accumulate`, C += op(A) op(B) instead (cuBLAS beta = 1: the sum is
+/// formed in the compute type and C rounded once; k = 0 leaves C as is).
 void gemm_batched(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                   const void* a, std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
-                  std::int64_t stride_b, void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch);
+                  std::int64_t stride_b, void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch,
+                  bool accumulate = false);
 
 /// Whether f32 GEMMs may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
 /// Off by default, so that f32 results agree with the CPU to f32 rounding;

@@ -22,7 +22,7 @@ void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, const voi
 }
 void gemm_batched(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, const void*, std::int64_t,
                   std::int64_t, const void*, std::int64_t, std::int64_t, void*, std::int64_t, std::int64_t,
-                  std::int64_t) {
+                  std::int64_t, bool) {
   unavailable("gemm_batched");
 }
 void set_allow_tf32(bool) { unavailable("set_allow_tf32"); }
