@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "../cpu/gemm.h"
+#include "../cuda/gemm_shape_embedding.h"
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -258,6 +260,9 @@ std::vector<DimStrategy> einsum_options(const Einsum& e, const std::map<char, st
 }
 
 // ---- Kernel: local einsum by batched GEMM -----------------------------------
+// The steps below work on CPU and CUDA tensors alike: each picks its loop by
+// the tensor's device (a CUDA tensor's data is only ever handed to
+// cuda_kernels), and every new tensor is made on its input's device.
 
 /// A contiguous tensor with one distinct label per dim.
 struct Operand {
@@ -267,8 +272,12 @@ struct Operand {
 
 /// out[idx] = src[sum idx[d] * src_strides[d]] for every index of out_shape.
 Tensor gather(const Tensor& src, const Shape& out_shape, const Shape& src_strides) {
-  Tensor out = Tensor::empty(out_shape, src.dtype());
+  Tensor out = Tensor::empty(out_shape, src.dtype(), src.device());
   if (out.numel() == 0) return out;
+  if (src.device() == Device::CUDA) {
+    cuda_kernels::gather_strided(src.data(), out.data(), out_shape, src_strides, itemsize(src.dtype()));
+    return out;
+  }
   visit_dtype(src.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* s = src.data_as<T>();
@@ -326,7 +335,11 @@ Operand sum_out(const Operand& x, std::string_view keep) {
       cols *= p.t.shape()[d];
     }
   }
-  Tensor out = Tensor::empty(shape, x.t.dtype());
+  Tensor out = Tensor::empty(shape, x.t.dtype(), x.t.device());
+  if (x.t.device() == Device::CUDA) {
+    cuda_kernels::sum_last(x.t.dtype(), p.t.data(), out.data(), rows, cols);
+    return Operand{out, kept};
+  }
   visit_dtype(x.t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* s = p.t.data_as<T>();
@@ -368,10 +381,21 @@ std::int64_t extent(const Operand& x, std::string_view labels) {
   return n;
 }
 
+/// On CUDA, a bias to fold into the last GEMM: when that GEMM's result has
+/// the output's labels in order, C starts as the broadcast bias and the GEMM
+/// adds to it (cuBLAS beta = 1), so bf16/f16 round once, as on the CPU's
+/// f32 path, and no separate pass runs. `applied` tells the caller.
+struct BiasFold {
+  const Tensor* bias = nullptr;
+  std::string_view output;
+  bool applied = false;
+};
+
 /// A (x) B over their common labels: those in `keep` stay as batch dims, the
-/// others are contracted. One GEMM per batch index; operands are permuted
-/// only when no transposition flag fits their layout.
-Operand contract(Operand a, Operand b, std::string_view keep) {
+/// others are contracted. One GEMM per batch index (one batched GEMM on
+/// CUDA); operands are permuted only when no transposition flag fits their
+/// layout.
+Operand contract(Operand a, Operand b, std::string_view keep, BiasFold* fold = nullptr) {
   std::string keep_a(keep), keep_b(keep);
   keep_a += b.labels;
   keep_b += a.labels;
@@ -394,7 +418,20 @@ Operand contract(Operand a, Operand b, std::string_view keep) {
   Shape shape;
   for (char c : batch + free_a) shape.push_back(a.t.shape()[a.labels.find(c)]);
   for (char c : free_b) shape.push_back(b.t.shape()[b.labels.find(c)]);
-  Tensor out = Tensor::empty(shape, a.t.dtype());
+  Tensor out = Tensor::empty(shape, a.t.dtype(), a.t.device());
+  if (a.t.device() == Device::CUDA) {
+    std::string labels = batch + free_a + free_b;
+    bool accumulate = false;
+    if (fold && fold->bias && labels == fold->output && !shape.empty() && fold->bias->numel() == shape.back()) {
+      Shape strides(shape.size(), 0);
+      strides.back() = 1;
+      cuda_kernels::gather_strided(fold->bias->data(), out.data(), shape, strides, itemsize(out.dtype()));
+      fold->applied = accumulate = true;
+    }
+    cuda_kernels::gemm_batched(a.t.dtype(), ta, tb, m, n, k, a.t.data(), ta ? m : k, m * k, b.t.data(), tb ? k : n,
+                               k * n, out.data(), n, m * n, nb, accumulate);
+    return Operand{out, std::move(labels)};
+  }
   const std::size_t item = itemsize(a.t.dtype());
   for (std::int64_t i = 0; i < nb; ++i)
     cpu::gemm(a.t.dtype(), ta, tb, m, n, k, a.t.bytes() + static_cast<std::size_t>(i * m * k) * item, ta ? m : k,
@@ -406,13 +443,13 @@ Operand contract(Operand a, Operand b, std::string_view keep) {
 /// The einsum of the local shards. The strategy guarantees that the labels
 /// the operands share have the same local extent.
 Tensor einsum_local(const Einsum& e, std::span<const Tensor> locals, std::span<const TensorMeta> global,
-                    const std::map<char, std::int64_t>& sizes) {
+                    const std::map<char, std::int64_t>& sizes, BiasFold* fold = nullptr) {
   const std::size_t n = e.inputs.size();
   Operand acc = prepare(locals[0], e.inputs[0], e, sizes, global, 0);
   for (std::size_t j = 1; j < n; ++j) {
     std::string keep = e.output;
     for (std::size_t l = j + 1; l < n; ++l) keep += e.inputs[l];
-    acc = contract(acc, prepare(locals[j], e.inputs[j], e, sizes, global, j), keep);
+    acc = contract(acc, prepare(locals[j], e.inputs[j], e, sizes, global, j), keep, j + 1 == n ? fold : nullptr);
   }
   acc = permute(sum_out(acc, e.output), e.output);
   return acc.t;
@@ -456,15 +493,22 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
     return expand_to_mesh(options, q);
   };
   def.kernels[static_cast<int>(Device::CPU)] = [name, to_einsum, bias](const KernelArgs& a) {
+    const bool cuda = cuda_kernels::on_cuda(name, a.inputs);
     const std::size_t n = a.inputs.size() - (bias ? 1 : 0);
     const auto global = a.global.first(n);
     const Einsum e = to_einsum(name, global, a.attrs);
-    Tensor out = einsum_local(e, a.inputs.first(n), global, label_sizes(name, e, global));
+    BiasFold fold{bias && cuda ? &a.inputs[n] : nullptr, e.output};
+    Tensor out = einsum_local(e, a.inputs.first(n), global, label_sizes(name, e, global), &fold);
     if (bias) {
       const Tensor& b = a.inputs[n];
       const std::int64_t cols = out.shape().empty() ? 1 : out.shape().back();
       if (b.numel() != cols)
         throw Error(fmt::format("[{}] internal: a bias shard of {} for {} output columns", name, b.numel(), cols));
+      if (fold.applied) return out;
+      if (cuda) {
+        cuda_kernels::add_bias(out.dtype(), out.data(), b.data(), cols == 0 ? 0 : out.numel() / cols, cols);
+        return out;
+      }
       visit_dtype(out.dtype(), [&](auto zero) {
         using T = decltype(zero);
         T* y = out.data_as<T>();
@@ -474,6 +518,7 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
     }
     return out;
   };
+  if (cuda::built()) def.kernels[static_cast<int>(Device::CUDA)] = def.kernels[static_cast<int>(Device::CPU)];
   registry.add(std::move(def));
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../cuda/gemm_shape_embedding.h"
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -13,6 +15,7 @@ namespace dtensor {
 namespace {
 
 constexpr int kCpu = static_cast<int>(Device::CPU);
+constexpr int kCuda = static_cast<int>(Device::CUDA);
 
 void check_index_dtype(std::string_view op, std::string_view what, DType dtype) {
   if (dtype != DType::Int64) throw DTypeError(fmt::format("[{}] {} are {}; expected i64", op, what, dtype));
@@ -52,6 +55,12 @@ Tensor embedding_kernel(const KernelArgs& a) {
   const std::int64_t cols = table.shape()[1];
   Shape out_shape = idx.shape();
   out_shape.push_back(cols);
+  if (cuda_kernels::on_cuda("embedding", a.inputs)) {
+    Tensor out = Tensor::empty(out_shape, table.dtype(), Device::CUDA);
+    cuda_kernels::embedding(idx.data_as<std::int64_t>(), idx.numel(), table.data(), row0, rows, cols, vocab,
+                            itemsize(table.dtype()), out.data());
+    return out;
+  }
   Tensor out = Tensor::zeros(out_shape, table.dtype());
   const std::int64_t* ip = idx.data_as<std::int64_t>();
   const std::size_t row_bytes = static_cast<std::size_t>(cols) * itemsize(table.dtype());
@@ -99,6 +108,12 @@ Tensor pick_kernel(const KernelArgs& a) {
   const std::int64_t col0 = a.boxes[0].offset[1];
   const std::int64_t n = logits.shape()[0];
   const std::int64_t cols = logits.shape()[1];
+  if (cuda_kernels::on_cuda("pick", a.inputs)) {
+    Tensor out = Tensor::empty({n}, logits.dtype(), Device::CUDA);
+    cuda_kernels::pick(logits.data(), targets.data_as<std::int64_t>(), n, cols, col0, classes,
+                       itemsize(logits.dtype()), out.data());
+    return out;
+  }
   Tensor out = Tensor::zeros({n}, logits.dtype());
   const std::int64_t* tp = targets.data_as<std::int64_t>();
   visit_dtype(logits.dtype(), [&](auto zero) {
@@ -126,6 +141,7 @@ void register_embedding_ops(OpRegistry& registry) {
   emb.meta = embedding_meta;
   emb.strategy = embedding_strategy;
   emb.kernels[kCpu] = embedding_kernel;
+  if (cuda::built()) emb.kernels[kCuda] = embedding_kernel;
   registry.add(std::move(emb));
 
   OpDef pick;
@@ -135,6 +151,7 @@ void register_embedding_ops(OpRegistry& registry) {
   pick.meta = pick_meta;
   pick.strategy = pick_strategy;
   pick.kernels[kCpu] = pick_kernel;
+  if (cuda::built()) pick.kernels[kCuda] = pick_kernel;
   registry.add(std::move(pick));
 }
 

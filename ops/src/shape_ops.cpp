@@ -6,6 +6,8 @@
 #include <numeric>
 #include <optional>
 
+#include "../cuda/gemm_shape_embedding.h"
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 #include "view_algebra.h"
@@ -22,6 +24,9 @@ using view::view_strategies;
 using view::ViewRule;
 
 // ---- Local kernels ---------------------------------------------------------
+// Each serves CPU and CUDA tensors: new tensors are made on the input's
+// device, and the loops over data pick their device by the tensor's (view,
+// narrow and cat go through Tensor's own device-aware copies).
 
 /// out[idx] = in[sum idx[d] * in_strides[d]] for every index of out's shape
 /// (strides in elements; a stride 0 broadcasts).
@@ -29,6 +34,10 @@ void gather_strided(const Tensor& in, Tensor& out, const Shape& in_strides) {
   const int nd = out.dim();
   const std::size_t item = itemsize(out.dtype());
   if (out.numel() == 0) return;
+  if (in.device() == Device::CUDA) {
+    cuda_kernels::gather_strided(in.data(), out.data(), out.shape(), in_strides, item);
+    return;
+  }
   const std::byte* src = in.bytes();
   std::byte* dst = out.bytes();
   if (nd == 0) {
@@ -63,13 +72,14 @@ Tensor permute_local(const Tensor& x, const std::vector<int>& perm) {
     shape.push_back(x.shape()[p]);
     strides.push_back(in_strides[p]);
   }
-  Tensor out = Tensor::empty(shape, x.dtype());
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   gather_strided(x, out, strides);
   return out;
 }
 
-Tensor concat_local(std::span<const Tensor> xs, int dim, const Shape& out_shape) {
-  Tensor out = Tensor::empty(out_shape, xs[0].dtype());
+Tensor concat_local(std::string_view op, std::span<const Tensor> xs, int dim, const Shape& out_shape) {
+  cuda_kernels::on_cuda(op, xs);  // ValueError unless all on one device
+  Tensor out = Tensor::empty(out_shape, xs[0].dtype(), xs[0].device());
   Shape at(out_shape.size(), 0);
   for (const Tensor& x : xs) {
     copy_box(x, full_box(x.shape()), out, at);
@@ -157,6 +167,7 @@ void add_op(OpRegistry& reg, std::string name, int num_inputs, std::string doc, 
     return view_strategies(rule(q.inputs, q.attrs, q.output), q);
   };
   def.kernels[static_cast<int>(Device::CPU)] = std::move(kernel);
+  if (cuda::built()) def.kernels[static_cast<int>(Device::CUDA)] = def.kernels[static_cast<int>(Device::CPU)];
   reg.add(std::move(def));
 }
 
@@ -312,7 +323,7 @@ void register_shape_ops(OpRegistry& reg) {
         Shape strides(a.output_box.size.size(), 0);
         for (int d = 0; d < x.dim(); ++d)
           strides[lead + d] = x.shape()[d] == a.output_box.size[lead + d] ? xs[d] : 0;
-        Tensor out = Tensor::empty(a.output_box.size, x.dtype());
+        Tensor out = Tensor::empty(a.output_box.size, x.dtype(), x.device());
         gather_strided(x, out, strides);
         return out;
       });
@@ -371,7 +382,7 @@ void register_shape_ops(OpRegistry& reg) {
         return identity_rule(static_cast<int>(ndim_of(in[0])), wrap_dim("cat", attrs.dims[0], ndim_of(in[0])));
       },
       [](const KernelArgs& a) {
-        return concat_local(a.inputs, wrap_dim("cat", a.attrs.dims[0], a.inputs[0].dim()), a.output_box.size);
+        return concat_local("cat", a.inputs, wrap_dim("cat", a.attrs.dims[0], a.inputs[0].dim()), a.output_box.size);
       });
   add_op(
       reg, "stack", -1, "stack the inputs along a new dim attrs.dims[0]",
@@ -402,7 +413,7 @@ void register_shape_ops(OpRegistry& reg) {
           s.insert(s.begin() + d, 1);
           xs.push_back(x.view(s));
         }
-        return concat_local(xs, d, a.output_box.size);
+        return concat_local("stack", xs, d, a.output_box.size);
       });
 
   // -- to: elementwise conversion; Partial passes only between floating
@@ -417,7 +428,11 @@ void register_shape_ops(OpRegistry& reg) {
       },
       [](const KernelArgs& a) {
         const Tensor& x = a.inputs[0];
-        Tensor out = Tensor::empty(x.shape(), a.attrs.dtype);
+        Tensor out = Tensor::empty(x.shape(), a.attrs.dtype, x.device());
+        if (x.device() == Device::CUDA) {
+          cuda::cast(x.data(), x.dtype(), out.data(), out.dtype(), x.numel());
+          return out;
+        }
         visit_dtype(x.dtype(), [&](auto zx) {
           using X = decltype(zx);
           visit_dtype(out.dtype(), [&](auto zy) {
