@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Adds up the test cases of one meson build's last `meson test` run.
+"""Adds up the test cases of the last `meson test` run of one or more meson
+builds (`count_tests.py build build-cuda`; `--skipped WHAT` adds a named skip,
+e.g. a build that could not be made on this machine).
 
 Each Boost.Test suite writes an XML report (tests/meson.build passes
 --report_sink); its leaf test cases are counted one by one. A meson test
@@ -58,15 +60,35 @@ def merged_results(reports: pathlib.Path, name: str):
     return merged
 
 
-def main(build_dir: str) -> int:
+def main(args: list) -> int:
+    passed = failed = skipped = 0
+    names = []
+    dirs = []
+    while args:
+        a = args.pop(0)
+        if a == "--skipped":
+            skipped += 1
+            names.append(f"skipped: {args.pop(0)}")
+        else:
+            dirs.append(a)
+    for build_dir in dirs or ["build"]:
+        p, f, s, n = count_build(build_dir, prefix=f"{build_dir}: " if len(dirs) > 1 else "")
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        names += n
+    for n in names:
+        print(n)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+def count_build(build_dir: str, prefix: str):
     build = pathlib.Path(build_dir)
     reports = build / "tests" / "reports"
     log = build / "meson-logs" / "testlog.json"
     passed = failed = skipped = 0
     names = []
     if not log.exists():
-        print("0 passed, 1 failed, 0 skipped  (no meson test log)")
-        return 1
+        return 0, 1, 0, [f"failed: {prefix}no meson test log"]
     for line in log.read_text().splitlines():
         entry = json.loads(line)
         name, result = entry["name"], entry["result"]
@@ -82,30 +104,27 @@ def main(build_dir: str) -> int:
                     passed += 1
                 elif r == "skipped":
                     skipped += 1
-                    names.append(f"skipped: {name}/{case}")
+                    names.append(f"skipped: {prefix}{name}/{case}")
                 else:
                     failed += 1
-                    names.append(f"failed: {name}/{case}")
+                    names.append(f"failed: {prefix}{name}/{case}")
             counted = True
             # A suite that reported only passes but still failed (a crash
             # after the report, a sanitizer error at exit) is a failure.
             if result not in ("OK", "EXPECTEDFAIL") and all(r in ("passed", "skipped") for r in cases.values()):
                 failed += 1
-                names.append(f"failed: {name} (exited {result} after its cases passed)")
+                names.append(f"failed: {prefix}{name} (exited {result} after its cases passed)")
         if not counted:
             if result in ("OK", "EXPECTEDFAIL"):
                 passed += 1
             elif result == "SKIP":
                 skipped += 1
-                names.append(f"skipped: {name}")
+                names.append(f"skipped: {prefix}{name}")
             else:
                 failed += 1
-                names.append(f"failed: {name} ({result})")
-    for n in names:
-        print(n)
-    print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    return 1 if failed else 0
+                names.append(f"failed: {prefix}{name} ({result})")
+    return passed, failed, skipped, names
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build"))
+    sys.exit(main(sys.argv[1:]))
