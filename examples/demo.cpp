@@ -4,10 +4,12 @@
 // tensor. The same binary runs on thread ranks or as an MPI job:
 //   build/examples/demo --ranks 8
 //   mpirun -np 8 build/examples/demo
+//   build/examples/demo --ranks 8 --device cuda   (8 simulated ranks on one GPU)
 #include <dtensor/dtensor.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <numeric>
 #include <atomic>
 #include <optional>
 
@@ -40,6 +42,10 @@ int main(int argc, char** argv) {
   int ranks = 8;
   app.add_option("--ranks", ranks, "thread ranks, even (the mesh is 2 x ranks/2); under mpirun the job's processes")
       ->check(CLI::Range(2, 64));
+  std::string device = "cpu";  // read by launch(); declared here for --help
+  app.add_option("--device", device, "where the ranks keep their shards: cpu, or cuda (thread ranks share one GPU; "
+                                     "under mpirun, one GPU per process over NCCL)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
   const Shape shape{12, 10};  // 12 rows over 2, 10 columns over 4: uneven on purpose
   const std::vector<Step> steps{
@@ -82,7 +88,7 @@ int main(int argc, char** argv) {
         // Every rank's count, for the busiest (ranks may be processes: no
         // shared memory, so they are gathered like any data).
         std::vector<std::uint64_t> recv(static_cast<std::size_t>(comm.size()));
-        comm.all_gather(&mine, recv.data(), sizeof mine);
+        comm.all_gather_host(&mine, recv.data(), sizeof mine);
         if (lead) {
           fmt::print("\n{}. {}: {} -> {}\n", n, step.title, x.placements(), to);
           fmt::print("{}\n", plan);
@@ -95,7 +101,8 @@ int main(int argc, char** argv) {
         ++n;
       }
       // A Partial tensor: every rank holds ones; the sum over tp is its size.
-      DTensor p = DTensor::from_local(Tensor::ones({3, 5}), mesh, Layout::parse("R,P(sum)"), Shape{3, 5});
+      DTensor p = DTensor::from_local(Tensor::ones({3, 5}, DType::Float32, mesh.device()), mesh, Layout::parse("R,P(sum)"),
+                                       Shape{3, 5});
       Tensor reduced = p.full_tensor();
       if (lead) {
         fmt::print("\n{}. a Partial(sum) over tp of ones, reduced: every element is {} (expected {})\n", n,
@@ -136,7 +143,9 @@ int main(int argc, char** argv) {
                    allclose(y_full, y_ref, 1e-9, 1e-9) ? "matches the unsharded MLP" : "WRONG");
       }
       // One verdict for the whole job, on every rank.
-      comm.all_reduce(&failures, &failures, 1, DType::Int64, ReduceOp::Sum);
+      std::vector<std::int64_t> all_failures(static_cast<std::size_t>(comm.size()));
+      comm.all_gather_host(&failures, all_failures.data(), sizeof failures);
+      failures = std::accumulate(all_failures.begin(), all_failures.end(), std::int64_t{0});
       if (lead) {
         if (failures)
           fmt::print("\n{} check(s) FAILED\n", failures);

@@ -28,18 +28,19 @@ std::optional<long> parse_positive(std::string_view text) {
   return value;
 }
 
-// Removes "--ranks N" or "--ranks=N" from argv; returns its text, if any.
-// Throws ValueError when the flag has no value.
-std::optional<std::string> take_ranks_flag(int& argc, char** argv) {
+// Removes "FLAG V" or "FLAG=V" from argv; returns V, if any. Throws
+// ValueError when the flag has no value.
+std::optional<std::string> take_flag(int& argc, char** argv, std::string_view flag, std::string_view expected) {
   std::optional<std::string> value;
   int out = 1;
+  const std::string with_eq = std::string(flag) + "=";
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
-    if (a == "--ranks") {
-      if (i + 1 >= argc) throw ValueError("--ranks needs a value: expected --ranks N with N >= 1");
+    if (a == flag) {
+      if (i + 1 >= argc) throw ValueError(fmt::format("{} needs a value: expected {}", flag, expected));
       value = argv[++i];
-    } else if (a.starts_with("--ranks=")) {
-      value = std::string(a.substr(8));
+    } else if (a.starts_with(with_eq)) {
+      value = std::string(a.substr(with_eq.size()));
     } else {
       argv[out++] = argv[i];
     }
@@ -58,7 +59,15 @@ std::chrono::milliseconds timeout_of(const LaunchOptions& options) {
   return options.timeout;
 }
 
-int run_mpi(std::optional<std::string> ranks_flag, const std::function<void(Communicator&)>& fn,
+// --device / DTENSOR_DEVICE: where the ranks keep their shards.
+Device launch_device(const std::optional<std::string>& flag) {
+  std::string text = flag ? *flag : (env("DTENSOR_DEVICE") ? env("DTENSOR_DEVICE") : "cpu");
+  if (text == "cpu") return Device::CPU;
+  if (text == "cuda") return Device::CUDA;
+  throw ValueError(fmt::format("{}'{}': expected cpu or cuda", flag ? "--device " : "DTENSOR_DEVICE=", text));
+}
+
+int run_mpi(std::optional<std::string> ranks_flag, Device device, const std::function<void(Communicator&)>& fn,
             const LaunchOptions& options) {
   if (!mpi_available()) {
     fmt::print(stderr,
@@ -68,9 +77,10 @@ int run_mpi(std::optional<std::string> ranks_flag, const std::function<void(Comm
   }
   std::unique_ptr<Communicator> world;
   try {
-    world = mpi_world(MpiOptions{timeout_of(options)});
+    // On GPUs, NCCL over one GPU per process, bootstrapped over MPI.
+    world = device == Device::CUDA ? nccl_world(NcclOptions{timeout_of(options)}) : mpi_world(MpiOptions{timeout_of(options)});
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dtensor: cannot start MPI: {}\n", e.what());
+    fmt::print(stderr, "dtensor: cannot start {}: {}\n", device == Device::CUDA ? "NCCL" : "MPI", e.what());
     return 2;
   }
   if (ranks_flag) {
@@ -115,10 +125,11 @@ std::string_view launch_backend() {
 int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options) {
   std::optional<std::string> ranks_flag;
   try {
-    ranks_flag = take_ranks_flag(argc, argv);
+    ranks_flag = take_flag(argc, argv, "--ranks", "--ranks N with N >= 1");
+    const Device device = launch_device(take_flag(argc, argv, "--device", "--device cpu|cuda"));
     if (const char* b = env("DTENSOR_BACKEND"); b && std::strcmp(b, "mpi") != 0 && std::strcmp(b, "threads") != 0)
       throw ValueError(fmt::format("DTENSOR_BACKEND='{}': expected 'threads' or 'mpi'", b));
-    if (launch_backend() == "mpi") return run_mpi(ranks_flag, fn, options);
+    if (launch_backend() == "mpi") return run_mpi(ranks_flag, device, fn, options);
 
     long ranks = options.default_ranks;
     if (ranks_flag) {
@@ -131,12 +142,20 @@ int launch(int& argc, char** argv, const std::function<void(Communicator& world)
       ranks = *n;
     }
     if (ranks > 4096) throw ValueError(fmt::format("--ranks {}: expected at most 4096 thread ranks", ranks));
-    run_threads(static_cast<int>(ranks), fn, ThreadsOptions{timeout_of(options)});
+    ThreadsOptions threads_options{timeout_of(options)};
+    threads_options.device = device;  // CUDA: simulated GPU ranks on one device
+    run_threads(static_cast<int>(ranks), fn, threads_options);
     return 0;
   } catch (const RankFailed& e) {
     fmt::print(stderr, "dtensor: {}\n", e.what());  // names the rank
     return 1;
   } catch (const ValueError& e) {
+    fmt::print(stderr, "dtensor: {}\n", e.what());
+    return 2;
+  } catch (const UnsupportedError& e) {  // --device cuda in a build without CUDA
+    fmt::print(stderr, "dtensor: {}\n", e.what());
+    return 2;
+  } catch (const DeviceError& e) {  // --device cuda without a usable GPU
     fmt::print(stderr, "dtensor: {}\n", e.what());
     return 2;
   }

@@ -2,7 +2,9 @@
 """One program, two engines: test_launch.py DEMO DTENSOR_PLAN [--mpi]
 
 Checks launch(): the demo prints the same on 8 thread ranks as on an MPI job
-of 8 processes; --ranks and DTENSOR_RANKS choose the thread ranks; a --ranks
+of 8 processes (and on 8 simulated GPU ranks where a GPU is present; else
+--device cuda is refused clearly); --ranks and DTENSOR_RANKS choose the
+thread ranks; a --ranks
 that contradicts mpirun's -np is refused with exit code 2; dtensor-plan --run
 verifies its plan on MPI processes. Prints one line per check; exits 1 if
 any failed.
@@ -35,6 +37,18 @@ def main() -> int:
     checks.append(("DTENSOR_RANKS=4 runs the demo on 4 ranks", rc == 0 and "4 ranks as a 2x2 mesh" in env_out, err))
     rc, _, err = run([demo, "--ranks", "3"], env)
     checks.append(("an odd --ranks is refused with a message", rc != 0 and "even number of ranks" in err, err))
+
+    rc, _, err = run([demo, "--ranks", "4"], dict(env, DTENSOR_DEVICE="tpu"))
+    checks.append(("DTENSOR_DEVICE=tpu is refused (exit 2) naming the choices",
+                   rc == 2 and "expected cpu or cuda" in err, err))
+    rc, cuda_out, err = run([demo, "--ranks", "8", "--device", "cuda"], env)
+    if rc == 0:
+        # A GPU is here: the simulated GPU ranks print what the CPU ranks print.
+        checks.append(("demo --ranks 8 --device cuda prints exactly what demo --ranks 8 prints",
+                       cuda_out == threads_out, err))
+    else:
+        checks.append(("--device cuda without a usable GPU exits 2 saying what is missing",
+                       rc == 2 and ("needs CUDA" in err or "needs a CUDA device" in err), err))
 
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")

@@ -11,6 +11,10 @@
 //
 //   build/examples/demo --ranks 8     # 8 thread ranks in this process
 //   mpirun -np 8 build/examples/demo  # 8 processes over MPI
+//   build/examples/demo --ranks 4 --device cuda
+//                                     # 4 simulated GPU ranks on one GPU
+//   mpirun -np 8 build/examples/demo --device cuda
+//                                     # 8 processes, one GPU each, over NCCL
 #include <chrono>
 #include <functional>
 #include <string_view>
@@ -35,8 +39,11 @@ std::string_view launch_backend();
 ///    MPI world. `--ranks N`, if given, must equal the job's size.
 ///  - Otherwise: N thread ranks, N from `--ranks N` / `--ranks=N`, else
 ///    $DTENSOR_RANKS, else options.default_ranks.
-/// `--ranks` is removed from argv (argc adjusted) so that the program's own
-/// parser never sees it. Bad values print a message and return 2.
+/// `--device cpu|cuda` (or $DTENSOR_DEVICE) says where the ranks keep their
+/// shards: with cuda, thread ranks share one GPU (simulated multi-rank mode)
+/// and MPI processes talk over NCCL, one GPU each.
+/// `--ranks` and `--device` are removed from argv (argc adjusted) so that the
+/// program's own parser never sees them. Bad values print a message and return 2.
 /// When a rank throws, "dtensor: rank R of N failed: <what>" goes to stderr;
 /// on threads the other ranks stop with PeerFailed and launch returns 1; under
 /// MPI the job is aborted with exit code 1, since MPI offers no other way to
