@@ -45,7 +45,15 @@ class ThreadHandles {
     const int device = dtensor::cuda::current_device();
     if (device >= static_cast<int>(by_device_.size())) by_device_.resize(static_cast<std::size_t>(device) + 1, nullptr);
     cublasHandle_t& h = by_device_[static_cast<std::size_t>(device)];
-    if (!h) check_cublas(cublasCreate(&h), "cublasCreate");
+    if (!h) {
+      check_cublas(cublasCreate(&h), "cublasCreate");
+      // bf16/f16 accumulate in f32 to the end: by default cuBLAS may do
+      // split-k reductions in the 16-bit output type, which rounds more
+      // than once and no longer matches the CPU's f32 result rounded once.
+      check_cublas(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+                   "cublasSetMathMode");
+    }
     check_cublas(cublasSetStream(h, dtensor::cuda::stream()), "cublasSetStream");
     return h;
   }

@@ -25,9 +25,12 @@ Tensor binary(pointwise::Binary fn, const Tensor& a, const Tensor& b, const Shap
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, const Shape& out_shape);
 
 /// cpu::reduce_dims on a CUDA tensor: the same identities for empty
-/// extents, NaN-propagating max/min, the same p-norm modes.
+/// extents, NaN-propagating max/min, the same p-norm modes. With
+/// `mean_count` >= 0 (floating dtypes only) each result is also multiplied
+/// by 1 / mean_count in the compute type before it is rounded (the CPU's
+/// mean, which bf16/f16 round once), as scale_by_count would.
 Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& out_shape, cpu::ReduceKind kind,
-                   double p = 2);
+                   double p = 2, std::int64_t mean_count = -1);
 /// sums * (1 / count) in place, the reciprocal taken in the tensor's
 /// compute type as the CPU mean does; sums / 0 when count is 0.
 void scale_by_count(Tensor& sums, std::int64_t count);

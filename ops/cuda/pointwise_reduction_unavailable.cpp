@@ -19,7 +19,7 @@ namespace {
 Tensor unary(pointwise::Unary, const Tensor&, double) { unavailable("unary"); }
 Tensor binary(pointwise::Binary, const Tensor&, const Tensor&, const Shape&) { unavailable("binary"); }
 Tensor where(const Tensor&, const Tensor&, const Tensor&, const Shape&) { unavailable("where"); }
-Tensor reduce_dims(const Tensor&, std::span<const bool>, const Shape&, cpu::ReduceKind, double) {
+Tensor reduce_dims(const Tensor&, std::span<const bool>, const Shape&, cpu::ReduceKind, double, std::int64_t) {
   unavailable("reduce_dims");
 }
 void scale_by_count(Tensor&, std::int64_t) { unavailable("scale_by_count"); }

@@ -61,6 +61,8 @@ struct Recipe {
   Combine combine = Combine::Add;
   Finish finish = Finish::None;
   double p = 2;
+  bool mean = false;       // then times 1 / count, before the rounded store
+  std::int64_t count = 0;
 };
 
 Recipe recipe_of(ReduceKind kind, double p) {
@@ -124,8 +126,11 @@ __device__ __forceinline__ C combine(Combine c, C a, C b) {
 template <class C>
 __device__ __forceinline__ C finish(const Recipe& r, C v) {
   if constexpr (std::is_floating_point_v<C>) {
-    if (r.finish == Finish::Sqrt) return sqrt(v);
-    if (r.finish == Finish::Root) return static_cast<C>(pow(static_cast<double>(v), 1.0 / r.p));
+    if (r.finish == Finish::Sqrt) v = sqrt(v);
+    if (r.finish == Finish::Root) v = static_cast<C>(pow(static_cast<double>(v), 1.0 / r.p));
+    // The CPU mean: sums * (1 / count) in the compute type; sums / 0 when
+    // count is 0.
+    if (r.mean) v = r.count ? v * (C(1) / static_cast<C>(r.count)) : v / static_cast<C>(r.count);
   }
   return v;
 }
@@ -457,14 +462,21 @@ __global__ void normalize_kernel(const T* __restrict__ x, const T* __restrict__ 
 
 }  // namespace
 
-Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& out_shape, ReduceKind kind, double p) {
+Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& out_shape, ReduceKind kind, double p,
+                   std::int64_t mean_count) {
   detail::require_cuda("reduction", {&x});
   Tensor out = Tensor::empty(out_shape, x.dtype(), Device::CUDA);
   const ReduceMap m = make_reduce_map(x.shape(), reduced);
   if (out.numel() == 0) return out;
-  const Recipe r = recipe_of(kind, p);
+  Recipe r = recipe_of(kind, p);
   if (kind == ReduceKind::Norm && !is_floating(x.dtype()))
     throw DTypeError(fmt::format("[reduction] norm of a {} tensor; expected a floating dtype", x.dtype()));
+  if (mean_count >= 0) {
+    if (!is_floating(x.dtype()))
+      throw DTypeError(fmt::format("[mean] of an {} tensor; expected a floating dtype", x.dtype()));
+    r.mean = true;
+    r.count = mean_count;
+  }
   cudaStream_t stream = cuda::stream();
   // Thread per output when the outputs fill the GPU and either the innermost
   // dim is kept (neighbouring threads read neighbours) or each output has

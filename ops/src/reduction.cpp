@@ -183,18 +183,18 @@ Kernel reduce_kernel(cpu::ReduceKind kind, bool mean) {
     const std::unique_ptr<bool[]> flags(new bool[f.size() + 1]);
     std::copy(f.begin(), f.end(), flags.get());
     const std::span<const bool> reduced(flags.get(), f.size());
-    Tensor out = on_cuda(a) ? cuda_kernels::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar)
-                            : cpu::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar);
+    // The GLOBAL count of the reduced elements: right for uneven and empty
+    // shards, whose partial sums add up to the total (PyTorch #162692).
+    std::int64_t count = 1;
+    for (std::size_t d = 0; d < f.size(); ++d)
+      if (f[d]) count *= a.global[0].shape[d];
+    // On CUDA the mean's scaling is fused into the reduction, before the
+    // store: a bf16/f16 sum stored first and scaled after would round twice.
+    if (on_cuda(a))
+      return cuda_kernels::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar,
+                                       mean ? count : -1);
+    Tensor out = cpu::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar);
     if (mean) {
-      // The GLOBAL count of the reduced elements: right for uneven and empty
-      // shards, whose partial sums add up to the total (PyTorch #162692).
-      std::int64_t count = 1;
-      for (std::size_t d = 0; d < f.size(); ++d)
-        if (f[d]) count *= a.global[0].shape[d];
-      if (on_cuda(a)) {
-        cuda_kernels::scale_by_count(out, count);
-        return out;
-      }
       visit_dtype(out.dtype(), [&](auto zero) {
         using T = decltype(zero);
         T* o = out.data_as<T>();

@@ -44,11 +44,21 @@ const Discovery& discovery() {
 
 // Streams are per thread and device and live as long as the thread; a thread
 // rank therefore never shares a stream with another rank.
+// At thread exit each stream is drained before it is destroyed
+// (cudaStreamDestroy does not wait): the thread's queued work must be done
+// when join() returns, since whoever reads its results next does so on
+// another stream; and blocks cached under this stream's handle must be idle
+// before a later stream that gets the same handle value reuses them.
 struct ThreadStreams {
   std::array<cudaStream_t, kMaxDevices> streams{};
   ~ThreadStreams() {
     for (cudaStream_t s : streams)
-      if (s) (void)cudaStreamDestroy(s);  // the runtime may be gone at exit: errors ignored
+      if (s) {
+        // The runtime may be gone at exit: errors ignored.
+        (void)cudaStreamSynchronize(s);
+        (void)cudaStreamDestroy(s);
+      }
+    (void)cudaGetLastError();
   }
 };
 thread_local ThreadStreams thread_streams;

@@ -183,7 +183,7 @@ void copy_box(const std::byte* src, std::span<const std::int64_t> src_shape, std
   // Strides in elements, then merge trailing dims that are whole in both
   // arrays (as the host loop does) so that most boxes become a few long rows.
   std::vector<std::int64_t> ss(nd), ds(nd);
-  for (int d = nd - 1, a = 1, b = 1; d >= 0; --d) {
+  for (std::int64_t d = nd - 1, a = 1, b = 1; d >= 0; --d) {
     ss[d] = a;
     ds[d] = b;
     a *= src_shape[d];
@@ -285,7 +285,7 @@ void fill_random(void* data, DType dtype, std::uint64_t seed, std::span<const st
   RandomBox b{};
   b.nd = nd;
   b.total = 1;
-  for (int d = nd - 1, stride = 1; d >= 0; --d) {
+  for (std::int64_t d = nd - 1, stride = 1; d >= 0; --d) {
     b.size[d] = size[d];
     b.offset[d] = offset[d];
     b.global_stride[d] = stride;
