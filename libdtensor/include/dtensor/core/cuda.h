@@ -73,8 +73,9 @@ void arange(void* data, std::int64_t count, DType dtype);
 /// Converts `count` elements from `from` to `to` (rounding to nearest even).
 void cast(const void* src, DType from, void* dst, DType to, std::int64_t count);
 /// The values Tensor::rand (normal: Tensor::randn) has at the box
-/// (offset, size) of a [global_shape] tensor: the same Philox counters, and
-/// for f32/f64/i64 the same bits as the CPU.
+/// (offset, size) of a [global_shape] tensor, from the same Philox counters:
+/// rand gives the CPU's bits exactly; randn goes through the device's own
+/// log and cos, so an element may differ from the CPU's in the last place.
 void fill_random(void* data, DType dtype, std::uint64_t seed, std::span<const std::int64_t> global_shape,
                  std::span<const std::int64_t> offset, std::span<const std::int64_t> size, bool normal);
 /// acc = op(acc, x) elementwise (Avg as Sum), and acc /= divisor.
