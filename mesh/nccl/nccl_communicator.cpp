@@ -57,6 +57,7 @@
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
+#include "../argument_checks.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/mesh/backends.h"
 #include "nccl_detail.h"
@@ -242,14 +243,8 @@ class NcclCommunicator final : public Communicator {
                   void* recv, std::span<const std::size_t> recv_bytes,
                   std::span<const std::size_t> recv_offsets) override {
     constexpr auto kind = CollectiveKind::AllToAll;
-    check_entries(kind, "send_bytes", send_bytes.size());
-    check_entries(kind, "send_offsets", send_offsets.size());
-    check_entries(kind, "recv_bytes", recv_bytes.size());
-    check_entries(kind, "recv_offsets", recv_offsets.size());
+    checks().all_to_all(send_bytes, send_offsets, recv_bytes, recv_offsets);
     const auto r = static_cast<std::size_t>(rank_);
-    if (send_bytes[r] != recv_bytes[r])
-      throw ValueError(fmt::format("[nccl] all_to_all on rank {}: sends {} bytes to itself but expects {}", rank_,
-                                   send_bytes[r], recv_bytes[r]));
     const cudaStream_t s = enter(kind);
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
@@ -561,21 +556,12 @@ class NcclCommunicator final : public Communicator {
     return total;
   }
 
+  backend_detail::ArgumentChecks checks() const { return {"nccl", rank_, size_}; }
   void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
-    if (entries != static_cast<std::size_t>(size_))
-      throw ValueError(fmt::format("[nccl] {} on rank {}: {} has {} entries; expected one per rank ({})",
-                                   collective_name(kind), rank_, what, entries, size_));
+    checks().entries(kind, what, entries);
   }
-  void check_root(CollectiveKind kind, int root) const {
-    if (root < 0 || root >= size_)
-      throw ValueError(fmt::format("[nccl] {} on rank {}: root {} is not a rank of a group of {}",
-                                   collective_name(kind), rank_, root, size_));
-  }
-  void check_peer(std::string_view what, int peer) const {
-    if (peer < 0 || peer >= size_)
-      throw ValueError(
-          fmt::format("[nccl] {} rank {} on rank {}: expected a rank in [0, {})", what, peer, rank_, size_));
-  }
+  void check_root(CollectiveKind kind, int root) const { checks().root(kind, root); }
+  void check_peer(std::string_view what, int peer) const { checks().peer(what, peer); }
 
   ncclComm_t comm_;  // nullptr once aborted
   int device_;

@@ -38,6 +38,7 @@
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
+#include "../argument_checks.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/threads.h"
@@ -180,14 +181,8 @@ class ThreadsCommunicator final : public Communicator {
                   std::span<const std::size_t> recv_offsets) override {
     constexpr auto kind = CollectiveKind::AllToAll;
     const int n = size();
-    check_entries(kind, "send_bytes", send_bytes.size());
-    check_entries(kind, "send_offsets", send_offsets.size());
-    check_entries(kind, "recv_bytes", recv_bytes.size());
-    check_entries(kind, "recv_offsets", recv_offsets.size());
+    checks().all_to_all(send_bytes, send_offsets, recv_bytes, recv_offsets);
     const auto r = static_cast<std::size_t>(rank_);
-    if (send_bytes[r] != recv_bytes[r])
-      throw ValueError(fmt::format("[threads] all_to_all on rank {}: sends {} bytes to itself but expects {}",
-                                   rank_, send_bytes[r], recv_bytes[r]));
     const auto deadline = enter(kind);
     auto* out = static_cast<std::byte*>(recv);
     move_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
@@ -410,21 +405,12 @@ class ThreadsCommunicator final : public Communicator {
   void settle() const {
     if (on_gpu()) cuda::synchronize();
   }
+  backend_detail::ArgumentChecks checks() const { return {"threads", rank_, size()}; }
   void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
-    if (entries != static_cast<std::size_t>(size()))
-      throw ValueError(fmt::format("[threads] {} on rank {}: {} has {} entries; expected one per rank ({})",
-                                   collective_name(kind), rank_, what, entries, size()));
+    checks().entries(kind, what, entries);
   }
-  void check_root(CollectiveKind kind, int root) const {
-    if (root < 0 || root >= size())
-      throw ValueError(fmt::format("[threads] {} on rank {}: root {} is not a rank of a group of {}",
-                                   collective_name(kind), rank_, root, size()));
-  }
-  void check_peer(std::string_view what, int peer) const {
-    if (peer < 0 || peer >= size())
-      throw ValueError(
-          fmt::format("[threads] {} rank {} on rank {}: expected a rank in [0, {})", what, peer, rank_, size()));
-  }
+  void check_root(CollectiveKind kind, int root) const { checks().root(kind, root); }
+  void check_peer(std::string_view what, int peer) const { checks().peer(what, peer); }
 
   PeerFailed peer_failed(CollectiveKind kind) const {
     return PeerFailed(fmt::format("[threads] {} on rank {} of {}: rank {} failed: {}", collective_name(kind), rank_,
