@@ -7,6 +7,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "dtensor/core/cuda.h"
+
 namespace dtensor::testing {
 
 namespace {
@@ -168,6 +170,15 @@ std::int64_t lower_bound_elements(const Shape& mesh_shape, const Shape& global, 
   for (int m = 0; m < to.mesh_ndim(); ++m)
     if (auto* p = std::get_if<Partial>(&to[m]); p && p->op == ReduceOp::Sum && coord[m] != 0) return 0;
   return needed.numel() - intersect(needed, held).numel();
+}
+
+boost::test_tools::assertion_result needs_gpu(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result ok(cuda::device_count() > 0);
+  if (!cuda::built())
+    ok.message() << "this build has no CUDA";
+  else if (cuda::device_count() == 0)
+    ok.message() << cuda::describe_device();
+  return ok;
 }
 
 }  // namespace dtensor::testing

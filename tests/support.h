@@ -1,4 +1,5 @@
 #pragma once
+#include <boost/test/unit_test.hpp>
 // Shared helpers of the redistribution and DTensor suites: building a rank's
 // source shard of a known global tensor under any layout (Partial included),
 // and the independent lower bound on what a rank must receive.
@@ -66,6 +67,11 @@ bool reports_results(const Communicator& world);
 /// Reports each failure collected on the ranks as a Boost.Test error, and
 /// asserts that there were none (so a passing case counts its check).
 void check_no_failures(const std::vector<std::string>& failures);
+
+/// A Boost.Test precondition for cases that need a CUDA device: false (the
+/// case is skipped, and counted as skipped) in a build without CUDA or on a
+/// machine without a GPU, with the reason as its message.
+boost::test_tools::assertion_result needs_gpu(boost::unit_test::test_unit_id);
 
 /// Collects failures from rank threads (Boost.Test is not thread-safe); the
 /// main thread reports them after run_threads returns.

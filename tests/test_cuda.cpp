@@ -28,15 +28,6 @@ namespace utf = boost::unit_test;
 
 namespace cuda_test {
 
-boost::test_tools::assertion_result has_gpu(utf::test_unit_id) {
-  boost::test_tools::assertion_result ok(cuda::device_count() > 0);
-  if (!cuda::built())
-    ok.message() << "this build has no CUDA";
-  else if (cuda::device_count() == 0)
-    ok.message() << "no CUDA device: " << cuda::describe_device();
-  return ok;
-}
-
 // A block source that hands out fake addresses and counts its calls.
 struct CountingSource {
   std::map<void*, std::size_t> live;
@@ -256,7 +247,7 @@ BOOST_AUTO_TEST_CASE(asking_for_a_cuda_tensor_names_what_is_missing) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(on_a_gpu, *utf::precondition(has_gpu))
+BOOST_AUTO_TEST_SUITE(on_a_gpu, *utf::precondition(testing::needs_gpu))
 
 BOOST_AUTO_TEST_CASE(host_device_round_trips_and_seeded_values_match_the_cpu) {
   BOOST_TEST_MESSAGE("device: " << cuda::describe_device());

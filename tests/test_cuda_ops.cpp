@@ -23,15 +23,6 @@ namespace utf = boost::unit_test;
 
 namespace cuda_ops_test {
 
-boost::test_tools::assertion_result has_gpu(utf::test_unit_id) {
-  boost::test_tools::assertion_result ok(cuda::device_count() > 0);
-  if (!cuda::built())
-    ok.message() << "this build has no CUDA";
-  else if (cuda::device_count() == 0)
-    ok.message() << "no CUDA device: " << cuda::describe_device();
-  return ok;
-}
-
 std::vector<std::string> registered_ops() { return OpRegistry::global().names(); }
 
 std::vector<testing::OpSample> samples_of(const std::string& op, std::uint64_t& seed) {
@@ -112,7 +103,7 @@ BOOST_DATA_TEST_CASE(each_op_in_bf16_and_f16_is_the_f32_op_rounded_once, utf::da
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(on_a_gpu, *utf::precondition(has_gpu))
+BOOST_AUTO_TEST_SUITE(on_a_gpu, *utf::precondition(testing::needs_gpu))
 
 BOOST_DATA_TEST_CASE(each_op_on_cuda_matches_the_cpu, utf::data::make(registered_ops()), op) {
   std::uint64_t seed = 0;
