@@ -46,6 +46,7 @@
 
 #include <fmt/format.h>
 
+#include "collective_table.h"
 #include "collectives_mpi.h"
 #include "dtensor/mesh/backends.h"
 #include "dtensor/mesh/threads.h"
@@ -56,23 +57,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class Coll { AllGather, AllReduce, ReduceScatter, AllToAll };
-constexpr Coll kColls[] = {Coll::AllGather, Coll::AllReduce, Coll::ReduceScatter, Coll::AllToAll};
-
-std::string_view name(Coll c) {
-  switch (c) {
-    case Coll::AllGather: return "all_gather";
-    case Coll::AllReduce: return "all_reduce";
-    case Coll::ReduceScatter: return "reduce_scatter";
-    case Coll::AllToAll: return "all_to_all";
-  }
-  return "?";
-}
-
-double bus_factor(Coll c, int n) {
-  const double f = static_cast<double>(n - 1) / n;
-  return c == Coll::AllReduce ? 2 * f : f;
-}
+using dtensor::bench::bus_factor;
+using dtensor::bench::Coll;
+using dtensor::bench::kColls;
+using dtensor::bench::name;
 
 double traffic(Coll c, int n, double s) {
   switch (c) {
