@@ -68,71 +68,23 @@ int Search::intern(const Pls& p) {
 }
 
 void Search::fill_boxes(State& s) const {
-  const int nd = P_.nd, k = P_.k;
-  s.off.assign(static_cast<std::size_t>(P_.ranks) * nd, 0);
-  s.sz.resize(static_cast<std::size_t>(P_.ranks) * nd);
-  s.numel.resize(P_.ranks);
   // Mesh dims in nesting order: level 0 of every tensor dim first, and so on.
-  std::array<int, kMaxDims> order{};
+  std::array<std::pair<int, int>, kMaxDims> splits{};
   int no = 0;
-  for (int lv = 0; lv < k; ++lv)
-    for (int m = 0; m < k; ++m)
-      if (s.pl[m].kind == kShard && s.pl[m].level == lv) order[no++] = m;
-  s.max_numel = 0;
-  for (int r = 0; r < P_.ranks; ++r) {
-    std::int64_t* o = s.off.data() + static_cast<std::size_t>(r) * nd;
-    std::int64_t* z = s.sz.data() + static_cast<std::size_t>(r) * nd;
-    std::copy(P_.global.begin(), P_.global.end(), z);
-    for (int i = 0; i < no; ++i) {
-      int m = order[i], d = s.pl[m].dim;
-      Chunk c = chunk(z[d], P_.n[m], P_.c(r, m));
-      o[d] += c.offset;
-      z[d] = c.size;
-    }
-    std::int64_t n = 1;
-    for (int d = 0; d < nd; ++d) n *= z[d];
-    s.numel[r] = n;
-    s.max_numel = std::max(s.max_numel, n);
-  }
+  for (int lv = 0; lv < P_.k; ++lv)
+    for (int m = 0; m < P_.k; ++m)
+      if (s.pl[m].kind == kShard && s.pl[m].level == lv) splits[no++] = {m, s.pl[m].dim};
+  rank_boxes::fill(s, P_.global, P_.ranks, std::span(splits.data(), no), P_.n, [&](int r, int m) { return P_.c(r, m); });
 }
 
 void Search::fill_leaders(State& s) const {
   if (!s.leader.empty()) return;
-  const int nd = P_.nd;
-  s.leader.assign(P_.ranks, -1);
-  for (int r = 0; r < P_.ranks; ++r) {
-    if (s.numel[r] == 0) continue;
-    const std::int64_t* o = s.off.data() + static_cast<std::size_t>(r) * nd;
-    for (int l : s.leaders) {
-      const std::int64_t* lo = s.off.data() + static_cast<std::size_t>(l) * nd;
-      const std::int64_t* lz = s.sz.data() + static_cast<std::size_t>(l) * nd;
-      if (std::equal(o, o + nd, lo) && std::equal(s.sz.data() + static_cast<std::size_t>(r) * nd,
-                                                  s.sz.data() + static_cast<std::size_t>(r) * nd + nd, lz)) {
-        s.leader[r] = l;
-        break;
-      }
-    }
-    if (s.leader[r] < 0) {
-      s.leader[r] = r;
-      s.leaders.push_back(r);
-    }
-  }
+  rank_boxes::fill_leaders(s, P_.ranks, P_.nd, s.leader, s.leaders);
 }
 
 namespace {
 
-// Elements in the intersection of rank a's box in A and rank b's box in B.
-std::int64_t inter_numel(const State& A, int a, const State& B, int b, int nd) {
-  std::int64_t n = 1;
-  const std::size_t ia = static_cast<std::size_t>(a) * nd, ib = static_cast<std::size_t>(b) * nd;
-  for (int d = 0; d < nd; ++d) {
-    std::int64_t lo = std::max(A.off[ia + d], B.off[ib + d]);
-    std::int64_t hi = std::min(A.off[ia + d] + A.sz[ia + d], B.off[ib + d] + B.sz[ib + d]);
-    if (hi <= lo) return 0;
-    n *= hi - lo;
-  }
-  return n;
-}
+using rank_boxes::inter_numel;
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include "dtensor/core/reduce_op.h"
 #include "dtensor/core/shape.h"
+#include "rank_boxes.h"
 #include "dtensor/redistribute/cost_model.h"
 #include "dtensor/redistribute/plan.h"
 
@@ -55,12 +56,9 @@ struct Problem {
   std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
 };
 
-struct State {
+struct State : rank_boxes::RankBoxes {
   Pls pl{};
   bool partial = false;
-  std::int64_t max_numel = 0;
-  std::vector<std::int64_t> off, sz;  // ranks * nd
-  std::vector<std::int64_t> numel;    // ranks
   // Exchange sources, computed on first use: per rank the first rank holding
   // the same non-empty box (-1 for an empty box), and the leaders in order.
   std::vector<int> leader;

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "dtensor/redistribute/planner.h"
+#include "rank_boxes.h"
 
 namespace dtensor {
 namespace {
@@ -18,10 +19,8 @@ constexpr int kMaxMeshDims = 4;   // as DeviceMesh and the planner
 constexpr int kMaxRanks = 256;    // the exchange rule is quadratic in ranks
 
 // Per-rank boxes of one layout, in scratch that is reused between calls.
-struct Boxes {
-  std::vector<std::int64_t> off, sz, numel;  // ranks*nd, ranks*nd, ranks
-  std::int64_t max_numel = 0;
-};
+using Boxes = rank_boxes::RankBoxes;
+using rank_boxes::inter_numel;
 
 struct Scratch {
   Boxes from, to;
@@ -81,70 +80,18 @@ std::int64_t shard_dim(const Layout& l, int m, int nd) {
 void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                 const std::vector<std::int64_t>& coords, int ranks) {
   const int nd = static_cast<int>(shape.size()), M = static_cast<int>(mesh.size());
-  b.off.assign(static_cast<std::size_t>(ranks) * nd, 0);
-  b.sz.resize(static_cast<std::size_t>(ranks) * nd);
-  b.numel.resize(ranks);
-  b.max_numel = 0;
   // Mesh dims in nesting order: every tensor dim's outermost split first.
-  std::array<int, kMaxMeshDims> order{};
+  std::array<std::pair<int, int>, kMaxMeshDims> splits{};
   int no = 0;
   for (int lv = 0; lv < M; ++lv)
     for (int m = 0; m < M; ++m)
-      if (l.level(m) == lv) order[no++] = m;
-  for (int r = 0; r < ranks; ++r) {
-    std::int64_t* o = b.off.data() + static_cast<std::size_t>(r) * nd;
-    std::int64_t* z = b.sz.data() + static_cast<std::size_t>(r) * nd;
-    std::copy(shape.begin(), shape.end(), z);
-    for (int i = 0; i < no; ++i) {
-      const int m = order[i];
-      const auto d = shard_dim(l, m, nd);
-      Chunk c = chunk(z[d], mesh[m], coords[static_cast<std::size_t>(r) * M + m]);
-      o[d] += c.offset;
-      z[d] = c.size;
-    }
-    std::int64_t n = 1;
-    for (int d = 0; d < nd; ++d) n *= z[d];
-    b.numel[r] = n;
-    b.max_numel = std::max(b.max_numel, n);
-  }
+      if (l.level(m) == lv) splits[no++] = {m, static_cast<int>(shard_dim(l, m, nd))};
+  rank_boxes::fill(b, shape, ranks, std::span(splits.data(), no), mesh,
+                   [&](int r, int m) { return coords[static_cast<std::size_t>(r) * M + m]; });
 }
 
-std::int64_t inter_numel(const Boxes& A, int a, const Boxes& B, int b, int nd) {
-  std::int64_t n = 1;
-  const std::size_t ia = static_cast<std::size_t>(a) * nd, ib = static_cast<std::size_t>(b) * nd;
-  for (int d = 0; d < nd; ++d) {
-    std::int64_t lo = std::max(A.off[ia + d], B.off[ib + d]);
-    std::int64_t hi = std::min(A.off[ia + d] + A.sz[ia + d], B.off[ib + d] + B.sz[ib + d]);
-    if (hi <= lo) return 0;
-    n *= hi - lo;
-  }
-  return n;
-}
-
-bool same_box(const Boxes& A, int a, int b, int nd) {
-  const std::size_t ia = static_cast<std::size_t>(a) * nd, ib = static_cast<std::size_t>(b) * nd;
-  return std::equal(A.off.begin() + ia, A.off.begin() + ia + nd, A.off.begin() + ib) &&
-         std::equal(A.sz.begin() + ia, A.sz.begin() + ia + nd, A.sz.begin() + ib);
-}
-
-// The planner's exchange sources: per rank the first rank holding the same
-// non-empty box (-1 for an empty box).
-void fill_leaders(Scratch& s, int ranks, int nd) {
-  s.leader.assign(ranks, -1);
-  s.leaders.clear();
-  for (int r = 0; r < ranks; ++r) {
-    if (s.from.numel[r] == 0) continue;
-    for (int l : s.leaders)
-      if (same_box(s.from, r, l, nd)) {
-        s.leader[r] = l;
-        break;
-      }
-    if (s.leader[r] < 0) {
-      s.leader[r] = r;
-      s.leaders.push_back(r);
-    }
-  }
-}
+// The planner's exchange sources (rank_boxes::fill_leaders).
+void fill_leaders(Scratch& s, int ranks, int nd) { rank_boxes::fill_leaders(s.from, ranks, nd, s.leader, s.leaders); }
 
 // Mesh dim m of `a` and `b` hold the same placement at the same nesting level.
 bool same_on(const Layout& a, const Layout& b, int m, int nd) {
