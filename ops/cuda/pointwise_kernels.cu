@@ -5,6 +5,7 @@
 // same-shape and scalar operands take a flat path without index arithmetic.
 #include <cmath>
 
+#include "../cpu/pointwise_loop.h"
 #include "elementwise_common.cuh"
 #include "pointwise_reduction.h"
 
@@ -31,46 +32,17 @@ struct Geometry {
 
 template <int N>
 Geometry<N> make_geometry(const char* op, const Shape& out, const Shape* const (&in)[N]) {
-  const int nd = static_cast<int>(out.size());
-  std::vector<std::array<std::int64_t, N>> st(static_cast<std::size_t>(nd));
-  for (int k = 0; k < N; ++k) {
-    const Shape& s = *in[k];
-    const int off = nd - static_cast<int>(s.size());
-    std::int64_t acc = 1;
-    for (int d = nd - 1; d >= 0; --d) {
-      const int id = d - off;
-      if (id < 0) {
-        st[d][k] = 0;
-        continue;
-      }
-      st[d][k] = s[id] == 1 ? 0 : acc;
-      acc *= s[id];
-    }
-  }
-  std::vector<std::int64_t> sizes;
-  std::vector<std::array<std::int64_t, N>> strides;
-  for (int d = 0; d < nd; ++d) {
-    if (out[d] == 1) continue;
-    if (!sizes.empty()) {
-      bool merge = true;
-      for (int k = 0; k < N; ++k) merge = merge && strides.back()[k] == st[d][k] * out[d];
-      if (merge) {
-        sizes.back() *= out[d];
-        strides.back() = st[d];
-        continue;
-      }
-    }
-    sizes.push_back(out[d]);
-    strides.push_back(st[d]);
-  }
-  if (sizes.size() > kMaxDims)
+  std::array<const Shape*, N> shapes;
+  for (int k = 0; k < N; ++k) shapes[k] = in[k];
+  const pointwise::Loop<N> loop = pointwise::make_loop<N>(out, shapes);
+  if (loop.size.size() > kMaxDims)
     throw UnsupportedError(fmt::format("[{}] broadcasting over {} dims that do not merge; the CUDA kernel takes up to {}",
-                                       op, sizes.size(), kMaxDims));
+                                       op, loop.size.size(), kMaxDims));
   Geometry<N> g;
-  g.nd = static_cast<int>(sizes.size());
+  g.nd = static_cast<int>(loop.size.size());
   for (int d = 0; d < g.nd; ++d) {
-    g.size[d] = sizes[d];
-    for (int k = 0; k < N; ++k) g.stride[d][k] = strides[d][k];
+    g.size[d] = loop.size[d];
+    for (int k = 0; k < N; ++k) g.stride[d][k] = loop.stride[d][k];
   }
   return g;
 }
