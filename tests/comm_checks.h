@@ -1,4 +1,5 @@
 #pragma once
+#include <type_traits>
 // Helpers of the communicator suites: per-rank failure lists (Boost.Test is
 // not thread-safe, so ranks collect and the test thread reports) and small
 // integer data whose reductions are exact in every dtype.
@@ -23,7 +24,24 @@ namespace comm_test {
 using namespace dtensor;
 
 const std::vector<int> kWorldSizes{1, 2, 3, 4, 6, 8};
-constexpr DType kDTypes[] = {DType::Float32, DType::Float64, DType::Int64};
+constexpr DType kDTypes[] = {DType::Float32, DType::Float64, DType::Int64, DType::BFloat16, DType::Float16};
+
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+// Bitwise equality (the 16-bit types have no operator==), and a printable
+// value.
+template <class T>
+bool same_value(T a, T b) {
+  if constexpr (is_half_v<T>)
+    return a.bits == b.bits;
+  else
+    return a == b;
+}
+template <class T>
+double shown(T v) {
+  return static_cast<double>(v);
+}
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 
 // Failures found on rank threads, reported on the test thread.
@@ -65,20 +83,26 @@ void fill(std::vector<std::byte>& buf, std::size_t count, std::uint64_t seed, in
   for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<T>(value(seed, rank, i));
 }
 
+// The 16-bit types reduce in float and round once (every backend does so):
+// their expected value is the float one, rounded.
 template <class T>
 T reduce_expected(ReduceOp op, int n, std::uint64_t seed, std::size_t i) {
-  T acc = static_cast<T>(value(seed, 0, i));
-  for (int r = 1; r < n; ++r) {
-    const T v = static_cast<T>(value(seed, r, i));
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Avg: acc += v; break;
-      case ReduceOp::Max: acc = std::max(acc, v); break;
-      case ReduceOp::Min: acc = std::min(acc, v); break;
+  if constexpr (is_half_v<T>) {
+    return T(reduce_expected<float>(op, n, seed, i));
+  } else {
+    T acc = static_cast<T>(value(seed, 0, i));
+    for (int r = 1; r < n; ++r) {
+      const T v = static_cast<T>(value(seed, r, i));
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Avg: acc += v; break;
+        case ReduceOp::Max: acc = std::max(acc, v); break;
+        case ReduceOp::Min: acc = std::min(acc, v); break;
+      }
     }
+    if (op == ReduceOp::Avg) acc /= static_cast<T>(n);
+    return acc;
   }
-  if (op == ReduceOp::Avg) acc /= static_cast<T>(n);
-  return acc;
 }
 
 std::size_t seg_size(std::size_t count, int n, int r) {

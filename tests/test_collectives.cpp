@@ -49,7 +49,7 @@ BOOST_DATA_TEST_CASE(all_reduce_values_and_bytes, bdata::make(runnable_sizes()),
             if (count == 25000 && (dtype != DType::Float64 || op == ReduceOp::Min || op == ReduceOp::Avg)) continue;
             for (bool in_place : {false, true}) {
               ++case_seed;
-              visit_dtype(dtype, [&](auto zero) {
+              visit_any_dtype(dtype, [&](auto zero) {
                 using T = decltype(zero);
                 fill<T>(send, count, case_seed, rank);
                 recv.assign(count * sizeof(T), std::byte{0x7f});
@@ -62,8 +62,9 @@ BOOST_DATA_TEST_CASE(all_reduce_values_and_bytes, bdata::make(runnable_sizes()),
                                                      op, in_place, case_seed);
                 for (std::size_t i = 0; i < count; ++i) {
                   const T want = reduce_expected<T>(op, n, case_seed, i);
-                  if (got[i] != want) {
-                    failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, got[i], want));
+                  if (!same_value(got[i], want)) {
+                    failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, shown(got[i]),
+                                                   shown(want)));
                     break;
                   }
                 }
@@ -153,7 +154,7 @@ BOOST_DATA_TEST_CASE(reduce_scatter_values_and_bytes, bdata::make(runnable_sizes
           for (ReduceOp op : kOps) {
             for (bool alias : {false, true}) {
               ++case_seed;
-              visit_dtype(dtype, [&](auto zero) {
+              visit_any_dtype(dtype, [&](auto zero) {
                 using T = decltype(zero);
                 fill<T>(send, total, case_seed, rank);
                 recv.assign(mine * sizeof(T), std::byte{0});
@@ -166,8 +167,9 @@ BOOST_DATA_TEST_CASE(reduce_scatter_values_and_bytes, bdata::make(runnable_sizes
                     fmt::format("case {} {} {} alias {} seed {}", c, dtype, op, alias, case_seed);
                 for (std::size_t i = 0; i < mine; ++i) {
                   const T want = reduce_expected<T>(op, n, case_seed, my_off + i);
-                  if (out[i] != want) {
-                    failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, out[i], want));
+                  if (!same_value(out[i], want)) {
+                    failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, shown(out[i]),
+                                                   shown(want)));
                     break;
                   }
                 }

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""One program, two engines: test_launch.py DEMO DTENSOR_PLAN [--mpi]
+"""One program, two engines: test_launch.py DEMO DTENSOR_PLAN MLP [--mpi]
 
 Checks launch(): the demo prints the same on 8 thread ranks as on an MPI job
 of 8 processes (and on 8 simulated GPU ranks where a GPU is present; else
 --device cuda is refused clearly); --ranks and DTENSOR_RANKS choose the
 thread ranks; a --ranks
 that contradicts mpirun's -np is refused with exit code 2; dtensor-plan --run
-verifies its plan on MPI processes. Prints one line per check; exits 1 if
-any failed.
+verifies its plan on MPI processes; the bf16 tensor-parallel MLP example
+costs exactly one all_reduce and matches f32 on threads (and on simulated
+GPU ranks or MPI processes where those exist). Prints one line per check;
+exits 1 if any failed.
 """
 import os
 import shutil
@@ -24,8 +26,8 @@ def run(cmd, env=None):
 
 
 def main() -> int:
-    demo, plan = sys.argv[1], sys.argv[2]
-    use_mpi = "--mpi" in sys.argv[3:]
+    demo, plan, mlp = sys.argv[1], sys.argv[2], sys.argv[3]
+    use_mpi = "--mpi" in sys.argv[4:]
     env = dict(os.environ)
     env.pop("DTENSOR_BACKEND", None)
     env.pop("DTENSOR_RANKS", None)
@@ -50,6 +52,17 @@ def main() -> int:
         checks.append(("--device cuda without a usable GPU exits 2 saying what is missing",
                        rc == 2 and ("needs CUDA" in err or "needs a CUDA device" in err), err))
 
+    def mlp_ok(out):
+        return "all_reduce x1 (" in out and "1 collective," in out and ": ok" in out
+
+    rc, out, err = run([mlp, "--ranks", "4"], env)
+    checks.append(("the bf16 MLP on 2x2 thread ranks: one all_reduce, within tolerance of f32",
+                   rc == 0 and mlp_ok(out), err + out))
+    rc, out, err = run([mlp, "--ranks", "4", "--device", "cuda"], env)
+    if rc != 2:  # 2: no GPU here (checked above with the demo)
+        checks.append(("the bf16 MLP on 4 simulated GPU ranks: one all_reduce, within tolerance of f32",
+                       rc == 0 and mlp_ok(out), err + out))
+
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
         menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -61,6 +74,9 @@ def main() -> int:
                        "first difference near: " + next((f"{a!r} vs {b!r}" for a, b in
                                                          zip(threads_out.splitlines(), mpi_out.splitlines()) if a != b),
                                                         "(lengths differ)")))
+        rc, out, err = run([mpirun, "-np", "4", mlp], menv)
+        checks.append(("the bf16 MLP on 4 MPI processes: one all_reduce, within tolerance of f32",
+                       rc == 0 and mlp_ok(out), err + out))
         rc, _, err = run([mpirun, "-np", "4", demo, "--ranks", "8"], menv)
         checks.append(("--ranks 8 under mpirun -np 4 is refused (exit 2)",
                        "expected them to agree" in err and rc != 0, err))

@@ -267,7 +267,7 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_values_and_bytes, *utf::precondition(has_ncc
         for (ReduceOp op : kOps) {
           for (bool alias : {false, true}) {
             ++seed;
-            visit_dtype(dtype, [&](auto zero) {
+            visit_any_dtype(dtype, [&](auto zero) {
               using T = decltype(zero);
               std::vector<T> host(total);
               for (std::size_t i = 0; i < total; ++i) host[i] = static_cast<T>(value(seed, rank, i));
@@ -282,8 +282,9 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_values_and_bytes, *utf::precondition(has_ncc
               const std::string what = fmt::format("case {} {} {} alias {} seed {}", c, dtype, op, alias, seed);
               for (std::size_t i = 0; i < mine; ++i) {
                 const T want = reduce_expected<T>(op, n, seed, my_off + i);
-                if (got[i] != want) {
-                  failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, got[i], want));
+                if (!same_value(got[i], want)) {
+                  failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, shown(got[i]),
+                                                 shown(want)));
                   break;
                 }
               }

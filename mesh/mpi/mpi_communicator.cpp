@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -98,15 +99,43 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::Float32: return MPI_FLOAT;
     case DType::Float64: return MPI_DOUBLE;
     case DType::Int64: return MPI_INT64_T;
-    default: return MPI_DATATYPE_NULL;
+    // MPI has no 16-bit floats: their bits travel as 16-bit integers and the
+    // reductions are our own operations (half_op below).
+    case DType::BFloat16:
+    case DType::Float16: return MPI_UINT16_T;
   }
+  return MPI_DATATYPE_NULL;
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// A user-defined MPI reduction on bf16/f16 bits: each pairwise step in
+// float, rounded once, as the threads backend and NCCL do. Never throws
+// (MPI calls it from C).
+template <DType D, ReduceOp Op>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(inout, in, static_cast<std::size_t>(*len), D, Op);
+}
+
+template <DType D>
+MPI_Op half_op(ReduceOp op) {
+  // Created once, after MPI_Init (the first reduction runs after it); MPI
+  // frees them at MPI_Finalize.
+  static const std::array<MPI_Op, 3> ops = [] {
+    std::array<MPI_Op, 3> out{};
+    MPI_Op_create(&half_reduce<D, ReduceOp::Sum>, 1, &out[0]);
+    MPI_Op_create(&half_reduce<D, ReduceOp::Max>, 1, &out[1]);
+    MPI_Op_create(&half_reduce<D, ReduceOp::Min>, 1, &out[2]);
+    return out;
+  }();
+  return op == ReduceOp::Max ? ops[1] : op == ReduceOp::Min ? ops[2] : ops[0];
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::BFloat16) return half_op<DType::BFloat16>(op);
+  if (dtype == DType::Float16) return half_op<DType::Float16>(op);
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
@@ -166,8 +195,8 @@ class MpiCommunicator final : public Communicator {
       const void* in = send == recv ? MPI_IN_PLACE : send;
       const int n = as_int(kind, "count", count);
       collective(
-          kind, count * isz, [&] { return MPI_Allreduce(in, recv, n, type, mpi_op(op), comm_); },
-          [&](MPI_Request* req) { return MPI_Iallreduce(in, recv, n, type, mpi_op(op), comm_, req); });
+          kind, count * isz, [&] { return MPI_Allreduce(in, recv, n, type, mpi_op(op, dtype), comm_); },
+          [&](MPI_Request* req) { return MPI_Iallreduce(in, recv, n, type, mpi_op(op, dtype), comm_, req); });
       if (op == ReduceOp::Avg) divide_by(recv, count, dtype, size_);
     } else if (send != recv) {
       copy_bytes(recv, send, count * isz);
@@ -239,12 +268,12 @@ class MpiCommunicator final : public Communicator {
       collective(
           kind, total * isz,
           [&] {
-            return equal ? MPI_Reduce_scatter_block(send, target, elems[0], type, mpi_op(op), comm_)
-                         : MPI_Reduce_scatter(send, target, elems.data(), type, mpi_op(op), comm_);
+            return equal ? MPI_Reduce_scatter_block(send, target, elems[0], type, mpi_op(op, dtype), comm_)
+                         : MPI_Reduce_scatter(send, target, elems.data(), type, mpi_op(op, dtype), comm_);
           },
           [&](MPI_Request* req) {
-            return equal ? MPI_Ireduce_scatter_block(send, target, elems[0], type, mpi_op(op), comm_, req)
-                         : MPI_Ireduce_scatter(send, target, elems.data(), type, mpi_op(op), comm_, req);
+            return equal ? MPI_Ireduce_scatter_block(send, target, elems[0], type, mpi_op(op, dtype), comm_, req)
+                         : MPI_Ireduce_scatter(send, target, elems.data(), type, mpi_op(op, dtype), comm_, req);
           });
       if (op == ReduceOp::Avg) divide_by(target, mine, dtype, size_);
       if (overlaps) copy_bytes(out, target, mine * isz);
@@ -495,8 +524,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Datatype check_dtype(CollectiveKind kind, DType dtype) const {
     const MPI_Datatype type = mpi_type(dtype);
     if (type == MPI_DATATYPE_NULL)
-      throw DTypeError(fmt::format("[mpi] {} on rank {}: dtype {} has no CPU reduction; expected f32, f64 or i64",
-                                   collective_name(kind), rank_, dtype));
+      throw DTypeError(fmt::format("[mpi] {} on rank {}: unknown dtype code {}", collective_name(kind), rank_,
+                                   static_cast<int>(dtype)));
     return type;
   }
 
