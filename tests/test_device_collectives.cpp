@@ -1,11 +1,13 @@
-// The NCCL communicator: every collective of the interface over a local
-// group of all visible GPUs (one thread per device; one GPU gives a group of
-// one), with values staged through device memory, the exact byte accounting
-// of communicator.h, point to point with tags, split, the argument checks,
-// and a timeout that breaks the communicator (two GPUs or more). Cases that
-// need a GPU are skipped, and counted as skipped, in a build without NCCL
-// or on a machine without a device; what the build says about NCCL is
-// checked everywhere.
+// Collectives on device buffers: every collective of the interface, with
+// values staged through device memory, the exact byte accounting of
+// communicator.h, point to point with tags, split and the argument checks,
+// run twice: over an NCCL local group of all visible GPUs (one thread per
+// device; one GPU gives a group of one), and over four simulated GPU ranks
+// (the threads backend sharing one GPU). Also NCCL's own: its bootstraps'
+// checks and a timeout that breaks the communicator (two GPUs or more).
+// Cases that need a GPU are skipped, and counted as skipped, in a build
+// without CUDA/NCCL or on a machine without a device; what the build says
+// about NCCL is checked everywhere.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -22,6 +24,8 @@
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/half.h"
 #include "dtensor/mesh/backends.h"
+#include "dtensor/mesh/threads.h"
+#include "support.h"
 
 using namespace dtensor;
 using namespace comm_test;
@@ -80,7 +84,40 @@ void run_group(Failures& failures, const std::function<void(Communicator&)>& fn,
   run_on(comms, devices, failures, fn);
 }
 
-int group_size() { return cuda::device_count(); }
+// Where the device-buffer collective checks run: an NCCL local group of
+// every GPU, or four simulated GPU ranks (threads sharing device 0).
+struct Engine {
+  std::string backend;
+  int n;
+  std::function<void(Failures&, const std::function<void(Communicator&)>&)> run;
+};
+
+Engine nccl_engine() {
+  return {"nccl", cuda::device_count(),
+          [](Failures& failures, const std::function<void(Communicator&)>& fn) { run_group(failures, fn); }};
+}
+
+Engine simulated_engine() {
+  return {"threads", 4, [](Failures& failures, const std::function<void(Communicator&)>& fn) {
+            ThreadsOptions options;
+            options.device = Device::CUDA;
+            try {
+              run_threads(
+                  4,
+                  [&](Communicator& comm) {
+                    try {
+                      fn(comm);
+                    } catch (const std::exception& e) {
+                      failures.add(comm.rank(), fmt::format("threw: {}", e.what()));
+                      throw;
+                    }
+                  },
+                  options);
+            } catch (const RankFailed&) {
+              // recorded on the rank above
+            }
+          }};
+}
 
 // Device memory with host staging.
 struct DeviceBuffer {
@@ -110,43 +147,15 @@ DeviceBuffer upload(const std::vector<T>& v) {
 
 using namespace nccl_test;
 
-BOOST_AUTO_TEST_SUITE(nccl)
+// The checks both engines run, each a function of the engine.
+namespace device_collectives {
 
-BOOST_AUTO_TEST_CASE(availability_matches_the_build) {
-  if (!nccl_available()) {
-    BOOST_TEST(nccl_version() == 0);
-    BOOST_CHECK_EXCEPTION(nccl_world(), UnsupportedError,
-                          [](const UnsupportedError& e) { return contains(e.what(), "[nccl] nccl_world"); });
-    const std::vector<int> devices{0};
-    BOOST_CHECK_EXCEPTION(nccl_local_group(devices), UnsupportedError,
-                          [](const UnsupportedError& e) { return contains(e.what(), "[nccl] nccl_local_group"); });
-    return;
-  }
-  BOOST_TEST(cuda::built());
-  BOOST_TEST(nccl_version() > 0);
-  if (cuda::device_count() == 0) {
-    const std::vector<int> devices{0};
-    BOOST_CHECK_THROW(nccl_local_group(devices), Error);
-  }
-}
-
-BOOST_AUTO_TEST_CASE(local_group_argument_checks, *utf::precondition(has_nccl_device)) {
-  const int count = cuda::device_count();
-  BOOST_CHECK_EXCEPTION(nccl_local_group(std::vector<int>{}), ValueError,
-                        [](const ValueError& e) { return contains(e.what(), "no devices"); });
-  BOOST_CHECK_EXCEPTION(nccl_local_group(std::vector<int>{count}), ValueError, [&](const ValueError& e) {
-    return contains(e.what(), fmt::format("device {} is not one of the {}", count, count));
-  });
-  BOOST_CHECK_EXCEPTION(nccl_local_group(std::vector<int>{0, 0}), ValueError,
-                        [](const ValueError& e) { return contains(e.what(), "listed twice"); });
-}
-
-BOOST_AUTO_TEST_CASE(all_reduce_values_and_bytes, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void all_reduce_values_and_bytes(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
-    EXPECT_R(comm.size() == n && comm.backend() == "nccl", "size {} backend {}", comm.size(), comm.backend());
+    EXPECT_R(comm.size() == n && comm.backend() == engine.backend, "size {} backend {}", comm.size(), comm.backend());
     std::uint64_t seed = 7000;
     const auto odd = static_cast<std::size_t>(3 * n + 1);
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, odd, std::size_t{25000}}) {
@@ -196,8 +205,8 @@ BOOST_AUTO_TEST_CASE(all_reduce_values_and_bytes, *utf::precondition(has_nccl_de
   failures.report();
 }
 
-BOOST_AUTO_TEST_CASE(all_gather_uneven_equal_and_in_place, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void all_gather_uneven_equal_and_in_place(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
   std::mt19937_64 rng(8000);
   std::vector<std::vector<std::size_t>> cases;
@@ -205,7 +214,7 @@ BOOST_AUTO_TEST_CASE(all_gather_uneven_equal_and_in_place, *utf::precondition(ha
   cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 0));
   cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 40000));
   cases.push_back(random_sizes(rng, n, 90000));
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
     for (std::size_t c = 0; c < cases.size(); ++c) {
       const auto& sizes = cases[c];
@@ -245,8 +254,8 @@ BOOST_AUTO_TEST_CASE(all_gather_uneven_equal_and_in_place, *utf::precondition(ha
   failures.report();
 }
 
-BOOST_AUTO_TEST_CASE(reduce_scatter_values_and_bytes, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void reduce_scatter_values_and_bytes(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
   std::mt19937_64 rng(9000);
   std::vector<std::vector<std::size_t>> cases;
@@ -254,7 +263,7 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_values_and_bytes, *utf::precondition(has_ncc
   cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 0));
   cases.push_back(std::vector<std::size_t>(static_cast<std::size_t>(n), 20000));
   cases.push_back(random_sizes(rng, n, 30000));
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
     std::uint64_t seed = 9000;
     for (std::size_t c = 0; c < cases.size(); ++c) {
@@ -299,8 +308,8 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_values_and_bytes, *utf::precondition(has_ncc
   failures.report();
 }
 
-BOOST_AUTO_TEST_CASE(all_to_all_broadcast_scatter_barrier, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void all_to_all_broadcast_scatter_barrier(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
   std::mt19937_64 rng(10000);
   std::vector<std::vector<std::vector<std::size_t>>> a2a;  // [case][src][dst] bytes
@@ -314,7 +323,7 @@ BOOST_AUTO_TEST_CASE(all_to_all_broadcast_scatter_barrier, *utf::precondition(ha
   auto byte_of = [](int src, int dst, std::size_t i, std::size_t c) {
     return static_cast<std::uint8_t>(src * 53 + dst * 11 + i * 3 + c);
   };
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
     const auto r = static_cast<std::size_t>(rank);
     for (std::size_t c = 0; c < a2a.size(); ++c) {
@@ -403,10 +412,10 @@ BOOST_AUTO_TEST_CASE(all_to_all_broadcast_scatter_barrier, *utf::precondition(ha
   failures.report();
 }
 
-BOOST_AUTO_TEST_CASE(send_recv_tags_and_size_mismatch, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void send_recv_tags_and_size_mismatch(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
     const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
     // A send is a rendezvous on NCCL: even ranks send first, odd ranks
@@ -442,7 +451,7 @@ BOOST_AUTO_TEST_CASE(send_recv_tags_and_size_mismatch, *utf::precondition(has_nc
         comm.recv(ra.data(), 24, prev, 7);
         failures.add(rank, "size mismatch did not throw");
       } catch (const CommError& e) {
-        EXPECT_R(contains(e.what(), "24") && contains(e.what(), "16") && contains(e.what(), "[nccl]"), "message: {}",
+        EXPECT_R(contains(e.what(), "24") && contains(e.what(), "16") && contains(e.what(), "[" + engine.backend + "]"), "message: {}",
                  e.what());
       }
     };
@@ -458,10 +467,10 @@ BOOST_AUTO_TEST_CASE(send_recv_tags_and_size_mismatch, *utf::precondition(has_nc
   failures.report();
 }
 
-BOOST_AUTO_TEST_CASE(argument_checks, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void argument_checks(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
     DeviceBuffer buf(64);
     const std::vector<std::size_t> wrong(static_cast<std::size_t>(n + 1), 0);
@@ -470,7 +479,7 @@ BOOST_AUTO_TEST_CASE(argument_checks, *utf::precondition(has_nccl_device)) {
         fn();
         failures.add(rank, fmt::format("{} did not throw", what));
       } catch (const ValueError& e) {
-        EXPECT_R(contains(e.what(), "[nccl]") && contains(e.what(), needle), "{}: {}", what, e.what());
+        EXPECT_R(contains(e.what(), "[" + engine.backend + "]") && contains(e.what(), needle), "{}: {}", what, e.what());
       }
     };
     expect_value_error("all_gather entries", "recv_bytes has", [&] { comm.all_gather(buf.data(), buf.data(), wrong); });
@@ -492,10 +501,10 @@ BOOST_AUTO_TEST_CASE(argument_checks, *utf::precondition(has_nccl_device)) {
   failures.report();
 }
 
-BOOST_AUTO_TEST_CASE(split_groups_and_shared_stats, *utf::precondition(has_nccl_device)) {
-  const int n = group_size();
+void split_groups_and_shared_stats(const Engine& engine) {
+  const int n = engine.n;
   Failures failures(n);
-  run_group(failures, [&](Communicator& comm) {
+  engine.run(failures, [&](Communicator& comm) {
     const int rank = comm.rank();
     auto sub = comm.split(rank % 2, -rank);  // colors rank % 2, descending rank
     std::vector<int> members;
@@ -530,8 +539,62 @@ BOOST_AUTO_TEST_CASE(split_groups_and_shared_stats, *utf::precondition(has_nccl_
   failures.report();
 }
 
+}  // namespace device_collectives
+
+#define DEVICE_COLLECTIVE_CASES(make_engine)                                                          \
+  BOOST_AUTO_TEST_CASE(all_reduce_values_and_bytes) {                                                 \
+    device_collectives::all_reduce_values_and_bytes(make_engine());                                   \
+  }                                                                                                   \
+  BOOST_AUTO_TEST_CASE(all_gather_uneven_equal_and_in_place) {                                        \
+    device_collectives::all_gather_uneven_equal_and_in_place(make_engine());                          \
+  }                                                                                                   \
+  BOOST_AUTO_TEST_CASE(reduce_scatter_values_and_bytes) {                                             \
+    device_collectives::reduce_scatter_values_and_bytes(make_engine());                               \
+  }                                                                                                   \
+  BOOST_AUTO_TEST_CASE(all_to_all_broadcast_scatter_barrier) {                                        \
+    device_collectives::all_to_all_broadcast_scatter_barrier(make_engine());                          \
+  }                                                                                                   \
+  BOOST_AUTO_TEST_CASE(send_recv_tags_and_size_mismatch) {                                            \
+    device_collectives::send_recv_tags_and_size_mismatch(make_engine());                              \
+  }                                                                                                   \
+  BOOST_AUTO_TEST_CASE(argument_checks) { device_collectives::argument_checks(make_engine()); }       \
+  BOOST_AUTO_TEST_CASE(split_groups_and_shared_stats) {                                               \
+    device_collectives::split_groups_and_shared_stats(make_engine());                                 \
+  }
+
+BOOST_AUTO_TEST_SUITE(nccl)
+
+BOOST_AUTO_TEST_CASE(availability_matches_the_build) {
+  if (!nccl_available()) {
+    BOOST_TEST(nccl_version() == 0);
+    BOOST_CHECK_EXCEPTION(nccl_world(), UnsupportedError,
+                          [](const UnsupportedError& e) { return contains(e.what(), "[nccl] nccl_world"); });
+    const std::vector<int> devices{0};
+    BOOST_CHECK_EXCEPTION(nccl_local_group(devices), UnsupportedError,
+                          [](const UnsupportedError& e) { return contains(e.what(), "[nccl] nccl_local_group"); });
+    return;
+  }
+  BOOST_TEST(cuda::built());
+  BOOST_TEST(nccl_version() > 0);
+  if (cuda::device_count() == 0) {
+    const std::vector<int> devices{0};
+    BOOST_CHECK_THROW(nccl_local_group(devices), Error);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(local_group_argument_checks, *utf::precondition(has_nccl_device)) {
+  const int count = cuda::device_count();
+  BOOST_CHECK_EXCEPTION(nccl_local_group(std::vector<int>{}), ValueError,
+                        [](const ValueError& e) { return contains(e.what(), "no devices"); });
+  BOOST_CHECK_EXCEPTION(nccl_local_group(std::vector<int>{count}), ValueError, [&](const ValueError& e) {
+    return contains(e.what(), fmt::format("device {} is not one of the {}", count, count));
+  });
+  BOOST_CHECK_EXCEPTION(nccl_local_group(std::vector<int>{0, 0}), ValueError,
+                        [](const ValueError& e) { return contains(e.what(), "listed twice"); });
+}
+
 BOOST_AUTO_TEST_CASE(timeout_breaks_the_communicator, *utf::precondition(has_two_devices)) {
-  const int n = group_size();
+  const int n = cuda::device_count();
   Failures failures(n);
   const auto devices = all_devices();
   auto comms = nccl_local_group(devices, NcclOptions{std::chrono::milliseconds(2000)});
@@ -555,4 +618,15 @@ BOOST_AUTO_TEST_CASE(timeout_breaks_the_communicator, *utf::precondition(has_two
   failures.report();
 }
 
+BOOST_AUTO_TEST_SUITE(local_group, *utf::precondition(has_nccl_device))
+DEVICE_COLLECTIVE_CASES(nccl_engine)
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The same checks on four simulated GPU ranks (the threads backend on device
+// buffers): the reference semantics, on the GPU.
+BOOST_AUTO_TEST_SUITE(simulated_gpu_ranks, *utf::precondition(testing::needs_gpu))
+DEVICE_COLLECTIVE_CASES(simulated_engine)
+BOOST_AUTO_TEST_SUITE_END()
+
