@@ -71,6 +71,11 @@ MatmulRow time_matmul(DType dtype, std::int64_t n, int reps) {
         cublasHandle_t handle;
         check_cublas(cublasCreate(&handle), "cublasCreate");
         check_cublas(cublasSetStream(handle, cuda::stream()), "cublasSetStream");
+        // The library's handle settings (ops/cuda/gemm_cublas.cpp): 16-bit
+        // inputs reduce in f32 all the way, so both sides run the same math.
+        check_cublas(cublasSetMathMode(handle, static_cast<cublasMath_t>(
+                                                   CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+                     "cublasSetMathMode");
         const float one_f = 1, zero_f = 0;
         const int ni = static_cast<int>(n);
         const double t_cublas = median_seconds(reps, [&] {
