@@ -47,7 +47,9 @@ struct Problem {
   // Integer Avg: divisions in stages truncate differently from one division,
   // so the Partial dims a plan removes are all reduced by one collective.
   bool avg_in_one_step = false;
-  bool bytes_first = true;  // objective: (bytes, time) without Partial source, else (time, bytes)
+  // Objective: (bytes, time), or (time, bytes) for a Partial source where
+  // latency decides (see bandwidth_dominates in objective.h).
+  bool bytes_first = true;
   // Exchange links per (src, dst) pair: the slowest link among the mesh dims they differ on.
   std::vector<double> pair_bw, pair_lat;
   double max_bw = 0;  // the fastest of them
