@@ -277,9 +277,9 @@ std::int64_t check_least_traffic(const Case& c, int max_steps) {
   const std::int64_t best = ShortPlans(c.mesh, c.shape, c.dtype, c.from, c.to).best(max_steps, how);
   const std::int64_t got = plan.max_recv_bytes();
   BOOST_TEST_CONTEXT(c.describe() << "\nplanner: " << fmt::format("{}", plan) << "\nbest short plan: " << how) {
-    BOOST_TEST(got <= best, "the planner's busiest rank receives more than the best short plan's");
+    BOOST_TEST(got <= best, "the planner's busiest rank receives " << got << " B, the best short plan " << best << " B");
   }
-  if (testing::can_run(numel(c.mesh))) check_execution(c, plan);
+  if (getenv("NOEXEC") == nullptr && testing::can_run(numel(c.mesh))) check_execution(c, plan);
   return got;
 }
 
@@ -342,7 +342,8 @@ BOOST_DATA_TEST_CASE(random_partial_sources_match_the_best_short_plan, boost::un
   BOOST_TEST_MESSAGE("mesh " << fmt::format("{}", fmt::join(mesh, "x")) << " base seed " << base_seed);
   std::mt19937_64 rng(base_seed);
   const int M = static_cast<int>(mesh.size());
-  for (int i = 0; i < kCasesPerMesh; ++i) {
+  const int ncases = getenv("NCASES") ? atoi(getenv("NCASES")) : kCasesPerMesh;
+  for (int i = 0; i < ncases; ++i) {
     const std::uint64_t seed = base_seed * 1000 + i;
     const DType dtype = std::array{DType::Float32, DType::Float64, DType::Int64}[rng() % 3];
     // Integer Avg is reduced in one step (truncation), a different planner rule.

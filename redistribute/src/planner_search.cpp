@@ -357,8 +357,13 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
   return out;
 }
 
-std::vector<StepKind> Search::path_kinds(int s) const {
+std::vector<StepKind> Search::path_kinds(int s, int label) const {
   std::vector<StepKind> kinds;
+  if (label >= 0) {
+    for (int l = label; labels_[l].parent >= 0; l = labels_[l].parent) kinds.push_back(labels_[l].edge.kind);
+    std::reverse(kinds.begin(), kinds.end());
+    return kinds;
+  }
   while (s != 0 && pred_[s].first >= 0) {
     kinds.push_back(pred_[s].second.kind);
     s = pred_[s].first;
@@ -368,6 +373,7 @@ std::vector<StepKind> Search::path_kinds(int s) const {
 }
 
 std::vector<Search::Link> Search::run() {
+  if (P_.exact_busiest) return run_exact();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   const Cost unreached{std::numeric_limits<std::int64_t>::max(), kInf};
   dist_.assign(states_.size(), unreached);
@@ -440,6 +446,132 @@ std::vector<Search::Link> Search::run() {
 
   std::vector<Link> chain;
   for (int s = goal_; s != 0; s = pred_[s].first) chain.push_back(Link{pred_[s].first, s, pred_[s].second});
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+// The busiest rank's total over a plan can be well below the sum of its
+// steps' busiest ranks when steps load different ranks (uneven or empty
+// shards), so for a Partial source, where no single step reaches a known
+// bound, paths are labels carrying every rank's total. A state keeps the
+// labels no other label there beats on every rank and on time; both parts of
+// the key (busiest total, time) only grow along a path, so the first label
+// of the goal taken from the queue is the best plan over these edges.
+std::vector<Search::Link> Search::run_exact() {
+  const int R = P_.ranks;
+  labels_.clear();
+  labels_.push_back(Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(R, 0)});
+  std::vector<std::vector<int>> at(states_.size());  // live labels per state
+  std::vector<char> dead(1, 0);
+  at[0].push_back(0);
+  struct Item {
+    Cost c;
+    int label;
+  };
+  auto cmp = [this](const Item& a, const Item& b) { return better(b.c, a.c); };
+  std::priority_queue<Item, std::vector<Item>, decltype(cmp)> pq(cmp);
+  pq.push({Cost{}, 0});
+  // Each state's outgoing steps, priced once: (target, edge, eval, per-rank bytes).
+  struct Out {
+    int to;
+    Edge edge;
+    Eval ev;
+    std::vector<std::int64_t> bytes;
+  };
+  std::vector<std::vector<Out>> outs(states_.size());
+  std::vector<char> expanded(states_.size(), 0), exchanged(states_.size(), 0);
+  std::vector<std::int64_t> bytes;
+  std::vector<std::pair<Edge, Pls>> out_edges;
+  Cost best_goal{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
+
+  auto offer = [&](int from_label, const Out& o) {
+    const Label& f = labels_[from_label];
+    std::vector<std::int64_t> total(f.total);
+    std::int64_t busiest = 0;
+    for (int r = 0; r < R; ++r) busiest = std::max(busiest, total[r] += o.bytes[r]);
+    const Cost c{busiest, f.cost.time + o.ev.time};
+    if (o.to == goal_) {
+      cands_.push_back(Candidate{c, f.state, o.edge.kind, from_label});
+      if (o.edge.kind != StepKind::Exchange) ++considered_;
+      if (better(c, best_goal)) best_goal = c;
+    }
+    // Whether (a, at) is nowhere worse than (b, bt).
+    auto covers = [&](const std::vector<std::int64_t>& a, double at_, const std::vector<std::int64_t>& b, double bt) {
+      if (at_ > bt) return false;
+      for (int r = 0; r < R; ++r)
+        if (a[r] > b[r]) return false;
+      return true;
+    };
+    std::vector<int>& here = at[o.to];
+    for (int l : here)
+      if (covers(labels_[l].total, labels_[l].cost.time, total, c.time)) return;
+    std::erase_if(here, [&](int l) {
+      if (!covers(total, c.time, labels_[l].total, labels_[l].cost.time)) return false;
+      dead[l] = 1;
+      return true;
+    });
+    const int id = static_cast<int>(labels_.size());
+    labels_.push_back(Label{o.to, from_label, o.edge, c, std::move(total)});
+    dead.push_back(0);
+    here.push_back(id);
+    pq.push({c, id});
+  };
+
+  int found = -1;
+  while (!pq.empty()) {
+    const Item it = pq.top();
+    pq.pop();
+    if (dead[it.label]) continue;
+    const int u = labels_[it.label].state;
+    if (u == goal_) {
+      found = it.label;
+      break;
+    }
+    if (!expanded[u]) {
+      expanded[u] = 1;
+      out_edges.clear();
+      edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
+      std::vector<Out> list;
+      for (const auto& [e, tp] : out_edges) {
+        const int t = intern(tp);
+        if (t == u || (t != goal_ && states_[t].max_numel > limit_)) continue;  // memory bound
+        Eval ev = eval(u, t, e, bytes);
+        list.push_back(Out{t, e, ev, bytes});
+      }
+      if (outs.size() < states_.size()) {
+        outs.resize(states_.size());
+        expanded.resize(states_.size(), 0);
+        at.resize(states_.size());
+        exchanged.resize(states_.size(), 0);
+      }
+      outs[u] = std::move(list);
+    }
+    if (!states_[u].partial && !exchanged[u]) {
+      // As in run(): price the exchange only once a label here could beat
+      // the best plan found so far with it: the exchange's exact bytes
+      // added to the label's, its time at the fastest link with no latency.
+      const State& S = states_[u];
+      const State& T = states_[goal_];
+      const Label& f = labels_[it.label];
+      std::int64_t busiest = 0, most = 0;
+      for (int r = 0; r < R; ++r) {
+        const std::int64_t b = needs(r) ? (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * P_.itemsize : 0;
+        busiest = std::max(busiest, f.total[r] + b);
+        most = std::max(most, b);
+      }
+      ++considered_;
+      if (better(Cost{busiest, f.cost.time + static_cast<double>(most) / P_.max_bw}, best_goal)) {
+        exchanged[u] = 1;
+        Eval ev = exchange(u, bytes, nullptr);
+        outs[u].push_back(Out{goal_, edge_of(StepKind::Exchange), ev, bytes});
+      }
+    }
+    for (const Out& o : outs[u]) offer(it.label, o);
+  }
+  if (found < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
+  std::vector<Link> chain;
+  for (int l = found; labels_[l].parent >= 0; l = labels_[l].parent)
+    chain.push_back(Link{labels_[labels_[l].parent].state, labels_[l].state, labels_[l].edge});
   std::reverse(chain.begin(), chain.end());
   return chain;
 }

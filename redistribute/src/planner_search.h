@@ -50,6 +50,9 @@ struct Problem {
   // Objective: (bytes, time), or (time, bytes) for a Partial source where
   // latency decides (see bandwidth_dominates in objective.h).
   bool bytes_first = true;
+  // Bytes are the busiest rank's exact total over the plan rather than the
+  // sum of each step's busiest rank (see Search::run_exact).
+  bool exact_busiest = false;
   // Exchange links per (src, dst) pair: the slowest link among the mesh dims they differ on.
   std::vector<double> pair_bw, pair_lat;
   double max_bw = 0;  // the fastest of them
@@ -97,6 +100,7 @@ struct Candidate {
   Cost cost;
   int pred;
   StepKind last;
+  int label = -1;  // run_exact: the label it extends
 };
 
 class Search {
@@ -122,8 +126,9 @@ class Search {
   int goal() const { return goal_; }
   std::int64_t limit() const { return limit_; }
   const std::vector<Candidate>& candidates() const { return cands_; }
-  /// The step kinds of the best known path to a settled state.
-  std::vector<StepKind> path_kinds(int s) const;
+  /// The step kinds of the best known path to a settled state, or of the
+  /// path of a label of run_exact.
+  std::vector<StepKind> path_kinds(int s, int label = -1) const;
   std::size_t num_states() const { return states_.size(); }
   /// Complete plans compared, counting those a lower bound ruled out.
   std::size_t considered() const { return considered_; }
@@ -135,6 +140,7 @@ class Search {
   bool needs(int r) const { return goal_needs_[r] != 0; }
   template <class F>
   void edges(int s, F&& f) const;
+  std::vector<Link> run_exact();
 
   Problem& P_;
   std::vector<State> states_;
@@ -146,6 +152,15 @@ class Search {
   std::vector<std::pair<int, Edge>> pred_;
   std::vector<Candidate> cands_;
   std::size_t considered_ = 0;
+  // run_exact: a path's per-rank totals, its cost, and where it came from.
+  struct Label {
+    int state;
+    int parent;
+    Edge edge;
+    Cost cost;
+    std::vector<std::int64_t> total;
+  };
+  std::vector<Label> labels_;
 };
 
 }  // namespace dtensor::planner
