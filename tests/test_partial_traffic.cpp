@@ -93,7 +93,9 @@ class ShortPlans {
     return n;
   }
 
-  void add(int from, const Layout& to, std::string what, const std::function<std::int64_t(int, const Node&, const Node&)>& elements) {
+  // A step from node `from` to layout `to`; elements(r, from, to) is what rank r receives.
+  void add(int from, const Layout& to, std::string what,
+           const std::function<std::int64_t(int, const Node&, const Node&)>& elements) {
     const int t = intern(to);
     if (t == from) return;
     if (t != goal_ && nodes_[t].largest > limit_) return;
@@ -137,11 +139,12 @@ class ShortPlans {
           t = t.with(partial[i], Replicate{});
         }
       const std::int64_t n = group_size(dims);
-      add(s, t, fmt::format("all_reduce over [{}]", fmt::join(dims, ",")), [&, dims, n](int r, const Node& a, const Node&) {
+      auto ring = [&, dims, n](int r, const Node& a, const Node&) {
         const std::int64_t count = a.boxes[r].numel();
         const std::int64_t seg = even_split(count, n, group_index(r, dims)).size;
         return (n - 1) * seg + (count - seg);
-      });
+      };
+      add(s, t, fmt::format("all_reduce over [{}]", fmt::join(dims, ",")), ring);
     }
     // reduce_scatter over any ordered group of Partial dims onto any tensor
     // dim (the group's first mesh dim splits outermost): each rank receives
@@ -185,7 +188,8 @@ class ShortPlans {
       const Layout& to = nodes_[goal_].layout;
       add(s, to, "exchange", [&](int r, const Node& a, const Node& b) {
         for (int m = 0; m < M; ++m)
-          if (auto* q = std::get_if<Partial>(&to[m]); q && q->op == ReduceOp::Sum && coords_[r][m] != 0) return std::int64_t{0};
+          if (auto* q = std::get_if<Partial>(&to[m]); q && q->op == ReduceOp::Sum && coords_[r][m] != 0)
+            return std::int64_t{0};
         return b.boxes[r].numel() - intersect(a.boxes[r], b.boxes[r]).numel();
       });
     }
@@ -270,17 +274,17 @@ void check_execution(const Case& c, const Plan& plan) {
   testing::check_no_failures(log.failures);
 }
 
-// The planner against the short plans; returns the planner's busiest bytes.
-std::int64_t check_least_traffic(const Case& c, int max_steps) {
+// The planner against the best of the short plans, and optionally its run.
+void check_least_traffic(const Case& c, int max_steps, bool execute) {
   const Plan plan = plan_redistribute(PlanRequest{c.mesh, c.shape, c.dtype, c.from, c.to, CostModel{}});
   std::string how;
   const std::int64_t best = ShortPlans(c.mesh, c.shape, c.dtype, c.from, c.to).best(max_steps, how);
   const std::int64_t got = plan.max_recv_bytes();
   BOOST_TEST_CONTEXT(c.describe() << "\nplanner: " << fmt::format("{}", plan) << "\nbest short plan: " << how) {
-    BOOST_TEST(got <= best, "the planner's busiest rank receives " << got << " B, the best short plan " << best << " B");
+    BOOST_TEST(got <= best,
+               "the planner's busiest rank receives " << got << " B, the best short plan's " << best << " B");
   }
-  if (getenv("NOEXEC") == nullptr && testing::can_run(numel(c.mesh))) check_execution(c, plan);
-  return got;
+  if (execute && testing::can_run(numel(c.mesh))) check_execution(c, plan);
 }
 
 }  // namespace partial_traffic
@@ -307,7 +311,7 @@ BOOST_AUTO_TEST_CASE(known_moves_reach_the_least_traffic) {
   for (const Known& k : known) {
     Case c{k.mesh, k.shape, k.dtype, Layout::parse(k.from), Layout::parse(k.to), 7};
     BOOST_TEST_CONTEXT(c.describe()) {
-      // The big one runs its plan only: its exhaustive search is the slow part.
+      // Every move runs but the 144 MiB one (searching it takes boxes only).
       const Plan plan = plan_redistribute(PlanRequest{c.mesh, c.shape, c.dtype, c.from, c.to, CostModel{}});
       BOOST_TEST(plan.max_recv_bytes() == k.least);
       std::string how;
@@ -319,9 +323,10 @@ BOOST_AUTO_TEST_CASE(known_moves_reach_the_least_traffic) {
 }
 
 const std::vector<Shape> kMeshes = {{2, 2}, {2, 4}, {2, 3}, {2, 2, 2}};
-constexpr int kCasesPerMesh = 12;
+constexpr int kCasesPerMesh = 48;
 
-// A tensor of 1 to 2 MiB: 1 to 3 dims, sizes often not divisible by the mesh.
+// A tensor of 1 MiB or a little more: 1 to 3 dims, sizes often not divisible
+// by the mesh, small leading dims sometimes leaving shards empty.
 Shape random_shape(std::mt19937_64& rng, DType dtype) {
   const std::int64_t target = (std::int64_t{1} << 20) / static_cast<std::int64_t>(itemsize(dtype));
   const int nd = 1 + static_cast<int>(rng() % 3);
@@ -335,15 +340,14 @@ Shape random_shape(std::mt19937_64& rng, DType dtype) {
   return s;
 }
 
-BOOST_DATA_TEST_CASE(random_partial_sources_match_the_best_short_plan, boost::unit_test::data::make(std::vector<std::size_t>{0, 1, 2, 3}),
+BOOST_DATA_TEST_CASE(random_partial_sources_match_the_best_short_plan, boost::unit_test::data::xrange(kMeshes.size()),
                      mesh_index) {
   const Shape mesh = kMeshes[mesh_index];
   const std::uint64_t base_seed = 0xBA1A0000ull + mesh_index;
   BOOST_TEST_MESSAGE("mesh " << fmt::format("{}", fmt::join(mesh, "x")) << " base seed " << base_seed);
   std::mt19937_64 rng(base_seed);
   const int M = static_cast<int>(mesh.size());
-  const int ncases = getenv("NCASES") ? atoi(getenv("NCASES")) : kCasesPerMesh;
-  for (int i = 0; i < ncases; ++i) {
+  for (int i = 0; i < kCasesPerMesh; ++i) {
     const std::uint64_t seed = base_seed * 1000 + i;
     const DType dtype = std::array{DType::Float32, DType::Float64, DType::Int64}[rng() % 3];
     // Integer Avg is reduced in one step (truncation), a different planner rule.
@@ -356,7 +360,10 @@ BOOST_DATA_TEST_CASE(random_partial_sources_match_the_best_short_plan, boost::un
     do from = testing::random_layout(rng, M, nd, op, 3);
     while (!from.has_partial());
     Layout to = testing::random_layout(rng, M, nd, op, rng() % 4 == 0 ? 2 : 0);
-    check_least_traffic(Case{mesh, shape, dtype, from, to, seed}, 4);
+    // Searching is cheap, running 1 MiB on 8 thread ranks is not: every
+    // fourth plan runs (the property suite runs many more Partial plans of
+    // this search, priced without latency, on small tensors).
+    check_least_traffic(Case{mesh, shape, dtype, from, to, seed}, 4, i % 4 == 0);
   }
 }
 
