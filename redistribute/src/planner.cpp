@@ -216,7 +216,8 @@ Plan plan_redistribute(const PlanRequest& req) {
   const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
   // Partial on mesh dims of size 1 is already the full value.
   const bool src_partial = std::any_of(src.begin(), src.begin() + P.k, [](const Pl& p) { return p.kind == kPar; });
-  P.bytes_first = !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
+  P.bytes_first =
+      !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
   P.exact_busiest = src_partial && P.bytes_first;
   if (planner::key_of(src, P.k) == planner::key_of(dst, P.k)) {
     // Only size-1 mesh dims differ: they never split, so no data moves.

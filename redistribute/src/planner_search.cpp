@@ -458,12 +458,14 @@ std::vector<Search::Link> Search::run() {
 // the key (busiest total, time) only grow along a path, so the first label
 // of the goal taken from the queue is the best plan over these edges.
 std::vector<Search::Link> Search::run_exact() {
-  const int R = P_.ranks;
-  labels_.clear();
-  labels_.push_back(Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(R, 0)});
-  std::vector<std::vector<int>> at(states_.size());  // live labels per state
-  std::vector<char> dead(1, 0);
-  at[0].push_back(0);
+  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(P_.ranks, 0)});
+  dead_.assign(1, 0);
+  live_.assign(states_.size(), {});
+  live_[0].push_back(0);
+  outs_.assign(states_.size(), {});
+  expanded_.assign(states_.size(), 0);
+  exchanged_.assign(states_.size(), 0);
+  best_goal_ = Cost{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
   struct Item {
     Cost c;
     int label;
@@ -471,102 +473,20 @@ std::vector<Search::Link> Search::run_exact() {
   auto cmp = [this](const Item& a, const Item& b) { return better(b.c, a.c); };
   std::priority_queue<Item, std::vector<Item>, decltype(cmp)> pq(cmp);
   pq.push({Cost{}, 0});
-  // Each state's outgoing steps, priced once: (target, edge, eval, per-rank bytes).
-  struct Out {
-    int to;
-    Edge edge;
-    Eval ev;
-    std::vector<std::int64_t> bytes;
-  };
-  std::vector<std::vector<Out>> outs(states_.size());
-  std::vector<char> expanded(states_.size(), 0), exchanged(states_.size(), 0);
-  std::vector<std::int64_t> bytes;
-  std::vector<std::pair<Edge, Pls>> out_edges;
-  Cost best_goal{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
-
-  auto offer = [&](int from_label, const Out& o) {
-    const Label& f = labels_[from_label];
-    std::vector<std::int64_t> total(f.total);
-    std::int64_t busiest = 0;
-    for (int r = 0; r < R; ++r) busiest = std::max(busiest, total[r] += o.bytes[r]);
-    const Cost c{busiest, f.cost.time + o.ev.time};
-    if (o.to == goal_) {
-      cands_.push_back(Candidate{c, f.state, o.edge.kind, from_label});
-      if (o.edge.kind != StepKind::Exchange) ++considered_;
-      if (better(c, best_goal)) best_goal = c;
-    }
-    // Whether (a, at) is nowhere worse than (b, bt).
-    auto covers = [&](const std::vector<std::int64_t>& a, double at_, const std::vector<std::int64_t>& b, double bt) {
-      if (at_ > bt) return false;
-      for (int r = 0; r < R; ++r)
-        if (a[r] > b[r]) return false;
-      return true;
-    };
-    std::vector<int>& here = at[o.to];
-    for (int l : here)
-      if (covers(labels_[l].total, labels_[l].cost.time, total, c.time)) return;
-    std::erase_if(here, [&](int l) {
-      if (!covers(total, c.time, labels_[l].total, labels_[l].cost.time)) return false;
-      dead[l] = 1;
-      return true;
-    });
-    const int id = static_cast<int>(labels_.size());
-    labels_.push_back(Label{o.to, from_label, o.edge, c, std::move(total)});
-    dead.push_back(0);
-    here.push_back(id);
-    pq.push({c, id});
-  };
-
   int found = -1;
   while (!pq.empty()) {
     const Item it = pq.top();
     pq.pop();
-    if (dead[it.label]) continue;
+    if (dead_[it.label]) continue;
     const int u = labels_[it.label].state;
     if (u == goal_) {
       found = it.label;
       break;
     }
-    if (!expanded[u]) {
-      expanded[u] = 1;
-      out_edges.clear();
-      edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
-      std::vector<Out> list;
-      for (const auto& [e, tp] : out_edges) {
-        const int t = intern(tp);
-        if (t == u || (t != goal_ && states_[t].max_numel > limit_)) continue;  // memory bound
-        Eval ev = eval(u, t, e, bytes);
-        list.push_back(Out{t, e, ev, bytes});
-      }
-      if (outs.size() < states_.size()) {
-        outs.resize(states_.size());
-        expanded.resize(states_.size(), 0);
-        at.resize(states_.size());
-        exchanged.resize(states_.size(), 0);
-      }
-      outs[u] = std::move(list);
-    }
-    if (!states_[u].partial && !exchanged[u]) {
-      // As in run(): price the exchange only once a label here could beat
-      // the best plan found so far with it: the exchange's exact bytes
-      // added to the label's, its time at the fastest link with no latency.
-      const State& S = states_[u];
-      const State& T = states_[goal_];
-      const Label& f = labels_[it.label];
-      std::int64_t busiest = 0, most = 0;
-      for (int r = 0; r < R; ++r) {
-        const std::int64_t b = needs(r) ? (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * P_.itemsize : 0;
-        busiest = std::max(busiest, f.total[r] + b);
-        most = std::max(most, b);
-      }
-      ++considered_;
-      if (better(Cost{busiest, f.cost.time + static_cast<double>(most) / P_.max_bw}, best_goal)) {
-        exchanged[u] = 1;
-        Eval ev = exchange(u, bytes, nullptr);
-        outs[u].push_back(Out{goal_, edge_of(StepKind::Exchange), ev, bytes});
-      }
-    }
-    for (const Out& o : outs[u]) offer(it.label, o);
+    expand_exact(u);
+    price_exchange_if_useful(it.label);
+    for (std::size_t i = 0; i < outs_[u].size(); ++i)
+      if (const int id = offer(it.label, outs_[u][i]); id >= 0) pq.push({labels_[id].cost, id});
   }
   if (found < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
   std::vector<Link> chain;
@@ -574,6 +494,84 @@ std::vector<Search::Link> Search::run_exact() {
     chain.push_back(Link{labels_[labels_[l].parent].state, labels_[l].state, labels_[l].edge});
   std::reverse(chain.begin(), chain.end());
   return chain;
+}
+
+void Search::expand_exact(int u) {
+  if (expanded_[u]) return;
+  expanded_[u] = 1;
+  std::vector<std::pair<Edge, Pls>> out_edges;
+  edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
+  std::vector<Out> list;
+  std::vector<std::int64_t> bytes;
+  for (const auto& [e, tp] : out_edges) {
+    const int t = intern(tp);
+    if (t == u || (t != goal_ && states_[t].max_numel > limit_)) continue;  // memory bound
+    const Eval ev = eval(u, t, e, bytes);
+    list.push_back(Out{t, e, ev, bytes});
+  }
+  // New states were interned: every per-state table grows with them.
+  outs_.resize(states_.size());
+  live_.resize(states_.size());
+  expanded_.resize(states_.size(), 0);
+  exchanged_.resize(states_.size(), 0);
+  outs_[u] = std::move(list);
+}
+
+void Search::price_exchange_if_useful(int label) {
+  const Label& f = labels_[label];
+  const int u = f.state;
+  if (states_[u].partial || exchanged_[u]) return;
+  // As in run(): price the exchange only once a label here could beat the
+  // best plan found so far with it (the exchange's exact bytes added to the
+  // label's, its time at the fastest link with no latency); a later label
+  // here may do better than this one on the ranks the exchange loads.
+  const State& S = states_[u];
+  const State& T = states_[goal_];
+  std::int64_t busiest = 0, most = 0;
+  for (int r = 0; r < P_.ranks; ++r) {
+    const std::int64_t b = needs(r) ? (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * P_.itemsize : 0;
+    busiest = std::max(busiest, f.total[r] + b);
+    most = std::max(most, b);
+  }
+  ++considered_;
+  if (!better(Cost{busiest, f.cost.time + static_cast<double>(most) / P_.max_bw}, best_goal_)) return;
+  exchanged_[u] = 1;
+  std::vector<std::int64_t> bytes;
+  const Eval ev = exchange(u, bytes, nullptr);
+  outs_[u].push_back(Out{goal_, edge_of(StepKind::Exchange), ev, std::move(bytes)});
+}
+
+int Search::offer(int from_label, const Out& o) {
+  const int R = P_.ranks;
+  std::vector<std::int64_t> total(labels_[from_label].total);
+  std::int64_t busiest = 0;
+  for (int r = 0; r < R; ++r) busiest = std::max(busiest, total[r] += o.bytes[r]);
+  const Cost c{busiest, labels_[from_label].cost.time + o.ev.time};
+  if (o.to == goal_) {
+    cands_.push_back(Candidate{c, labels_[from_label].state, o.edge.kind, from_label});
+    if (o.edge.kind != StepKind::Exchange) ++considered_;
+    if (better(c, best_goal_)) best_goal_ = c;
+  }
+  // Whether totals a at time ta are nowhere worse than b at tb.
+  auto covers = [R](const std::vector<std::int64_t>& a, double ta, const std::vector<std::int64_t>& b, double tb) {
+    if (ta > tb) return false;
+    for (int r = 0; r < R; ++r)
+      if (a[r] > b[r]) return false;
+    return true;
+  };
+  std::vector<int>& here = live_[o.to];
+  for (int l : here)
+    if (covers(labels_[l].total, labels_[l].cost.time, total, c.time)) return -1;
+  std::erase_if(here, [&](int l) {
+    if (!covers(total, c.time, labels_[l].total, labels_[l].cost.time)) return false;
+    dead_[l] = 1;
+    return true;
+  });
+  const int id = static_cast<int>(labels_.size());
+  labels_.push_back(Label{o.to, from_label, o.edge, c, std::move(total)});
+  dead_.push_back(0);
+  here.push_back(id);
+  return id;
 }
 
 }  // namespace dtensor::planner

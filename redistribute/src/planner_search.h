@@ -140,7 +140,19 @@ class Search {
   bool needs(int r) const { return goal_needs_[r] != 0; }
   template <class F>
   void edges(int s, F&& f) const;
+  // run_exact and its parts: a state's steps priced once; the exchange
+  // from it, once a lower bound says it could win; a path extended by a step
+  // (the new label, or -1 where a label there is nowhere worse).
+  struct Out {
+    int to;
+    Edge edge;
+    Eval ev;
+    std::vector<std::int64_t> bytes;
+  };
   std::vector<Link> run_exact();
+  void expand_exact(int u);
+  void price_exchange_if_useful(int label);
+  int offer(int from_label, const Out& o);
 
   Problem& P_;
   std::vector<State> states_;
@@ -161,6 +173,11 @@ class Search {
     std::vector<std::int64_t> total;
   };
   std::vector<Label> labels_;
+  std::vector<char> dead_;              // per label: beaten after it was queued
+  std::vector<std::vector<int>> live_;  // per state: the labels nothing beats
+  std::vector<std::vector<Out>> outs_;  // per state: its steps, priced
+  std::vector<char> expanded_, exchanged_;
+  Cost best_goal_;
 };
 
 }  // namespace dtensor::planner
