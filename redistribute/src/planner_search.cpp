@@ -458,7 +458,7 @@ std::vector<Search::Link> Search::run() {
 // the key (busiest total, time) only grow along a path, so the first label
 // of the goal taken from the queue is the best plan over these edges.
 std::vector<Search::Link> Search::run_exact() {
-  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(P_.ranks, 0)});
+  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(P_.ranks, 0), 0});
   dead_.assign(1, 0);
   live_.assign(states_.size(), {});
   live_[0].push_back(0);
@@ -543,32 +543,37 @@ void Search::price_exchange_if_useful(int label) {
 
 int Search::offer(int from_label, const Out& o) {
   const int R = P_.ranks;
-  std::vector<std::int64_t> total(labels_[from_label].total);
-  std::int64_t busiest = 0;
-  for (int r = 0; r < R; ++r) busiest = std::max(busiest, total[r] += o.bytes[r]);
-  const Cost c{busiest, labels_[from_label].cost.time + o.ev.time};
-  if (o.to == goal_) {
-    cands_.push_back(Candidate{c, labels_[from_label].state, o.edge.kind, from_label});
-    if (o.edge.kind != StepKind::Exchange) ++considered_;
-    if (better(c, best_goal_)) best_goal_ = c;
+  Label next{o.to, from_label, o.edge, Cost{0, labels_[from_label].cost.time + o.ev.time}, labels_[from_label].total, 0};
+  for (int r = 0; r < R; ++r) {
+    next.total[r] += o.bytes[r];
+    next.cost.bytes = std::max(next.cost.bytes, next.total[r]);
+    next.sum += next.total[r];
   }
-  // Whether totals a at time ta are nowhere worse than b at tb.
-  auto covers = [R](const std::vector<std::int64_t>& a, double ta, const std::vector<std::int64_t>& b, double tb) {
-    if (ta > tb) return false;
+  if (o.to == goal_) {
+    cands_.push_back(Candidate{next.cost, labels_[from_label].state, o.edge.kind, from_label});
+    if (o.edge.kind != StepKind::Exchange) ++considered_;
+  }
+  // Keys only grow along a path: one that does not beat a plan found
+  // already cannot lead to a better one.
+  if (!better(next.cost, best_goal_)) return -1;
+  if (o.to == goal_) best_goal_ = next.cost;
+  // Whether a is nowhere worse than b (the totals' maximum and sum first, which rule out most pairs).
+  auto covers = [R](const Label& a, const Label& b) {
+    if (a.cost.time > b.cost.time || a.cost.bytes > b.cost.bytes || a.sum > b.sum) return false;
     for (int r = 0; r < R; ++r)
-      if (a[r] > b[r]) return false;
+      if (a.total[r] > b.total[r]) return false;
     return true;
   };
   std::vector<int>& here = live_[o.to];
   for (int l : here)
-    if (covers(labels_[l].total, labels_[l].cost.time, total, c.time)) return -1;
+    if (covers(labels_[l], next)) return -1;
   std::erase_if(here, [&](int l) {
-    if (!covers(total, c.time, labels_[l].total, labels_[l].cost.time)) return false;
+    if (!covers(next, labels_[l])) return false;
     dead_[l] = 1;
     return true;
   });
   const int id = static_cast<int>(labels_.size());
-  labels_.push_back(Label{o.to, from_label, o.edge, c, std::move(total)});
+  labels_.push_back(std::move(next));
   dead_.push_back(0);
   here.push_back(id);
   return id;

@@ -169,8 +169,9 @@ class Search {
     int state;
     int parent;
     Edge edge;
-    Cost cost;
+    Cost cost;  // bytes: the largest total
     std::vector<std::int64_t> total;
+    std::int64_t sum;  // of the totals
   };
   std::vector<Label> labels_;
   std::vector<char> dead_;              // per label: beaten after it was queued
