@@ -543,21 +543,23 @@ void Search::price_exchange_if_useful(int label) {
 
 int Search::offer(int from_label, const Out& o) {
   const int R = P_.ranks;
-  Label next{o.to, from_label, o.edge, Cost{0, labels_[from_label].cost.time + o.ev.time}, labels_[from_label].total, 0};
+  const Label& from = labels_[from_label];
+  Label next{o.to, from_label, o.edge, Cost{0, from.cost.time + o.ev.time}, from.total, 0};
   for (int r = 0; r < R; ++r) {
     next.total[r] += o.bytes[r];
     next.cost.bytes = std::max(next.cost.bytes, next.total[r]);
     next.sum += next.total[r];
   }
   if (o.to == goal_) {
-    cands_.push_back(Candidate{next.cost, labels_[from_label].state, o.edge.kind, from_label});
+    cands_.push_back(Candidate{next.cost, from.state, o.edge.kind, from_label});
     if (o.edge.kind != StepKind::Exchange) ++considered_;
   }
   // Keys only grow along a path: one that does not beat a plan found
   // already cannot lead to a better one.
   if (!better(next.cost, best_goal_)) return -1;
   if (o.to == goal_) best_goal_ = next.cost;
-  // Whether a is nowhere worse than b (the totals' maximum and sum first, which rule out most pairs).
+  // Whether a is nowhere worse than b (the totals' maximum and sum first:
+  // they rule out most pairs).
   auto covers = [R](const Label& a, const Label& b) {
     if (a.cost.time > b.cost.time || a.cost.bytes > b.cost.bytes || a.sum > b.sum) return false;
     for (int r = 0; r < R; ++r)
