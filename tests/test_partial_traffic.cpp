@@ -105,21 +105,26 @@ class ShortPlans {
     nodes_[from].moves.push_back(std::move(mv));
   }
 
+  static std::vector<int> dims_where(const Layout& l, bool (*pred)(const Placement&)) {
+    std::vector<int> dims;
+    for (int m = 0; m < l.mesh_ndim(); ++m)
+      if (pred(l[m])) dims.push_back(m);
+    return dims;
+  }
+
   void expand(int s) {
     if (nodes_[s].expanded) return;
     nodes_[s].expanded = true;
+    gathers_and_all_to_alls(s);
+    reductions(s);
+    local_steps_and_exchange(s);
+  }
+
+  void gathers_and_all_to_alls(int s) {
     const Layout l = nodes_[s].layout;
-    const int M = l.mesh_ndim(), nd = static_cast<int>(shape_.size());
-    std::vector<int> partial, replicate;
-    for (int m = 0; m < M; ++m) {
-      if (is_partial(l[m])) partial.push_back(m);
-      if (is_replicate(l[m])) replicate.push_back(m);
-    }
-    auto new_minus_old = [](int r, const Node& a, const Node& b) { return b.boxes[r].numel() - a.boxes[r].numel(); };
-    auto lacking = [](int r, const Node& a, const Node& b) {
-      return b.boxes[r].numel() - intersect(a.boxes[r], b.boxes[r]).numel();
-    };
+    const int nd = static_cast<int>(shape_.size());
     // all_gather of the innermost splits of a tensor dim (exact sizes).
+    auto new_minus_old = [](int r, const Node& a, const Node& b) { return b.boxes[r].numel() - a.boxes[r].numel(); };
     for (int d = 0; d < nd; ++d) {
       const std::vector<int> order = l.split_order(d);
       Layout t = l;
@@ -128,6 +133,22 @@ class ShortPlans {
         add(s, t, fmt::format("all_gather dim {} over {} innermost", d, len), new_minus_old);
       }
     }
+    // all_to_all moving the innermost split of a tensor dim to another dim.
+    auto lacking = [](int r, const Node& a, const Node& b) {
+      return b.boxes[r].numel() - intersect(a.boxes[r], b.boxes[r]).numel();
+    };
+    for (int i = 0; i < nd; ++i) {
+      const int m = l.innermost(i);
+      if (m < 0) continue;
+      for (int j = 0; j < nd; ++j)
+        if (j != i) add(s, l.with(m, Shard{j}), fmt::format("all_to_all on {} dim {} -> {}", m, i, j), lacking);
+    }
+  }
+
+  void reductions(int s) {
+    const Layout l = nodes_[s].layout;
+    const int nd = static_cast<int>(shape_.size());
+    const std::vector<int> partial = dims_where(l, is_partial);
     // all_reduce over any group of Partial dims: the ring's reduce-scatter
     // phase brings each rank its segment from every other rank, the
     // all-gather phase every other segment.
@@ -168,16 +189,15 @@ class ShortPlans {
         }
     };
     orders(0);
-    // all_to_all moving the innermost split of a tensor dim to another dim.
-    for (int i = 0; i < nd; ++i) {
-      const int m = l.innermost(i);
-      if (m < 0) continue;
-      for (int j = 0; j < nd; ++j)
-        if (j != i) add(s, l.with(m, Shard{j}), fmt::format("all_to_all on {} dim {} -> {}", m, i, j), lacking);
-    }
+  }
+
+  void local_steps_and_exchange(int s) {
+    const Layout l = nodes_[s].layout;
+    const int nd = static_cast<int>(shape_.size());
+    const std::vector<int> partial = dims_where(l, is_partial);
     // Local: slice a replicated dim, or make it the target's Partial.
     auto zero = [](int, const Node&, const Node&) { return std::int64_t{0}; };
-    for (int m : replicate) {
+    for (int m : dims_where(l, is_replicate)) {
       for (int d = 0; d < nd; ++d) add(s, l.with(m, Shard{d}), fmt::format("slice {} dim {}", m, d), zero);
       const bool same_op = std::all_of(partial.begin(), partial.end(),
                                        [&](int p) { return target_op_ && std::get<Partial>(l[p]).op == *target_op_; });
@@ -185,15 +205,14 @@ class ShortPlans {
     }
     // The direct exchange, from a layout without Partial: each rank receives
     // what its target box lacks (ranks off coordinate 0 of a P(sum) target hold zeros).
-    if (partial.empty() && s != goal_) {
-      const Layout& to = nodes_[goal_].layout;
-      add(s, to, "exchange", [&](int r, const Node& a, const Node& b) {
-        for (int m = 0; m < M; ++m)
-          if (auto* q = std::get_if<Partial>(&to[m]); q && q->op == ReduceOp::Sum && coords_[r][m] != 0)
-            return std::int64_t{0};
-        return b.boxes[r].numel() - intersect(a.boxes[r], b.boxes[r]).numel();
-      });
-    }
+    if (!partial.empty() || s == goal_) return;
+    const Layout& to = nodes_[goal_].layout;
+    add(s, to, "exchange", [&](int r, const Node& a, const Node& b) {
+      for (int m = 0; m < to.mesh_ndim(); ++m)
+        if (auto* q = std::get_if<Partial>(&to[m]); q && q->op == ReduceOp::Sum && coords_[r][m] != 0)
+          return std::int64_t{0};
+      return b.boxes[r].numel() - intersect(a.boxes[r], b.boxes[r]).numel();
+    });
   }
 
   void search(int s, std::vector<std::int64_t>& acc, std::vector<int>& path, std::vector<std::string>& steps) {
