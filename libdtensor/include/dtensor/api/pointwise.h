@@ -30,7 +30,6 @@
 // Inside namespace dtensor these names (exp, log, abs, pow, div, ...) hide the
 // C library's for unqualified calls: library code writes std::exp.
 #include <concepts>
-#include <cstring>
 #include <initializer_list>
 #include <string_view>
 
@@ -148,7 +147,7 @@ X& assign_in_place(std::string_view op, X& a, const X& result) {
     dst = a;
     src = result;
   }
-  if (src.nbytes() != 0) std::memcpy(dst.data(), src.data(), src.nbytes());
+  copy_into(src, dst);  // a device copy where the shards live on the GPU
   return a;
 }
 }  // namespace pointwise_detail
