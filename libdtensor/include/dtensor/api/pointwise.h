@@ -46,6 +46,9 @@ X call(std::string_view op, std::initializer_list<X> inputs, double scalar = 0) 
 }
 }  // namespace pointwise_detail
 
+// One line per op, read as a table: clang-format would break each after its
+// template head.
+// clang-format off
 // ---- Unary ------------------------------------------------------------------
 /// -x.
 template <TensorOrDTensor X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
@@ -131,6 +134,8 @@ template <TensorOrDTensor X> X& operator-=(X& a, double s) { return a = add(a, -
 template <TensorOrDTensor X> X& operator*=(X& a, double s) { return a = mul(a, s); }
 template <TensorOrDTensor X> X& operator/=(X& a, double s) { return a = div(a, s); }
 
+// clang-format on
+
 // ---- In place ---------------------------------------------------------------
 
 namespace pointwise_detail {
@@ -152,6 +157,7 @@ X& assign_in_place(std::string_view op, X& a, const X& result) {
 }
 }  // namespace pointwise_detail
 
+// clang-format off
 template <TensorOrDTensor X> X& add_(X& a, const X& b) { return pointwise_detail::assign_in_place("add_", a, add(a, b)); }
 template <TensorOrDTensor X> X& sub_(X& a, const X& b) { return pointwise_detail::assign_in_place("sub_", a, sub(a, b)); }
 template <TensorOrDTensor X> X& mul_(X& a, const X& b) { return pointwise_detail::assign_in_place("mul_", a, mul(a, b)); }
@@ -159,4 +165,5 @@ template <TensorOrDTensor X> X& div_(X& a, const X& b) { return pointwise_detail
 template <TensorOrDTensor X> X& add_(X& a, double s) { return pointwise_detail::assign_in_place("add_", a, add(a, s)); }
 template <TensorOrDTensor X> X& mul_(X& a, double s) { return pointwise_detail::assign_in_place("mul_", a, mul(a, s)); }
 
+// clang-format on
 }  // namespace dtensor
