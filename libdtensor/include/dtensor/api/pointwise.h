@@ -164,6 +164,6 @@ template <TensorOrDTensor X> X& mul_(X& a, const X& b) { return pointwise_detail
 template <TensorOrDTensor X> X& div_(X& a, const X& b) { return pointwise_detail::assign_in_place("div_", a, div(a, b)); }
 template <TensorOrDTensor X> X& add_(X& a, double s) { return pointwise_detail::assign_in_place("add_", a, add(a, s)); }
 template <TensorOrDTensor X> X& mul_(X& a, double s) { return pointwise_detail::assign_in_place("mul_", a, mul(a, s)); }
-
 // clang-format on
+
 }  // namespace dtensor
