@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "planner_search.h"
 
@@ -41,36 +42,21 @@ void check_mesh_and_shape(const PlanRequest& req) {
 
 Layout check_layout(const Layout& l, std::string_view which, const PlanRequest& req) {
   const Shape& mesh = req.mesh_shape;
-  if (l.mesh_ndim() != static_cast<int>(mesh.size()))
-    throw LayoutError(fmt::format("[redistribute] {} layout {} has {} placements: the mesh [{}] has {} dims", which, l,
-                                  l.mesh_ndim(), fmt::join(mesh, ","), mesh.size()));
-  const auto nd = static_cast<std::int64_t>(req.global_shape.size());
-  const Partial* first = nullptr;
-  for (int m = 0; m < l.mesh_ndim(); ++m) {
-    if (auto* s = std::get_if<Shard>(&l[m]); s && (s->dim < -nd || s->dim >= nd))
-      throw LayoutError(fmt::format("[redistribute] Shard({}) on mesh dim {}: the tensor has {} dims ({} layout {})",
-                                    s->dim, m, nd, which, l));
-    if (auto* q = std::get_if<Partial>(&l[m])) {
-      if (first && first->op != q->op)
-        throw LayoutError(fmt::format("[redistribute] {} layout {} mixes P({}) and P({}) on mesh dims: expected one "
-                                      "kind of Partial per layout",
-                                      which, l, first->op, q->op));
-      first = q;
+  if (auto problem = layout_problem(l.placements(), mesh.size(), req.global_shape.size())) {
+    switch (problem->kind) {
+      case LayoutProblem::Kind::MeshDims:
+        throw LayoutError(fmt::format("[redistribute] {} layout {} has {} placements: the mesh [{}] has {} dims", which,
+                                      l, l.mesh_ndim(), fmt::join(mesh, ","), mesh.size()));
+      case LayoutProblem::Kind::ShardDim:
+        throw LayoutError(fmt::format("[redistribute] {} ({} layout {})", describe(*problem, l, mesh), which, l));
+      case LayoutProblem::Kind::MixedPartial:
+        throw LayoutError(fmt::format("[redistribute] {} layout {}", which, describe(*problem, l, mesh)));
     }
   }
   return validate_layout(l, mesh, req.global_shape);
 }
 
-Pls reduce(const Layout& l, const Problem& P) {
-  Pls p{};
-  for (int i = 0; i < P.k; ++i) {
-    const Placement& pl = l[P.full[i]];
-    if (auto* s = std::get_if<Shard>(&pl)) p[i] = Pl{kShard, ReduceOp::Sum, static_cast<std::int32_t>(s->dim), l.level(P.full[i])};
-    if (auto* q = std::get_if<Partial>(&pl)) p[i] = Pl{kPar, q->op, -1, -1};
-  }
-  planner::normalize(p, P.k);
-  return p;
-}
+Pls reduce(const Layout& l, const Problem& P) { return compact(l, std::span(P.full.data(), P.k)); }
 
 // Size-1 mesh dims are Replicate in intermediate layouts (always valid).
 Layout lift(const Pls& p, const Problem& P, int mesh_ndim) {
@@ -161,9 +147,7 @@ std::size_t PlanRequest::hash() const {
 Box needed_box(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
                const Layout& layout, std::span<const std::int64_t> coord) {
   Box box = local_box(mesh_shape, global_shape, layout, coord);
-  for (int m = 0; m < layout.mesh_ndim(); ++m)
-    if (auto* q = std::get_if<Partial>(&layout[m]); q && q->op == ReduceOp::Sum && coord[m] != 0)
-      std::fill(box.size.begin(), box.size.end(), 0);
+  if (holds_zeros(layout, coord)) std::fill(box.size.begin(), box.size.end(), 0);
   return box;
 }
 
@@ -214,9 +198,9 @@ Plan plan_redistribute(const PlanRequest& req) {
 
   const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
   // Partial on mesh dims of size 1 is already the full value.
-  const bool src_partial = std::any_of(src.begin(), src.begin() + P.k, [](const Pl& p) { return p.kind == kPar; });
+  const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
   P.bytes_first = !src_partial;
-  if (planner::key_of(src, P.k) == planner::key_of(dst, P.k)) {
+  if (src == dst) {
     // Only size-1 mesh dims differ: they never split, so no data moves.
     PlanStep s;
     s.kind = StepKind::Relabel;
@@ -257,7 +241,7 @@ Plan plan_redistribute(const PlanRequest& req) {
         const Pls& a = search.state(l.from).pl;
         const Pls& b = search.state(l.to).pl;
         for (int i = 0; i < P.k; ++i)
-          if (planner::key_of(Pls{a[i]}, 1) != planner::key_of(Pls{b[i]}, 1) || a[i].level != b[i].level)
+          if (a[i] != b[i])
             s.mesh_dims.push_back(P.full[i]);
         for (int i = 0; i < P.k; ++i)
           if (b[i].kind == kShard && std::find(s.mesh_dims.begin(), s.mesh_dims.end(), P.full[i]) != s.mesh_dims.end())
