@@ -65,7 +65,7 @@ Chunk even_split(std::int64_t count, std::int64_t parts, std::int64_t index);
 /// all-gather): (n-1)*seg + (count-seg), seg = even_split(count, n, index).size.
 /// The one count behind every communicator's byte accounting, the planner's
 /// search and the closed-form prices. Post: 0 when n == 1; at most
-/// 2*count*(n-1)/n rounded up to the next whole segment.
+/// 2*(n-1)*ceil(count/n), the data twice over less this rank's share.
 std::int64_t all_reduce_recv_count(std::int64_t count, std::int64_t n, std::int64_t index);
 /// Elements each rank receives in a reduce_scatter that leaves it `mine` of
 /// the result: (n-1)*mine, one addend from every other rank.
