@@ -327,6 +327,27 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   return (cost.base_latency_s + static_cast<double>(most_lacking * isz) / fastest) * kSlack;
 }
 
+std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+                                              DType dtype, const Layout& layout, int mesh_dim, const CostModel& cost) {
+  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  const int R = admissible_ranks(mesh, shape, layout, layout);
+  if (R == 0 || mesh_dim < 0 || mesh_dim >= M || mesh[mesh_dim] == 1 || numel(shape) == 0) return std::nullopt;
+  const auto* q = std::get_if<Partial>(&layout[mesh_dim]);
+  if (!q || (q->op == ReduceOp::Avg && !is_floating(dtype))) return std::nullopt;
+  Scratch& s = scratch();
+  prepare(s, mesh, shape, layout, false);
+  fill_boxes(s.to, layout, mesh, shape, s.coords, R);
+  const std::int64_t n = mesh[mesh_dim], isz = static_cast<std::int64_t>(itemsize(dtype));
+  std::int64_t busiest = 0;
+  for (int r = 0; r < R; ++r)
+    // The Partial dim does not split: the boxes before and after are the same.
+    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n,
+                                                               s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
+                                                               s.to, s.to, r, nd) * isz);
+  const std::array<int, 1> dims{mesh_dim};
+  return planner::collective_step(StepKind::AllReduce, dims, n, busiest, cost).time;
+}
+
 double redistribute_seconds(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
                             DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
   if (auto t = closed_form_seconds(mesh_shape, global_shape, dtype, from, to, cost)) return *t;
