@@ -186,13 +186,24 @@ void check_all_reduce_recv_count(std::int64_t count, std::int64_t n) {
   BOOST_TEST(reduce_scatter_recv_count(count, n) == (n - 1) * count);
 }
 
+// Runs `cases` seeded cases: draw(rng) draws one and returns its description
+// and the check to run on it, which runs under that description (with the
+// seed and the case number) so that a failure names its case.
+template <class Draw>
+void over_random_cases(unsigned seed, int cases, Draw&& draw) {
+  std::mt19937 rng(seed);
+  for (int i = 0; i < cases; ++i) {
+    auto [what, check] = draw(rng);
+    BOOST_TEST_CONTEXT("seed " << seed << " case " << i << ": " << what) { check(); }
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(placement_algebra)
 
 BOOST_AUTO_TEST_CASE(normalize_levels_keeps_order_and_compacts) {
-  std::mt19937 rng(kSeed);
-  for (int iter = 0; iter < 2000; ++iter) {
+  over_random_cases(kSeed, 2000, [](std::mt19937& rng) {
     const std::size_t n = 1 + rng() % 6;
     std::vector<std::int64_t> dims(n);
     std::vector<int> levels(n);
@@ -201,49 +212,40 @@ BOOST_AUTO_TEST_CASE(normalize_levels_keeps_order_and_compacts) {
       const unsigned pick = rng() % 4;
       levels[m] = pick == 0 ? -1 : pick == 1 ? kInnermost + static_cast<int>(rng() % 2) : static_cast<int>(rng() % 5);
     }
-    BOOST_TEST_CONTEXT("seed " << kSeed << " iter " << iter << " dims " << fmt::format("{}", dims) << " levels "
-                               << fmt::format("{}", levels)) {
-      check_normalize_levels(dims, levels);
-    }
-  }
+    return std::pair{fmt::format("dims {} levels {}", dims, levels), [=] { check_normalize_levels(dims, levels); }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(layout_levels_use_the_same_normalisation) {
   // Layout::with puts a new shard innermost: its level is the count of the
   // other shards of its tensor dim.
-  std::mt19937 rng(kSeed + 1);
-  for (int iter = 0; iter < 500; ++iter) {
+  over_random_cases(kSeed + 1, 500, [](std::mt19937& rng) {
     const int mesh_nd = 1 + rng() % 4, nd = 1 + rng() % 3;
     const Layout l = random_layout(rng, mesh_nd, nd, false);
     const int m = rng() % mesh_nd;
     const std::int64_t d = rng() % nd;
-    BOOST_TEST_CONTEXT("seed " << kSeed + 1 << " iter " << iter << " layout " << fmt::format("{}", l) << " mesh dim "
-                               << m << " -> S(" << d << ")") {
-      const Layout w = l.with(m, Shard{d});
-      BOOST_TEST(w.innermost(d) == m);
-      BOOST_TEST(w.level(m) == static_cast<int>(w.split_order(d).size()) - 1);
-      check_compact_and_key(w, l);
-    }
-  }
+    return std::pair{fmt::format("layout {}, mesh dim {} -> S({})", l, m, d), [=] {
+                       const Layout w = l.with(m, Shard{d});
+                       BOOST_TEST(w.innermost(d) == m);
+                       BOOST_TEST(w.level(m) == static_cast<int>(w.split_order(d).size()) - 1);
+                       check_compact_and_key(w, l);
+                     }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(compact_forms_and_state_keys) {
-  std::mt19937 rng(kSeed + 2);
-  for (int iter = 0; iter < 2000; ++iter) {
+  over_random_cases(kSeed + 2, 2000, [](std::mt19937& rng) {
     const int mesh_nd = 1 + rng() % 4, nd = 1 + rng() % 3;
     const Layout a = random_layout(rng, mesh_nd, nd, true);
     const Layout b = rng() % 4 ? random_layout(rng, mesh_nd, nd, true) : a;
-    BOOST_TEST_CONTEXT("seed " << kSeed + 2 << " iter " << iter << " " << fmt::format("{} / {}", a, b)) {
-      check_compact_and_key(a, b);
-    }
-  }
+    return std::pair{fmt::format("{} / {}", a, b), [=] { check_compact_and_key(a, b); }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(layout_problem_names_the_first_broken_rule) {
-  std::mt19937 rng(kSeed + 3);
-  for (int iter = 0; iter < 2000; ++iter) {
+  over_random_cases(kSeed + 3, 2000, [](std::mt19937& rng) {
     const int mesh_nd = 1 + rng() % 3, nd = rng() % 3;
-    Shape mesh = random_mesh(rng, mesh_nd), shape(nd, 4);
+    const Shape mesh = random_mesh(rng, mesh_nd), shape(nd, 4);
     std::vector<Placement> ps;
     const int np = rng() % 5 ? mesh_nd : 1 + rng() % 4;
     for (int m = 0; m < np; ++m) {
@@ -252,50 +254,38 @@ BOOST_AUTO_TEST_CASE(layout_problem_names_the_first_broken_rule) {
       if (pick == 1) ps.push_back(Shard{static_cast<std::int64_t>(rng() % 7) - 3});
       if (pick == 2) ps.push_back(Partial{static_cast<ReduceOp>(rng() % 2)});
     }
-    BOOST_TEST_CONTEXT("seed " << kSeed + 3 << " iter " << iter << " " << fmt::format("{}", Layout(ps)) << " mesh "
-                               << fmt::format("{}", mesh) << " ndim " << nd) {
-      check_layout_problem(ps, mesh, shape);
-    }
-  }
+    return std::pair{fmt::format("{} on mesh {}, {} tensor dims", Layout(ps), mesh, nd),
+                     [=] { check_layout_problem(ps, mesh, shape); }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(rank_boxes_equal_local_boxes) {
-  std::mt19937 rng(kSeed + 4);
-  for (int iter = 0; iter < 500; ++iter) {
+  over_random_cases(kSeed + 4, 500, [](std::mt19937& rng) {
     const int mesh_nd = 1 + rng() % 4, nd = 1 + rng() % 3;
     const Shape mesh = random_mesh(rng, mesh_nd);
     Shape shape(nd);
     for (auto& s : shape) s = rng() % 9;
     const Layout l = random_layout(rng, mesh_nd, nd, true);
-    BOOST_TEST_CONTEXT("seed " << kSeed + 4 << " iter " << iter << " mesh " << fmt::format("{}", mesh) << " shape "
-                               << fmt::format("{}", shape) << " layout " << fmt::format("{}", l)) {
-      check_rank_boxes(mesh, shape, l);
-    }
-  }
+    return std::pair{fmt::format("mesh {} shape {} layout {}", mesh, shape, l),
+                     [=] { check_rank_boxes(mesh, shape, l); }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(zeros_sit_off_coordinate_zero_of_partial_sum) {
-  std::mt19937 rng(kSeed + 5);
-  for (int iter = 0; iter < 1000; ++iter) {
+  over_random_cases(kSeed + 5, 1000, [](std::mt19937& rng) {
     const int mesh_nd = 1 + rng() % 4;
     const Shape mesh = random_mesh(rng, mesh_nd);
     const Layout l = random_layout(rng, mesh_nd, 2, true);
     const Shape coord = unravel_index(static_cast<std::int64_t>(rng() % numel(mesh)), mesh);
-    BOOST_TEST_CONTEXT("seed " << kSeed + 5 << " iter " << iter << " layout " << fmt::format("{}", l) << " coord "
-                               << fmt::format("{}", coord)) {
-      check_holds_zeros(l, coord);
-    }
-  }
+    return std::pair{fmt::format("layout {} coord {}", l, coord), [=] { check_holds_zeros(l, coord); }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(all_reduce_receipts) {
-  std::mt19937 rng(kSeed + 6);
-  for (int iter = 0; iter < 500; ++iter) {
+  over_random_cases(kSeed + 6, 500, [](std::mt19937& rng) {
     const std::int64_t n = 1 + rng() % 9, count = rng() % 3 ? rng() % 40 : rng() % 100000;
-    BOOST_TEST_CONTEXT("seed " << kSeed + 6 << " iter " << iter << " count " << count << " n " << n) {
-      check_all_reduce_recv_count(count, n);
-    }
-  }
+    return std::pair{fmt::format("count {} over {} ranks", count, n), [=] { check_all_reduce_recv_count(count, n); }};
+  });
 }
 
 BOOST_AUTO_TEST_CASE(layouts_from_placement_values) {

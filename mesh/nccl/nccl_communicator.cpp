@@ -154,8 +154,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, recv, send, count * isz, s);
     }
     wait(kind);
-    const auto received = all_reduce_recv_count(static_cast<std::int64_t>(count), size_, rank_);
-    stats_->record(kind, static_cast<std::uint64_t>(received) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_count(count, size_, rank_)) * isz);
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -236,8 +235,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, out, own, mine * isz, s);
       wait(kind);
     }
-    const auto received = reduce_scatter_recv_count(static_cast<std::int64_t>(mine), size_);
-    stats_->record(kind, static_cast<std::uint64_t>(received) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_count(mine, size_)) * isz);
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
