@@ -8,6 +8,7 @@
 
 #include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
+#include "objective.h"
 #include "planner_search.h"
 
 namespace dtensor {
@@ -292,7 +293,7 @@ std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_
   const std::size_t considered = std::max<std::size_t>(search.considered(), 1);
   if (considered == 1) return "; the only plan found";
   if (!next || !best) return fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
-  std::vector<StepKind> kinds = search.path_kinds(next->pred);
+  std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);
   kinds.push_back(next->last);
   return fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
                      ratio_text(next->cost, best->cost, bytes_first));
@@ -317,7 +318,9 @@ Plan plan_redistribute(const PlanRequest& req) {
   const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
   // Partial on mesh dims of size 1 is already the full value.
   const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
-  P.bytes_first = !src_partial;
+  P.bytes_first =
+      !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
+  P.exact_busiest = src_partial && P.bytes_first;
   if (src == dst) {
     plan.steps.push_back(relabel_step(plan, ranks));
     return plan;

@@ -13,6 +13,7 @@
 
 #include "dtensor/core/compact_layout.h"
 #include "dtensor/redistribute/planner.h"
+#include "objective.h"
 #include "planner_search.h"
 
 namespace dtensor {
@@ -166,6 +167,12 @@ std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
   if (op == ReduceOp::Avg && !is_floating(dtype)) return std::nullopt;  // the planner's integer-avg rule
   // Without elements a reduce_scatter followed by a free local copy wins.
   if (numel(mv.shape) == 0) return std::nullopt;
+  // Where the planner ranks by bytes, splitting over a replicated mesh dim
+  // before reducing can receive less than the all_reduce.
+  double fastest = 0;
+  for (int o = 0; o < mv.M; ++o)
+    if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
+  if (planner::bandwidth_dominates(numel(mv.shape) * mv.isz, fastest, mv.cost)) return std::nullopt;
   const int m = mv.differ;
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
