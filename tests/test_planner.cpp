@@ -444,7 +444,7 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
     if (pick < 4) return Shard{static_cast<std::int64_t>(rng() % nd)};
     return Replicate{};
   };
-  int applied = 0, bounded = 0, by_kind[3] = {0, 0, 0};
+  int applied = 0, bounded = 0, by_kind[3] = {0, 0, 0}, all_reduce_steps = 0;
   const int cases = 3000;
   for (int i = 0; i < cases; ++i) {
     const Shape& mesh = meshes[rng() % meshes.size()];
@@ -483,8 +483,10 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
                                          fmt::join(mesh, "x"), fmt::join(shape, ","), dtype, from, to, cost);
     std::optional<double> fast = closed_form_seconds(mesh, shape, dtype, from, to, cost);
     double planned = 0;
+    Plan plan;
     try {
-      planned = plan_redistribute(PlanRequest{mesh, shape, dtype, from, to, cost}).est_seconds;
+      plan = plan_redistribute(PlanRequest{mesh, shape, dtype, from, to, cost});
+      planned = plan.est_seconds;
     } catch (const LayoutError&) {
       BOOST_TEST(!fast.has_value(), what);  // the planner refuses: no price either
       continue;
@@ -492,6 +494,18 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
     const double bound = redistribute_lower_bound_seconds(mesh, shape, dtype, from, to, cost);
     BOOST_TEST(bound <= planned, what << fmt::format(": lower bound {:.17g}, planner {:.17g}", bound, planned));
     if (bound > 0) ++bounded;
+    // The owed-reduction price is the planner's all_reduce step, exactly.
+    for (int m = 0; m < mesh_nd; ++m) {
+      if (!is_partial(from[m]) || !(to == from.with(m, Replicate{}))) continue;
+      const auto step = all_reduce_step_seconds(mesh, shape, dtype, from, m, cost);
+      if (!step) continue;
+      if (fast)
+        BOOST_TEST(*step == *fast, what << fmt::format(": all_reduce step {:.17g}, closed form {:.17g}", *step, *fast));
+      if (plan.steps.size() == 1 && plan.steps[0].kind == StepKind::AllReduce) {
+        ++all_reduce_steps;
+        BOOST_TEST(*step == planned, what << fmt::format(": all_reduce step {:.17g}, planner {:.17g}", *step, planned));
+      }
+    }
     if (!fast) continue;
     ++applied;
     if (from != to) ++by_kind[from.has_partial() ? 2 : *fast < cost.base_latency_s ? 0 : 1];
@@ -501,6 +515,7 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
                                  "a lower bound to {}",
                                  applied, cases, by_kind[0], by_kind[1], by_kind[2], bounded));
   BOOST_TEST(bounded > cases / 4);
+  BOOST_TEST(all_reduce_steps > 20);
   // The rules must cover a good share of the moves, each rule some.
   BOOST_TEST(applied > cases / 4);
   for (int k : by_kind) BOOST_TEST(k > 20);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor {
@@ -119,29 +120,16 @@ void Layout::compact_levels() {
   // Shards that have no level yet go innermost, in mesh-dim order; then
   // levels of each tensor dim are renumbered 0..k-1 keeping their order.
   const int n = mesh_ndim();
+  std::vector<std::int64_t> dims(static_cast<std::size_t>(n), -1);
   for (int m = 0; m < n; ++m) {
-    if (!is_shard(placements_[m])) {
+    if (const auto* s = std::get_if<Shard>(&placements_[m])) {
+      dims[m] = s->dim;
+      if (levels_[m] < 0) levels_[m] = kInnermost;
+    } else {
       levels_[m] = -1;
-      continue;
-    }
-    if (levels_[m] < 0) {
-      int top = -1;
-      for (int o = 0; o < n; ++o)
-        if (o != m && is_shard(placements_[o], std::get<Shard>(placements_[m]).dim)) top = std::max(top, levels_[o]);
-      levels_[m] = top + 1;
     }
   }
-  std::vector<int> ranked(levels_.size(), -1);
-  for (int m = 0; m < n; ++m) {
-    if (!is_shard(placements_[m])) continue;
-    std::int64_t dim = std::get<Shard>(placements_[m]).dim;
-    int rank = 0;
-    for (int o = 0; o < n; ++o)
-      if (o != m && is_shard(placements_[o], dim) && (levels_[o] < levels_[m] || (levels_[o] == levels_[m] && o < m)))
-        ++rank;
-    ranked[m] = rank;
-  }
-  levels_ = std::move(ranked);
+  normalize_levels(dims, levels_);
 }
 
 Layout Layout::parse(std::string_view text) {
@@ -245,7 +233,7 @@ Layout Layout::resolved(int ndim) const {
 Layout Layout::with(int mesh_dim, const Placement& p) const {
   Layout out = *this;
   out.placements_.at(mesh_dim) = p;
-  out.levels_[mesh_dim] = is_shard(p) ? 1 << 20 : -1;  // innermost of its dim
+  out.levels_[mesh_dim] = is_shard(p) ? kInnermost : -1;
   out.compact_levels();
   return out;
 }
@@ -265,20 +253,13 @@ std::size_t Layout::hash() const {
 
 Layout validate_layout(const Layout& layout, std::span<const std::int64_t> mesh_shape,
                        std::span<const std::int64_t> global_shape) {
-  if (layout.mesh_ndim() != static_cast<int>(mesh_shape.size()))
-    throw LayoutError(fmt::format("[layout] {} has {} placements for a mesh of {} dims ({}): expected one per mesh dim",
-                                  layout, layout.mesh_ndim(), mesh_shape.size(), fmt::join(mesh_shape, "x")));
+  // The mesh check comes before the shape check, as it always has.
+  auto problem = layout_problem(layout.placements(), mesh_shape.size(), global_shape.size());
+  if (problem && problem->kind == LayoutProblem::Kind::MeshDims)
+    throw LayoutError(fmt::format("[layout] {}", describe(*problem, layout, mesh_shape)));
   check_shape(global_shape, "layout");
-  Layout r = layout.resolved(static_cast<int>(global_shape.size()));
-  const Partial* first = nullptr;
-  for (const Placement& p : r.placements())
-    if (auto* q = std::get_if<Partial>(&p)) {
-      if (first && first->op != q->op)
-        throw LayoutError(fmt::format("[layout] {} mixes P({}) and P({}): one layout may hold one kind of Partial",
-                                      layout, first->op, q->op));
-      first = q;
-    }
-  return r;
+  if (problem) throw LayoutError(fmt::format("[layout] {}", describe(*problem, layout, mesh_shape)));
+  return layout.resolved(static_cast<int>(global_shape.size()));
 }
 
 Box local_box(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,

@@ -141,4 +141,9 @@ Chunk even_split(std::int64_t count, std::int64_t parts, std::int64_t index) {
   return {size, offset};
 }
 
+std::int64_t all_reduce_recv_count(std::int64_t count, std::int64_t n, std::int64_t index) {
+  const std::int64_t seg = even_split(count, n, index).size;
+  return (n - 1) * seg + (count - seg);
+}
+
 }  // namespace dtensor

@@ -201,8 +201,7 @@ class MpiCommunicator final : public Communicator {
     } else if (send != recv) {
       copy_bytes(recv, send, count * isz);
     }
-    const auto seg = static_cast<std::size_t>(even_split(static_cast<std::int64_t>(count), size_, rank_).size);
-    stats_->record(kind, size_ == 1 ? 0 : ((size_ - 1) * seg + (count - seg)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_count(count, size_, rank_)) * isz);
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -280,7 +279,7 @@ class MpiCommunicator final : public Communicator {
     } else if (recv != own) {
       copy_bytes(recv, own, mine * isz);
     }
-    stats_->record(kind, static_cast<std::uint64_t>(size_ - 1) * mine * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_count(mine, size_)) * isz);
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,

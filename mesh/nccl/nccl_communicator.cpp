@@ -154,8 +154,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, recv, send, count * isz, s);
     }
     wait(kind);
-    const auto seg = static_cast<std::size_t>(even_split(static_cast<std::int64_t>(count), size_, rank_).size);
-    stats_->record(kind, size_ == 1 ? 0 : ((size_ - 1) * seg + (count - seg)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_count(count, size_, rank_)) * isz);
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -236,7 +235,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, out, own, mine * isz, s);
       wait(kind);
     }
-    stats_->record(kind, static_cast<std::uint64_t>(size_ - 1) * mine * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_count(mine, size_)) * isz);
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,

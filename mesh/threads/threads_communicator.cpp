@@ -101,7 +101,7 @@ class ThreadsCommunicator final : public Communicator {
                  static_cast<std::size_t>(sp.size) * isz);
     }
     wait_phase(kind, deadline);
-    stats_->record(kind, ((n - 1) * seg_elems + (count - seg_elems)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_count(count, n, rank_)) * isz);
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -173,7 +173,7 @@ class ThreadsCommunicator final : public Communicator {
     fold_peers(acc, own, my_off, my_count, dtype, op, seq);
     wait_phase(kind, deadline);
     if (overlaps) move_bytes(out, acc, my_count * isz);
-    stats_->record(kind, (n - 1) * my_count * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_count(my_count, n)) * isz);
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,

@@ -171,14 +171,13 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
       bool carried = false;
       for (const Layout& in : cand.inputs) carried = carried || (m < in.mesh_ndim() && is_partial(in[m]));
       if (carried) continue;
-      const Layout target = cand.output.with(m, Replicate{});
-      const auto all_reduce =
-          closed_form_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, target, cost);
-      // (The planner prices what the closed form declines: a lower bound
-      // here could be no more than a latency.)
+      // The all_reduce on m, at the planner's one-step cost: a search per
+      // candidate would double a cache miss. (The planner prices what that
+      // declines: a lower bound here could be no more than a latency.)
+      const auto all_reduce = all_reduce_step_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, m, cost);
       owed += 0.5 * (all_reduce ? *all_reduce
-                                : redistribute_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, target,
-                                                       cost));
+                                : redistribute_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output,
+                                                       cand.output.with(m, Replicate{}), cost));
     }
     return owed;
   };

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "dtensor/ops/op.h"
 
@@ -50,41 +51,20 @@ std::optional<Strategy> with_order_of(const Layout& input, const Strategy& candi
   return out;
 }
 
-// What validate_layout accepts unchanged: shard dims in [0, ndim) and one
-// kind of Partial. Checked without building a Layout or throwing, since most
-// candidates pass and many fail.
+// What validate_layout accepts unchanged: valid (core's layout_problem) with
+// shard dims already resolved. Checked without building a Layout or
+// throwing, since most candidates pass and many fail.
 bool plainly_valid(const std::vector<Placement>& ps, std::size_t ndim) {
-  const Partial* first = nullptr;
-  for (const Placement& p : ps) {
-    if (const auto* s = std::get_if<Shard>(&p); s && (s->dim < 0 || s->dim >= static_cast<std::int64_t>(ndim)))
-      return false;
-    if (const auto* q = std::get_if<Partial>(&p)) {
-      if (first && first->op != q->op) return false;
-      first = q;
-    }
-  }
-  return true;
+  return !layout_problem(ps, ps.size(), ndim) && !has_negative_shard_dim(ps);
 }
 
 // Invalid however negative dims resolve: a shard dim out of range on either
 // side, or two kinds of Partial.
 bool plainly_invalid(const std::vector<Placement>& outp, std::size_t out_ndim,
                      const std::vector<std::vector<Placement>>& in, const StrategyQuery& query) {
-  auto bad = [](const std::vector<Placement>& ps, std::size_t ndim) {
-    const auto nd = static_cast<std::int64_t>(ndim);
-    const Partial* first = nullptr;
-    for (const Placement& p : ps) {
-      if (const auto* s = std::get_if<Shard>(&p); s && (s->dim < -nd || s->dim >= nd)) return true;
-      if (const auto* q = std::get_if<Partial>(&p)) {
-        if (first && first->op != q->op) return true;
-        first = q;
-      }
-    }
-    return false;
-  };
-  if (bad(outp, out_ndim)) return true;
+  if (layout_problem(outp, outp.size(), out_ndim)) return true;
   for (std::size_t i = 0; i < in.size(); ++i)
-    if (bad(in[i], query.inputs[i].shape.size())) return true;
+    if (layout_problem(in[i], in[i].size(), query.inputs[i].shape.size())) return true;
   return false;
 }
 

@@ -9,6 +9,7 @@
 
 #include <fmt/ranges.h>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor {
@@ -171,9 +172,7 @@ Tensor exchange(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   const int me = cx.mesh.rank();
   const Box ob = cx.box(s.from), nb = cx.box(s.to);
   // Ranks off coordinate 0 of a target Partial(sum) dim hold zeros.
-  bool needs = true;
-  for (int m = 0; m < s.to.mesh_ndim(); ++m)
-    if (auto* q = std::get_if<Partial>(&s.to[m]); q && q->op == ReduceOp::Sum && cx.coord[m] != 0) needs = false;
+  const bool needs = !holds_zeros(s.to, cx.coord);
   Tensor out = needs ? Tensor::empty(nb.size, cur.dtype(), cur.device()) : Tensor::zeros(nb.size, cur.dtype(), cur.device());
   const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
                                   [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });

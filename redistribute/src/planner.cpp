@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "objective.h"
 #include "planner_search.h"
@@ -42,36 +43,21 @@ void check_mesh_and_shape(const PlanRequest& req) {
 
 Layout check_layout(const Layout& l, std::string_view which, const PlanRequest& req) {
   const Shape& mesh = req.mesh_shape;
-  if (l.mesh_ndim() != static_cast<int>(mesh.size()))
-    throw LayoutError(fmt::format("[redistribute] {} layout {} has {} placements: the mesh [{}] has {} dims", which, l,
-                                  l.mesh_ndim(), fmt::join(mesh, ","), mesh.size()));
-  const auto nd = static_cast<std::int64_t>(req.global_shape.size());
-  const Partial* first = nullptr;
-  for (int m = 0; m < l.mesh_ndim(); ++m) {
-    if (auto* s = std::get_if<Shard>(&l[m]); s && (s->dim < -nd || s->dim >= nd))
-      throw LayoutError(fmt::format("[redistribute] Shard({}) on mesh dim {}: the tensor has {} dims ({} layout {})",
-                                    s->dim, m, nd, which, l));
-    if (auto* q = std::get_if<Partial>(&l[m])) {
-      if (first && first->op != q->op)
-        throw LayoutError(fmt::format("[redistribute] {} layout {} mixes P({}) and P({}) on mesh dims: expected one "
-                                      "kind of Partial per layout",
-                                      which, l, first->op, q->op));
-      first = q;
+  if (auto problem = layout_problem(l.placements(), mesh.size(), req.global_shape.size())) {
+    switch (problem->kind) {
+      case LayoutProblem::Kind::MeshDims:
+        throw LayoutError(fmt::format("[redistribute] {} layout {} has {} placements: the mesh [{}] has {} dims", which,
+                                      l, l.mesh_ndim(), fmt::join(mesh, ","), mesh.size()));
+      case LayoutProblem::Kind::ShardDim:
+        throw LayoutError(fmt::format("[redistribute] {} ({} layout {})", describe(*problem, l, mesh), which, l));
+      case LayoutProblem::Kind::MixedPartial:
+        throw LayoutError(fmt::format("[redistribute] {} layout {}", which, describe(*problem, l, mesh)));
     }
   }
   return validate_layout(l, mesh, req.global_shape);
 }
 
-Pls reduce(const Layout& l, const Problem& P) {
-  Pls p{};
-  for (int i = 0; i < P.k; ++i) {
-    const Placement& pl = l[P.full[i]];
-    if (auto* s = std::get_if<Shard>(&pl)) p[i] = Pl{kShard, ReduceOp::Sum, static_cast<std::int32_t>(s->dim), l.level(P.full[i])};
-    if (auto* q = std::get_if<Partial>(&pl)) p[i] = Pl{kPar, q->op, -1, -1};
-  }
-  planner::normalize(p, P.k);
-  return p;
-}
+Pls reduce(const Layout& l, const Problem& P) { return compact(l, std::span(P.full.data(), P.k)); }
 
 // Size-1 mesh dims are Replicate in intermediate layouts (always valid).
 Layout lift(const Pls& p, const Problem& P, int mesh_ndim) {
@@ -162,25 +148,17 @@ std::size_t PlanRequest::hash() const {
 Box needed_box(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
                const Layout& layout, std::span<const std::int64_t> coord) {
   Box box = local_box(mesh_shape, global_shape, layout, coord);
-  for (int m = 0; m < layout.mesh_ndim(); ++m)
-    if (auto* q = std::get_if<Partial>(&layout[m]); q && q->op == ReduceOp::Sum && coord[m] != 0)
-      std::fill(box.size.begin(), box.size.end(), 0);
+  if (holds_zeros(layout, coord)) std::fill(box.size.begin(), box.size.end(), 0);
   return box;
 }
 
-Plan plan_redistribute(const PlanRequest& req) {
-  check_mesh_and_shape(req);
-  Plan plan;
-  plan.mesh_shape = req.mesh_shape;
-  plan.global_shape = req.global_shape;
-  plan.dtype = req.dtype;
-  plan.from = check_layout(req.from, "source", req);
-  plan.to = check_layout(req.to, "target", req);
+namespace {
+
+// The request reduced to its mesh dims of size > 1, with the exchange links
+// between every pair of ranks.
+Problem make_problem(const PlanRequest& req) {
   const int mesh_ndim = static_cast<int>(req.mesh_shape.size());
   const int ranks = static_cast<int>(numel(req.mesh_shape));
-  plan.recv_bytes.assign(ranks, 0);
-  if (plan.from == plan.to) return plan;
-
   Problem P;
   for (int m = 0; m < mesh_ndim; ++m)
     if (req.mesh_shape[m] > 1) {
@@ -212,90 +190,85 @@ Plan plan_redistribute(const PlanRequest& req) {
       P.pair_lat[static_cast<std::size_t>(a) * ranks + b] = l.hop_latency_s;
       if (a != b) P.max_bw = std::max(P.max_bw, l.bandwidth_Bps);
     }
+  return P;
+}
 
-  const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
-  // Partial on mesh dims of size 1 is already the full value.
-  const bool src_partial = std::any_of(src.begin(), src.begin() + P.k, [](const Pl& p) { return p.kind == kPar; });
-  P.bytes_first =
-      !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
-  P.exact_busiest = src_partial && P.bytes_first;
-  if (planner::key_of(src, P.k) == planner::key_of(dst, P.k)) {
-    // Only size-1 mesh dims differ: they never split, so no data moves.
-    PlanStep s;
-    s.kind = StepKind::Relabel;
-    for (int m = 0; m < mesh_ndim; ++m)
-      if (plan.from[m] != plan.to[m] || plan.from.level(m) != plan.to.level(m)) s.mesh_dims.push_back(m);
-    s.from = plan.from;
-    s.to = plan.to;
-    s.recv_bytes.assign(ranks, 0);
-    s.reason = fmt::format("only mesh dims of size 1 change ({}): no data moves", fmt::join(s.mesh_dims, ","));
-    plan.steps.push_back(std::move(s));
-    return plan;
-  }
+// Only size-1 mesh dims differ: they never split, so no data moves.
+PlanStep relabel_step(const Plan& plan, int ranks) {
+  PlanStep s;
+  s.kind = StepKind::Relabel;
+  for (int m = 0; m < plan.from.mesh_ndim(); ++m)
+    if (plan.from[m] != plan.to[m] || plan.from.level(m) != plan.to.level(m)) s.mesh_dims.push_back(m);
+  s.from = plan.from;
+  s.to = plan.to;
+  s.recv_bytes.assign(ranks, 0);
+  s.reason = fmt::format("only mesh dims of size 1 change ({}): no data moves", fmt::join(s.mesh_dims, ","));
+  return s;
+}
 
-  Search search(P, src, dst);
-  std::vector<Search::Link> chain = search.run();
+// An exchange to the goal in which no rank receives anything and no rank
+// must hold zeros is a local slice: names the mesh dims and the tensor dim
+// (-1 for several) it slices.
+void exchange_as_slice(PlanStep& s, const Search& search, const Search::Link& l, const Problem& P) {
+  s.kind = StepKind::Slice;
+  s.blocks.clear();
+  const Pls& a = search.state(l.from).pl;
+  const Pls& b = search.state(l.to).pl;
+  for (int i = 0; i < P.k; ++i)
+    if (a[i] != b[i]) s.mesh_dims.push_back(P.full[i]);
+  for (int i = 0; i < P.k; ++i)
+    if (b[i].kind == kShard && std::find(s.mesh_dims.begin(), s.mesh_dims.end(), P.full[i]) != s.mesh_dims.end())
+      s.tensor_dim = s.tensor_dim == -1 || s.tensor_dim == b[i].dim ? b[i].dim : -2;
+  if (s.tensor_dim == -2) s.tensor_dim = -1;
+}
 
-  // Turns a link of the search into a step with exact per-rank bytes.
-  std::vector<std::int64_t> bytes;
-  std::vector<int> step_target;  // reduced state each step ends in
-  auto make_step = [&](const Search::Link& l) {
-    PlanStep s;
-    s.kind = l.edge.kind;
-    for (int i = 0; i < l.edge.ng; ++i) s.mesh_dims.push_back(P.full[l.edge.g[i]]);
-    s.tensor_dim = l.edge.dim;
-    s.src_dim = l.edge.src;
-    planner::Eval ev = l.edge.kind == StepKind::Exchange ? search.exchange(l.from, bytes, &s.blocks)
-                                                         : search.eval(l.from, l.to, l.edge, bytes);
-    if (l.edge.kind == StepKind::Exchange) {
-      const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
-                                      [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
-      const bool zeros = std::any_of(plan.to.placements().begin(), plan.to.placements().end(), [](const Placement& p) {
-        return is_partial(p) && std::get<Partial>(p).op == ReduceOp::Sum;
-      });
-      if (!remote && !zeros && l.to == search.goal()) {
-        // Every rank already holds its new region: a local slice.
-        s.kind = StepKind::Slice;
-        s.blocks.clear();
-        const Pls& a = search.state(l.from).pl;
-        const Pls& b = search.state(l.to).pl;
-        for (int i = 0; i < P.k; ++i)
-          if (planner::key_of(Pls{a[i]}, 1) != planner::key_of(Pls{b[i]}, 1) || a[i].level != b[i].level)
-            s.mesh_dims.push_back(P.full[i]);
-        for (int i = 0; i < P.k; ++i)
-          if (b[i].kind == kShard && std::find(s.mesh_dims.begin(), s.mesh_dims.end(), P.full[i]) != s.mesh_dims.end())
-            s.tensor_dim = s.tensor_dim == -1 || s.tensor_dim == b[i].dim ? b[i].dim : -2;
-        if (s.tensor_dim == -2) s.tensor_dim = -1;
-      } else {
-        for (int m = 0; m < mesh_ndim; ++m) s.mesh_dims.push_back(m);
-      }
+// Turns a link of the search into a step with exact per-rank bytes.
+PlanStep make_step(Search& search, const Search::Link& l, const Problem& P, const Plan& plan,
+                   std::vector<std::int64_t>& bytes) {
+  PlanStep s;
+  s.kind = l.edge.kind;
+  for (int i = 0; i < l.edge.ng; ++i) s.mesh_dims.push_back(P.full[l.edge.g[i]]);
+  s.tensor_dim = l.edge.dim;
+  s.src_dim = l.edge.src;
+  planner::Eval ev = l.edge.kind == StepKind::Exchange ? search.exchange(l.from, bytes, &s.blocks)
+                                                       : search.eval(l.from, l.to, l.edge, bytes);
+  if (l.edge.kind == StepKind::Exchange) {
+    const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
+                                    [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
+    const bool zeros = std::any_of(plan.to.placements().begin(), plan.to.placements().end(), [](const Placement& p) {
+      return is_partial(p) && std::get<Partial>(p).op == ReduceOp::Sum;
+    });
+    if (!remote && !zeros && l.to == search.goal()) {
+      exchange_as_slice(s, search, l, P);
+    } else {
+      for (int m = 0; m < plan.from.mesh_ndim(); ++m) s.mesh_dims.push_back(m);
     }
-    s.recv_bytes = bytes;
-    s.est_seconds = ev.time;
-    return s;
-  };
-  auto totals = [&](const std::vector<PlanStep>& steps, std::int64_t& busiest, double& time) {
-    std::vector<std::int64_t> per(ranks, 0);
-    time = 0;
-    for (const PlanStep& s : steps) {
-      for (int r = 0; r < ranks; ++r) per[r] += s.recv_bytes[r];
-      time += s.est_seconds;
-    }
-    busiest = *std::max_element(per.begin(), per.end());
-  };
-
-  std::vector<PlanStep> steps;
-  for (const Search::Link& l : chain) {
-    steps.push_back(make_step(l));
-    step_target.push_back(l.to);
   }
-  // Consecutive slices become one local copy.
+  s.recv_bytes = bytes;
+  s.est_seconds = ev.time;
+  return s;
+}
+
+// The busiest rank's total bytes and the total time of a plan.
+void totals(const std::vector<PlanStep>& steps, int ranks, std::int64_t& busiest, double& time) {
+  std::vector<std::int64_t> per(ranks, 0);
+  time = 0;
+  for (const PlanStep& s : steps) {
+    for (int r = 0; r < ranks; ++r) per[r] += s.recv_bytes[r];
+    time += s.est_seconds;
+  }
+  busiest = *std::max_element(per.begin(), per.end());
+}
+
+// Consecutive slices become one local copy.
+void merge_slices(std::vector<PlanStep>& steps, std::vector<int>& step_target, const Search& search,
+                  const Problem& P) {
   for (std::size_t i = 0; i + 1 < steps.size();) {
     if (steps[i].kind == StepKind::Slice && steps[i + 1].kind == StepKind::Slice) {
       for (int m : steps[i + 1].mesh_dims) steps[i].mesh_dims.push_back(m);
       if (steps[i].tensor_dim != steps[i + 1].tensor_dim) steps[i].tensor_dim = -1;
       const planner::State& t = search.state(step_target[i + 1]);
-      steps[i].est_seconds = static_cast<double>(t.max_numel * P.itemsize) / req.cost.local_copy_Bps;
+      steps[i].est_seconds = planner::local_step_seconds(t.max_numel, P.itemsize, *P.cost);
       step_target[i] = step_target[i + 1];
       steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(i) + 1);
       step_target.erase(step_target.begin() + static_cast<std::ptrdiff_t>(i) + 1);
@@ -303,6 +276,66 @@ Plan plan_redistribute(const PlanRequest& req) {
       ++i;
     }
   }
+}
+
+// The reason of the first step also says how the plan ranked among those
+// the search compared.
+std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_last, bool bytes_first) {
+  const planner::Candidate* best = nullptr;
+  const planner::Candidate* next = nullptr;
+  for (const planner::Candidate& c : search.candidates()) {
+    if (c.pred == chosen_pred && c.last == chosen_last) {
+      if (!best || search.better(c.cost, best->cost)) best = &c;
+    } else if (!next || search.better(c.cost, next->cost)) {
+      next = &c;
+    }
+  }
+  const std::size_t considered = std::max<std::size_t>(search.considered(), 1);
+  if (considered == 1) return "; the only plan found";
+  if (!next || !best) return fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
+  std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);
+  kinds.push_back(next->last);
+  return fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
+                     ratio_text(next->cost, best->cost, bytes_first));
+}
+
+}  // namespace
+
+Plan plan_redistribute(const PlanRequest& req) {
+  check_mesh_and_shape(req);
+  Plan plan;
+  plan.mesh_shape = req.mesh_shape;
+  plan.global_shape = req.global_shape;
+  plan.dtype = req.dtype;
+  plan.from = check_layout(req.from, "source", req);
+  plan.to = check_layout(req.to, "target", req);
+  const int mesh_ndim = static_cast<int>(req.mesh_shape.size());
+  const int ranks = static_cast<int>(numel(req.mesh_shape));
+  plan.recv_bytes.assign(ranks, 0);
+  if (plan.from == plan.to) return plan;
+
+  Problem P = make_problem(req);
+  const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
+  // Partial on mesh dims of size 1 is already the full value.
+  const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
+  P.bytes_first =
+      !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
+  P.exact_busiest = src_partial && P.bytes_first;
+  if (src == dst) {
+    plan.steps.push_back(relabel_step(plan, ranks));
+    return plan;
+  }
+
+  Search search(P, src, dst);
+  std::vector<Search::Link> chain = search.run();
+  std::vector<std::int64_t> bytes;
+  std::vector<PlanStep> steps;
+  std::vector<int> step_target;  // reduced state each step ends in
+  for (const Search::Link& l : chain) {
+    steps.push_back(make_step(search, l, P, plan, bytes));
+    step_target.push_back(l.to);
+  }
+  merge_slices(steps, step_target, search, P);
 
   // Selection rule. Without Partial in the source, the busiest rank of any
   // plan receives at least max_r |needed(r) \ held(r)|, and the direct
@@ -316,11 +349,12 @@ Plan plan_redistribute(const PlanRequest& req) {
   // the lower bound holds whatever the search did.
   bool direct = false;
   if (!src_partial && !(chain.size() == 1 && chain[0].edge.kind == StepKind::Exchange)) {
-    std::vector<PlanStep> ex{make_step(Search::Link{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)})};
+    std::vector<PlanStep> ex{make_step(
+        search, Search::Link{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)}, P, plan, bytes)};
     std::int64_t cb, eb;
     double ct, et;
-    totals(steps, cb, ct);
-    totals(ex, eb, et);
+    totals(steps, ranks, cb, ct);
+    totals(ex, ranks, eb, et);
     if (eb < cb || (eb == cb && et < ct)) {
       steps = std::move(ex);
       step_target = {search.goal()};
@@ -333,32 +367,10 @@ Plan plan_redistribute(const PlanRequest& req) {
     steps[i].from = i == 0 ? plan.from : steps[i - 1].to;
     steps[i].to = i + 1 == steps.size() ? plan.to : lift(search.state(step_target[i]).pl, P, mesh_ndim);
   }
-
   // Reasons: what each step does; the first also says how the plan ranked.
   for (PlanStep& s : steps) s.reason = describe(s, s.from);
-  const auto& cands = search.candidates();
-  const int chosen_pred = direct ? search.source() : chain.back().from;
-  const StepKind chosen_last = direct ? StepKind::Exchange : chain.back().edge.kind;
-  const planner::Candidate* best = nullptr;
-  const planner::Candidate* next = nullptr;
-  for (const planner::Candidate& c : cands) {
-    if (c.pred == chosen_pred && c.last == chosen_last) {
-      if (!best || search.better(c.cost, best->cost)) best = &c;
-    } else if (!next || search.better(c.cost, next->cost)) {
-      next = &c;
-    }
-  }
-  const std::size_t considered = std::max<std::size_t>(search.considered(), 1);
-  if (considered == 1) {
-    steps[0].reason += "; the only plan found";
-  } else if (!next || !best) {
-    steps[0].reason += fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
-  } else {
-    std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);
-    kinds.push_back(next->last);
-    steps[0].reason += fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
-                                   ratio_text(next->cost, best->cost, P.bytes_first));
-  }
+  steps[0].reason += ranking_text(search, direct ? search.source() : chain.back().from,
+                                  direct ? StepKind::Exchange : chain.back().edge.kind, P.bytes_first);
 
   for (const PlanStep& s : steps) {
     for (int r = 0; r < ranks; ++r) plan.recv_bytes[r] += s.recv_bytes[r];

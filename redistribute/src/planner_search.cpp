@@ -8,42 +8,6 @@
 
 namespace dtensor::planner {
 
-void normalize(Pls& p, int k) {
-  std::array<std::int32_t, kMaxDims> lv{};
-  for (int m = 0; m < k; ++m) {
-    if (p[m].kind != kShard) continue;
-    int rank = 0;
-    for (int o = 0; o < k; ++o)
-      if (o != m && p[o].kind == kShard && p[o].dim == p[m].dim &&
-          (p[o].level < p[m].level || (p[o].level == p[m].level && o < m)))
-        ++rank;
-    lv[m] = rank;
-  }
-  for (int m = 0; m < kMaxDims; ++m) {
-    if (m >= k) {
-      p[m] = Pl{};
-    } else if (p[m].kind == kShard) {
-      p[m].level = lv[m];
-      p[m].op = ReduceOp::Sum;
-    } else {
-      p[m].dim = -1;
-      p[m].level = -1;
-      if (p[m].kind == kRep) p[m].op = ReduceOp::Sum;
-    }
-  }
-}
-
-std::uint64_t key_of(const Pls& p, int k) {
-  std::uint64_t key = 0;
-  for (int m = 0; m < k; ++m) {
-    std::uint64_t code = 0;
-    if (p[m].kind == kPar) code = 1 + static_cast<std::uint64_t>(p[m].op);
-    if (p[m].kind == kShard) code = 8 + static_cast<std::uint64_t>(p[m].dim) * 4 + static_cast<std::uint64_t>(p[m].level);
-    key |= code << (16 * m);
-  }
-  return key;
-}
-
 Search::Search(Problem& problem, const Pls& src, const Pls& dst) : P_(problem) {
   states_.reserve(64);
   intern(src);
@@ -51,12 +15,11 @@ Search::Search(Problem& problem, const Pls& src, const Pls& dst) : P_(problem) {
   limit_ = std::max(states_[0].max_numel, states_[goal_].max_numel);
   goal_needs_.assign(P_.ranks, 1);
   for (int r = 0; r < P_.ranks; ++r)
-    for (int m = 0; m < P_.k; ++m)
-      if (dst[m].kind == kPar && dst[m].op == ReduceOp::Sum && P_.c(r, m) != 0) goal_needs_[r] = 0;
+    if (holds_zeros(dst, [&](int m) { return P_.c(r, m); })) goal_needs_[r] = 0;
 }
 
 int Search::intern(const Pls& p) {
-  std::uint64_t key = key_of(p, P_.k);
+  std::uint64_t key = state_key(p);
   auto [it, inserted] = index_.try_emplace(key, static_cast<int>(states_.size()));
   if (!inserted) return it->second;
   State s;
@@ -68,25 +31,13 @@ int Search::intern(const Pls& p) {
 }
 
 void Search::fill_boxes(State& s) const {
-  // Mesh dims in nesting order: level 0 of every tensor dim first, and so on.
-  std::array<std::pair<int, int>, kMaxDims> splits{};
-  int no = 0;
-  for (int lv = 0; lv < P_.k; ++lv)
-    for (int m = 0; m < P_.k; ++m)
-      if (s.pl[m].kind == kShard && s.pl[m].level == lv) splits[no++] = {m, s.pl[m].dim};
-  rank_boxes::fill(s, P_.global, P_.ranks, std::span(splits.data(), no), P_.n, [&](int r, int m) { return P_.c(r, m); });
+  fill_rank_boxes(s, s.pl, P_.global, P_.ranks, P_.n, [&](int r, int m) { return P_.c(r, m); });
 }
 
 void Search::fill_leaders(State& s) const {
   if (!s.leader.empty()) return;
-  rank_boxes::fill_leaders(s, P_.ranks, P_.nd, s.leader, s.leaders);
+  dtensor::fill_leaders(s, P_.ranks, P_.nd, s.leader, s.leaders);
 }
-
-namespace {
-
-using rank_boxes::inter_numel;
-
-}  // namespace
 
 bool Search::better(const Cost& a, const Cost& b) const {
   if (P_.bytes_first) {
@@ -97,18 +48,26 @@ bool Search::better(const Cost& a, const Cost& b) const {
   return a.bytes < b.bytes;
 }
 
-template <class F>
-void Search::edges(int si, F&& f) const {
-  const Pls p = states_[si].pl;
-  const int k = P_.k, nd = P_.nd;
-  const Pls& dst = states_[goal_].pl;
-  auto emit = [&](Edge e, Pls t) {
-    normalize(t, k);
-    f(e, t);
-  };
-  constexpr std::int32_t kInner = 1 << 20;  // a new shard goes innermost
+namespace {
 
-  // AllGather S(d) -> R on the innermost splits of d, outer to inner.
+void emit(Search::EdgeList& out, const Edge& e, Pls t) {
+  normalize(t);
+  out.emplace_back(e, t);
+}
+
+}  // namespace
+
+void Search::edges(int si, EdgeList& out) const {
+  const Pls p = states_[si].pl;
+  gather_edges(p, out);
+  reduce_edges(p, out);
+  all_to_all_edges(p, out);
+  local_edges(p, out);
+}
+
+// AllGather S(d) -> R on the innermost splits of d, outer to inner.
+void Search::gather_edges(const Pls& p, EdgeList& out) const {
+  const int k = P_.k, nd = P_.nd;
   for (int d = 0; d < nd; ++d) {
     std::array<int, kMaxDims> order{};
     int L = 0;
@@ -123,17 +82,22 @@ void Search::edges(int si, F&& f) const {
         e.g[e.ng++] = static_cast<std::int8_t>(order[i]);
         t[order[i]] = Pl{};
       }
-      emit(e, t);
+      emit(out, e, t);
     }
   }
+}
 
-  // Partial mesh dims: AllReduce on any subset, ReduceScatter on any ordered subset.
+// Partial mesh dims: AllReduce on any subset, ReduceScatter on any ordered subset.
+void Search::reduce_edges(const Pls& p, EdgeList& out) const {
+  const int k = P_.k, nd = P_.nd;
+  const Pls& dst = states_[goal_].pl;
   std::array<int, kMaxDims> q{};
   int nq = 0;
   for (int m = 0; m < k; ++m)
     if (p[m].kind == kPar) q[nq++] = m;
+  if (nq == 0) return;
   int must = -1;  // the only group mask allowed, or -1 for any
-  if (P_.avg_in_one_step && nq > 0 && p[q[0]].op == ReduceOp::Avg) {
+  if (P_.avg_in_one_step && p[q[0]].op == ReduceOp::Avg) {
     must = 0;
     for (int i = 0; i < nq; ++i)
       if (dst[q[i]].kind != kPar || dst[q[i]].op != ReduceOp::Avg) must |= 1 << i;
@@ -147,34 +111,35 @@ void Search::edges(int si, F&& f) const {
         e.g[e.ng++] = static_cast<std::int8_t>(q[i]);
         t[q[i]] = Pl{};
       }
-    emit(e, t);
+    emit(out, e, t);
   }
-  if (nq > 0) {
-    // Every ordered sequence of distinct partial dims, by depth-first search.
-    std::array<int, kMaxDims> seq{};
-    auto dfs = [&](auto&& self, int len, int used) -> void {
-      if (len > 0 && (must < 0 || used == must)) {
-        for (int d = 0; d < nd; ++d) {
-          Edge e = edge_of(StepKind::ReduceScatter);
-          e.dim = d;
-          Pls t = p;
-          for (int i = 0; i < len; ++i) {
-            e.g[e.ng++] = static_cast<std::int8_t>(seq[i]);
-            t[seq[i]] = Pl{kShard, ReduceOp::Sum, d, kInner + i};
-          }
-          emit(e, t);
+  // Every ordered sequence of distinct partial dims, by depth-first search.
+  std::array<int, kMaxDims> seq{};
+  auto dfs = [&](auto&& self, int len, int used) -> void {
+    if (len > 0 && (must < 0 || used == must)) {
+      for (int d = 0; d < nd; ++d) {
+        Edge e = edge_of(StepKind::ReduceScatter);
+        e.dim = d;
+        Pls t = p;
+        for (int i = 0; i < len; ++i) {
+          e.g[e.ng++] = static_cast<std::int8_t>(seq[i]);
+          t[seq[i]] = Pl{kShard, ReduceOp::Sum, d, kInnermost + i};
         }
+        emit(out, e, t);
       }
-      for (int i = 0; i < nq; ++i)
-        if (!(used & (1 << i))) {
-          seq[len] = q[i];
-          self(self, len + 1, used | (1 << i));
-        }
-    };
-    dfs(dfs, 0, 0);
-  }
+    }
+    for (int i = 0; i < nq; ++i)
+      if (!(used & (1 << i))) {
+        seq[len] = q[i];
+        self(self, len + 1, used | (1 << i));
+      }
+  };
+  dfs(dfs, 0, 0);
+}
 
-  // AllToAll: the innermost split of i moves to j (as j's innermost split).
+// AllToAll: the innermost split of i moves to j (as j's innermost split).
+void Search::all_to_all_edges(const Pls& p, EdgeList& out) const {
+  const int k = P_.k, nd = P_.nd;
   for (int m = 0; m < k; ++m) {
     if (p[m].kind != kShard) continue;
     bool innermost = true;
@@ -188,12 +153,16 @@ void Search::edges(int si, F&& f) const {
       e.dim = j;
       e.src = p[m].dim;
       Pls t = p;
-      t[m] = Pl{kShard, ReduceOp::Sum, j, kInner};
-      emit(e, t);
+      t[m] = Pl{kShard, ReduceOp::Sum, j, kInnermost};
+      emit(out, e, t);
     }
   }
+}
 
-  // Local steps on replicated mesh dims.
+// Local steps on replicated mesh dims: a slice, or the target's Partial.
+void Search::local_edges(const Pls& p, EdgeList& out) const {
+  const int k = P_.k, nd = P_.nd;
+  const Pls& dst = states_[goal_].pl;
   bool target_partial = false;
   ReduceOp top = ReduceOp::Sum;
   for (int m = 0; m < k; ++m)
@@ -211,8 +180,8 @@ void Search::edges(int si, F&& f) const {
       e.g[e.ng++] = static_cast<std::int8_t>(m);
       e.dim = d;
       Pls t = p;
-      t[m] = Pl{kShard, ReduceOp::Sum, d, kInner};
-      emit(e, t);
+      t[m] = Pl{kShard, ReduceOp::Sum, d, kInnermost};
+      emit(out, e, t);
     }
     // Only the target's Partial op is worth creating.
     if (target_partial && op_ok) {
@@ -220,9 +189,40 @@ void Search::edges(int si, F&& f) const {
       e.g[e.ng++] = static_cast<std::int8_t>(m);
       Pls t = p;
       t[m] = Pl{kPar, top, -1, -1};
-      emit(e, t);
+      emit(out, e, t);
     }
   }
+}
+
+double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const CostModel& cost) {
+  return static_cast<double>(max_numel * itemsize) / cost.local_copy_Bps;
+}
+
+std::int64_t collective_recv_count(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
+                                   const RankBoxes& T, int r, int nd) {
+  switch (kind) {
+    case StepKind::AllGather:
+      return T.numel[r] - S.numel[r];
+    case StepKind::AllReduce:
+      return all_reduce_recv_count(S.numel[r], n, group_index);
+    case StepKind::ReduceScatter:
+      return reduce_scatter_recv_count(T.numel[r], n);
+    case StepKind::AllToAll:
+      return T.numel[r] - inter_numel(S, r, T, r, nd);
+    default:
+      return 0;
+  }
+}
+
+Eval collective_step(StepKind kind, std::span<const int> dims, std::int64_t n, std::int64_t max_bytes,
+                     const CostModel& cost) {
+  // An all_reduce is a reduce-scatter and an all-gather: twice the hops.
+  const std::int64_t hops = kind == StepKind::AllReduce ? 2 * (n - 1) : n - 1;
+  return Eval{max_bytes, cost.collective_seconds(dims, hops, max_bytes)};
+}
+
+double exchange_seconds(const CostModel& cost, int max_peers, double max_lat, double max_bw_time) {
+  return cost.base_latency_s + max_peers * max_lat + max_bw_time;
 }
 
 Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& bytes) {
@@ -231,6 +231,18 @@ Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& by
   const int R = P_.ranks;
   const std::int64_t isz = P_.itemsize;
   bytes.assign(R, 0);
+  switch (e.kind) {
+    case StepKind::Slice:
+      return Eval{0, local_step_seconds(T.max_numel, isz, *P_.cost)};
+    case StepKind::ZeroFill:
+      return Eval{0, local_step_seconds(S.max_numel, isz, *P_.cost)};
+    case StepKind::Relabel:
+      return Eval{};
+    case StepKind::Exchange:
+      return exchange(from, bytes, nullptr);
+    default:
+      break;
+  }
   std::int64_t n = 1;
   auto& dims = P_.full_dims_scratch;
   dims.clear();
@@ -238,41 +250,12 @@ Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& by
     n *= P_.n[e.g[i]];
     dims.push_back(P_.full[e.g[i]]);
   }
-  Eval out;
-  std::int64_t hops = n - 1;
-  switch (e.kind) {
-    case StepKind::AllGather:
-      for (int r = 0; r < R; ++r) bytes[r] = (T.numel[r] - S.numel[r]) * isz;
-      break;
-    case StepKind::AllReduce:
-      hops = 2 * (n - 1);
-      for (int r = 0; r < R; ++r) {
-        std::int64_t gr = 0;
-        for (int i = 0; i < e.ng; ++i) gr = gr * P_.n[e.g[i]] + P_.c(r, e.g[i]);
-        std::int64_t count = S.numel[r], seg = even_split(count, n, gr).size;
-        bytes[r] = ((n - 1) * seg + (count - seg)) * isz;
-      }
-      break;
-    case StepKind::ReduceScatter:
-      for (int r = 0; r < R; ++r) bytes[r] = (n - 1) * T.numel[r] * isz;
-      break;
-    case StepKind::AllToAll:
-      for (int r = 0; r < R; ++r) bytes[r] = (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * isz;
-      break;
-    case StepKind::Slice:
-      out.time = static_cast<double>(T.max_numel * isz) / P_.cost->local_copy_Bps;
-      return out;
-    case StepKind::ZeroFill:
-      out.time = static_cast<double>(S.max_numel * isz) / P_.cost->local_copy_Bps;
-      return out;
-    case StepKind::Relabel:
-      return out;
-    case StepKind::Exchange:
-      return exchange(from, bytes, nullptr);
+  for (int r = 0; r < R; ++r) {
+    std::int64_t gr = 0;  // r's index in its group: mixed radix, first group dim most significant
+    for (int i = 0; i < e.ng; ++i) gr = gr * P_.n[e.g[i]] + P_.c(r, e.g[i]);
+    bytes[r] = collective_recv_count(e.kind, n, gr, S, T, r, P_.nd) * isz;
   }
-  out.max_bytes = *std::max_element(bytes.begin(), bytes.end());
-  out.time = P_.cost->collective_seconds(dims, hops, out.max_bytes);
-  return out;
+  return collective_step(e.kind, dims, n, *std::max_element(bytes.begin(), bytes.end()), *P_.cost);
 }
 
 Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<ExchangeBlock>* blocks) {
@@ -351,9 +334,9 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
   Eval out;
   out.max_bytes = *std::max_element(bytes.begin(), bytes.end());
   if (!remote)  // every rank already holds what it needs: local copies only
-    out.time = static_cast<double>(T.max_numel * isz) / P_.cost->local_copy_Bps;
+    out.time = local_step_seconds(T.max_numel, isz, *P_.cost);
   else
-    out.time = P_.cost->base_latency_s + max_peers * max_lat + max_bw_time;
+    out.time = exchange_seconds(*P_.cost, max_peers, max_lat, max_bw_time);
   return out;
 }
 
@@ -390,7 +373,7 @@ std::vector<Search::Link> Search::run() {
   pq.push({Cost{}, 0});
 
   std::vector<std::int64_t> bytes;
-  std::vector<std::pair<Edge, Pls>> out_edges;
+  EdgeList out_edges;
   auto grow = [&] {
     if (dist_.size() < states_.size()) {
       dist_.resize(states_.size(), unreached);
@@ -419,7 +402,7 @@ std::vector<Search::Link> Search::run() {
     done[u] = 1;
     if (u == goal_) break;
     out_edges.clear();
-    edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
+    edges(u, out_edges);
     for (const auto& [e, tp] : out_edges) {
       const int t = intern(tp);
       grow();
@@ -499,8 +482,8 @@ std::vector<Search::Link> Search::run_exact() {
 void Search::expand_exact(int u) {
   if (expanded_[u]) return;
   expanded_[u] = 1;
-  std::vector<std::pair<Edge, Pls>> out_edges;
-  edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
+  EdgeList out_edges;
+  edges(u, out_edges);
   std::vector<Out> list;
   std::vector<std::int64_t> bytes;
   for (const auto& [e, tp] : out_edges) {

@@ -3,34 +3,26 @@
 // their per-rank boxes, the edges between them and the Dijkstra search.
 #include <array>
 #include <cstdint>
+#include <span>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/reduce_op.h"
 #include "dtensor/core/shape.h"
-#include "rank_boxes.h"
 #include "dtensor/redistribute/cost_model.h"
 #include "dtensor/redistribute/plan.h"
 
 namespace dtensor::planner {
 
-// DeviceMesh allows 4 dims; each takes 16 bits of a state key.
-constexpr int kMaxDims = 4;
-
-enum Kind : std::int8_t { kRep = 0, kPar = 1, kShard = 2 };
-
-/// One mesh dim's placement: kind, op (Partial), tensor dim and nesting level (Shard).
-struct Pl {
-  std::int8_t kind = kRep;
-  ReduceOp op = ReduceOp::Sum;
-  std::int32_t dim = -1;
-  std::int32_t level = -1;
-};
-using Pls = std::array<Pl, kMaxDims>;
-
-/// Renumbers the levels of each tensor dim's shards 0..k-1, keeping their order.
-void normalize(Pls& p, int k);
-std::uint64_t key_of(const Pls& p, int k);
+// The search runs on the core's compact layouts (dtensor/core/compact_layout.h).
+constexpr int kMaxDims = kMaxMeshDims;
+using Pl = CompactPlacement;
+using Pls = CompactLayout;
+constexpr auto kRep = CompactPlacement::kRep;
+constexpr auto kPar = CompactPlacement::kPar;
+constexpr auto kShard = CompactPlacement::kShard;
 
 /// The request reduced to the mesh dims of size > 1 (size-1 dims never split,
 /// so ranks are numbered the same in the full and the reduced mesh).
@@ -61,7 +53,7 @@ struct Problem {
   std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
 };
 
-struct State : rank_boxes::RankBoxes {
+struct State : RankBoxes {
   Pls pl{};
   bool partial = false;
   // Exchange sources, computed on first use: per rank the first rank holding
@@ -94,6 +86,25 @@ struct Eval {
   double time = 0;
 };
 
+// The one-step cost, shared by the search's eval and the closed-form prices
+// (price.cpp), so that a price equals the planner's estimate by construction.
+
+/// Time of a local step (slice, zero fill, local copy) whose largest per-rank
+/// output has `max_numel` elements.
+double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const CostModel& cost);
+/// Elements rank r receives in a collective step of `kind` (AllGather,
+/// AllReduce, ReduceScatter, AllToAll) over a group of n ranks in which r has
+/// index group_index, from boxes S to boxes T.
+std::int64_t collective_recv_count(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
+                                   const RankBoxes& T, int r, int nd);
+/// A collective step of `kind` over the full mesh dims `dims` (n ranks a
+/// group) whose busiest rank receives `max_bytes`.
+Eval collective_step(StepKind kind, std::span<const int> dims, std::int64_t n, std::int64_t max_bytes,
+                     const CostModel& cost);
+/// A direct exchange: the base latency, `max_peers` hops of `max_lat`, and the
+/// busiest receiver's bandwidth time.
+double exchange_seconds(const CostModel& cost, int max_peers, double max_lat, double max_bw_time);
+
 /// A candidate complete plan seen while relaxing the goal: its cost and the
 /// state it came from with the last edge.
 struct Candidate {
@@ -105,6 +116,7 @@ struct Candidate {
 
 class Search {
  public:
+  using EdgeList = std::vector<std::pair<Edge, Pls>>;
   Search(Problem& problem, const Pls& src, const Pls& dst);
 
   /// Runs Dijkstra; returns the chain of (from state, to state, edge).
@@ -138,8 +150,13 @@ class Search {
   void fill_boxes(State& s) const;
   void fill_leaders(State& s) const;
   bool needs(int r) const { return goal_needs_[r] != 0; }
-  template <class F>
-  void edges(int s, F&& f) const;
+  /// Every edge out of state s, one function per transition case; each
+  /// target is normalised.
+  void edges(int s, EdgeList& out) const;
+  void gather_edges(const Pls& p, EdgeList& out) const;
+  void reduce_edges(const Pls& p, EdgeList& out) const;
+  void all_to_all_edges(const Pls& p, EdgeList& out) const;
+  void local_edges(const Pls& p, EdgeList& out) const;
   // run_exact and its parts: a state's steps priced once; the exchange
   // from it, once a lower bound says it could win; a path extended by a step
   // (the new label, or -1 where a label there is nowhere worse).

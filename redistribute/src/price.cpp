@@ -1,27 +1,28 @@
 // Closed-form prices for the redistributions that propagation asks about
 // most: the ones the planner answers with a local copy or with one
-// collective on one mesh dim. Each rule below returns exactly the
-// est_seconds that plan_redistribute would return (same formulas, same order
-// of floating-point operations), and applies only where an argument shows
-// that no other plan can win; everything else goes to the planner.
-// tests/test_planner.cpp checks the agreement over random moves.
+// collective on one mesh dim. Each rule below prices its step with the
+// search's own one-step cost (planner_search.h: local_step_seconds,
+// collective_recv_count, collective_step, exchange_seconds), so it returns
+// exactly the est_seconds that plan_redistribute would return, and applies
+// only where an argument shows that no other plan can win; everything else
+// goes to the planner. tests/test_planner.cpp checks the agreement over
+// random moves.
 #include <algorithm>
 #include <array>
 #include <optional>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/redistribute/planner.h"
 #include "objective.h"
-#include "rank_boxes.h"
+#include "planner_search.h"
 
 namespace dtensor {
 namespace {
 
-constexpr int kMaxMeshDims = 4;   // as DeviceMesh and the planner
-constexpr int kMaxRanks = 256;    // the exchange rule is quadratic in ranks
+constexpr int kMaxRanks = 256;  // the exchange rule is quadratic in ranks
 
 // Per-rank boxes of one layout, in scratch that is reused between calls.
-using Boxes = rank_boxes::RankBoxes;
-using rank_boxes::inter_numel;
+using Boxes = RankBoxes;
 
 struct Scratch {
   Boxes from, to;
@@ -80,19 +81,13 @@ std::int64_t shard_dim(const Layout& l, int m, int nd) {
 
 void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                 const std::vector<std::int64_t>& coords, int ranks) {
-  const int nd = static_cast<int>(shape.size()), M = static_cast<int>(mesh.size());
-  // Mesh dims in nesting order: every tensor dim's outermost split first.
-  std::array<std::pair<int, int>, kMaxMeshDims> splits{};
-  int no = 0;
-  for (int lv = 0; lv < M; ++lv)
-    for (int m = 0; m < M; ++m)
-      if (l.level(m) == lv) splits[no++] = {m, static_cast<int>(shard_dim(l, m, nd))};
-  rank_boxes::fill(b, shape, ranks, std::span(splits.data(), no), mesh,
-                   [&](int r, int m) { return coords[static_cast<std::size_t>(r) * M + m]; });
+  const int M = static_cast<int>(mesh.size());
+  fill_rank_boxes(b, compact(l), shape, ranks, mesh,
+                  [&](int r, int m) { return coords[static_cast<std::size_t>(r) * M + m]; });
 }
 
-// The planner's exchange sources (rank_boxes::fill_leaders).
-void fill_leaders(Scratch& s, int ranks, int nd) { rank_boxes::fill_leaders(s.from, ranks, nd, s.leader, s.leaders); }
+// The planner's exchange sources.
+void fill_leaders(Scratch& s, int ranks, int nd) { dtensor::fill_leaders(s.from, ranks, nd, s.leader, s.leaders); }
 
 // Mesh dim m of `a` and `b` hold the same placement at the same nesting level.
 bool same_on(const Layout& a, const Layout& b, int m, int nd) {
@@ -109,173 +104,14 @@ bool innermost(const Layout& l, int m, int nd) {
   return true;
 }
 
-}  // namespace
-
-std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
-                                          DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
-  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
-  if (M < 1 || M > kMaxMeshDims || from.mesh_ndim() != M || to.mesh_ndim() != M) return std::nullopt;
-  if (!(cost.base_latency_s > 0) || !(cost.local_copy_Bps > 0)) return std::nullopt;
-  std::int64_t ranks = 1;
-  for (auto n : mesh) {
-    if (n < 1) return std::nullopt;
-    ranks *= n;
-  }
-  for (auto s : shape)
-    if (s < 0) return std::nullopt;
-  if (ranks > kMaxRanks) return std::nullopt;
-  // Shapes of both layouts the planner would accept; mixed Partial ops are left to it.
-  const Partial* partial = nullptr;
-  for (const Layout* l : {&from, &to})
-    for (int m = 0; m < M; ++m) {
-      // Negative dims are left to the planner, which resolves them.
-      if (const auto* sh = std::get_if<Shard>(&(*l)[m]); sh && (sh->dim < 0 || sh->dim >= nd)) return std::nullopt;
-      if (const auto* q = std::get_if<Partial>(&(*l)[m])) {
-        if (partial && partial->op != q->op) return std::nullopt;
-        partial = q;
-      }
-    }
-  if (from == to) return 0.0;
-  // The planner relabels moves on size-1 mesh dims for free; leave those to it.
-  int differ = -1, ndiffer = 0;
-  for (int m = 0; m < M; ++m) {
-    if (same_on(from, to, m, nd)) continue;
-    if (mesh[m] == 1) return std::nullopt;
-    differ = m;
-    ++ndiffer;
-  }
-  const auto isz = static_cast<std::int64_t>(itemsize(dtype));
-  Scratch& s = scratch();
-  prepare(s, mesh, shape, from, false);
-  const int R = static_cast<int>(ranks);
-  fill_boxes(s.to, to, mesh, shape, s.coords, R);
-
-  if (to.has_partial()) {
-    // Replicate to Partial on one mesh dim, everything else kept, from a
-    // source without Partial: the planner's local zero-fill (sum: the
-    // source's largest shard at copy speed) or relabel (avg, max, min: free).
-    // Every other plan needs a collective, which costs at least the base latency.
-    if (ndiffer != 1 || from.has_partial() || !is_replicate(from[differ]) || !is_partial(to[differ]))
-      return std::nullopt;
-    if (partial->op != ReduceOp::Sum) return 0.0;
-    // The Partial dim does not split: the target's boxes are the source's.
-    const double t = static_cast<double>(s.to.max_numel * isz) / cost.local_copy_Bps;
-    if (!(t < cost.base_latency_s)) return std::nullopt;
-    return t;
-  }
-
-  if (from.has_partial()) {
-    // One Partial mesh dim reduced to Replicate with everything else kept:
-    // the planner's all_reduce. Any plan of two or more collectives costs at
-    // least two base latencies, and no other single collective removes the
-    // Partial without a gather after it, so the all_reduce wins when it costs
-    // less than that.
-    if (ndiffer != 1 || !is_replicate(to[differ])) return std::nullopt;
-    int npartial = 0;
-    for (int m = 0; m < M; ++m) npartial += is_partial(from[m]);
-    if (npartial != 1 || !is_partial(from[differ])) return std::nullopt;
-    if (partial->op == ReduceOp::Avg && !is_floating(dtype)) return std::nullopt;  // the planner's integer-avg rule
-    // Without elements a reduce_scatter followed by a free local copy wins.
-    if (numel(shape) == 0) return std::nullopt;
-    // Where the planner ranks by bytes, splitting over a replicated mesh dim
-    // before reducing can receive less than the all_reduce.
-    double fastest = 0;
-    for (int o = 0; o < M; ++o)
-      if (mesh[o] > 1) fastest = std::max(fastest, cost.link(o).bandwidth_Bps);
-    if (planner::bandwidth_dominates(numel(shape) * isz, fastest, cost)) return std::nullopt;
-    const int m = differ;
-    const std::int64_t n = mesh[m];
-    std::int64_t busiest = 0;
-    for (int r = 0; r < R; ++r) {
-      // The source box equals the target box: the Partial dim does not split.
-      const std::int64_t count = s.to.numel[r];
-      const std::int64_t seg = even_split(count, n, s.coords[static_cast<std::size_t>(r) * M + m]).size;
-      busiest = std::max(busiest, ((n - 1) * seg + (count - seg)) * isz);
-    }
-    const std::array<int, 1> dims{m};
-    const double t = cost.collective_seconds(dims, 2 * (n - 1), busiest);
-    if (!(t < 2 * cost.base_latency_s)) return std::nullopt;
-    return t;
-  }
-
-  prepare(s, mesh, shape, from, true);
-  std::int64_t most_lacking = 0;
-  for (int r = 0; r < R; ++r)
-    most_lacking = std::max(most_lacking, s.to.numel[r] - inter_numel(s.from, r, s.to, r, nd));
-
-  if (most_lacking == 0) {
-    // Every rank already holds its new region: the planner's local copy (a
-    // slice, or its exchange without remote blocks) costs the largest new
-    // shard at copy speed. Any other plan needs a collective, which costs at
-    // least the base latency.
-    const double t = static_cast<double>(s.to.max_numel * isz) / cost.local_copy_Bps;
-    if (!(t < cost.base_latency_s)) return std::nullopt;
-    return t;
-  }
-
-  // One mesh dim m changes by a step the planner takes directly: all_gather
-  // of m's split (m innermost of its tensor dim) or all_to_all moving it to
-  // another tensor dim (innermost there). Both receive exactly what each
-  // rank lacks, the least any plan can, so the planner takes the cheaper of
-  // that collective and its direct exchange, unless two collectives could
-  // be faster still.
-  if (ndiffer != 1) return std::nullopt;
-  const int m = differ;
-  if (!is_shard(from[m]) || !innermost(from, m, nd)) return std::nullopt;
-  if (is_shard(to[m])) {
-    if (shard_dim(to, m, nd) == shard_dim(from, m, nd) || !innermost(to, m, nd)) return std::nullopt;
-  } else if (!is_replicate(to[m])) {
-    return std::nullopt;
-  }
-  const std::int64_t n = mesh[m];
-  const LinkParams& link = cost.link(m);
-  const std::array<int, 1> dims{m};
-  const double collective = cost.collective_seconds(dims, n - 1, most_lacking * isz);
-
-  // The direct exchange, as the planner prices it. Every remote block must
-  // come from a rank that differs from the receiver on m alone, so that its
-  // best holder is reached over m's link.
-  fill_leaders(s, R, nd);
-  std::int64_t step = 1;  // rank stride of mesh dim m
-  for (int o = M - 1; o > m; --o) step *= mesh[o];
-  int max_peers = 0;
-  double max_bw_time = 0;
-  for (int r = 0; r < R; ++r) {
-    if (s.to.numel[r] == 0) continue;
-    const int own = s.leader[r];
-    int peers = 0;
-    double bw_time = 0;
-    for (int l : s.leaders) {
-      const std::int64_t k = inter_numel(s.from, l, s.to, r, nd);
-      if (k == 0 || l == own) continue;
-      // The rank with r's coordinates except l's on m.
-      const std::int64_t h = r + (s.coords[static_cast<std::size_t>(l) * M + m] -
-                                  s.coords[static_cast<std::size_t>(r) * M + m]) * step;
-      if (s.leader[h] != l) return std::nullopt;
-      bw_time += static_cast<double>(k * isz) / link.bandwidth_Bps;
-      ++peers;
-    }
-    max_peers = std::max(max_peers, peers);
-    max_bw_time = std::max(max_bw_time, bw_time);
-  }
-  const double exchange = cost.base_latency_s + max_peers * link.hop_latency_s + max_bw_time;
-  const double best = std::min(collective, exchange);
-
-  // Two communicating steps cost at least two base latencies plus the
-  // least bytes over the fastest link; keep a margin for rounding.
-  double fastest = 0;
-  for (int o = 0; o < M; ++o)
-    if (mesh[o] > 1) fastest = std::max(fastest, cost.link(o).bandwidth_Bps);
-  const double two_steps = 2 * cost.base_latency_s + static_cast<double>(most_lacking * isz) / fastest;
-  if (!(two_steps > best * (1 + 1e-9))) return std::nullopt;
-  return best;
-}
-
-double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
-                                        DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
-  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
-  if (from == to || M < 1 || M > kMaxMeshDims || from.mesh_ndim() != M || to.mesh_ndim() != M) return 0;
-  if (!(cost.base_latency_s > 0)) return 0;
+// The request as the prices accept it: meshes and shapes the planner would
+// accept, both layouts valid with resolved shard dims (negative ones are left
+// to the planner, which resolves them), at most kMaxRanks ranks. Returns the
+// rank count, or 0 if the request is left to the planner.
+int admissible_ranks(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, const Layout& from,
+                     const Layout& to) {
+  const std::size_t M = mesh.size();
+  if (M < 1 || M > static_cast<std::size_t>(kMaxMeshDims)) return 0;
   std::int64_t ranks = 1;
   for (auto n : mesh) {
     if (n < 1) return 0;
@@ -285,8 +121,195 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
     if (x < 0) return 0;
   if (ranks > kMaxRanks) return 0;
   for (const Layout* l : {&from, &to})
+    if (layout_problem(l->placements(), M, shape.size()) || has_negative_shard_dim(l->placements())) return 0;
+  return static_cast<int>(ranks);
+}
+
+// What the closed forms share: the request, its ranks and the scratch.
+struct Move {
+  std::span<const std::int64_t> mesh, shape;
+  const Layout& from;
+  const Layout& to;
+  const CostModel& cost;
+  int M, nd, R;
+  std::int64_t isz;
+  int differ;   // the one mesh dim that changes, if ndiffer == 1
+  int ndiffer;  // how many mesh dims change
+  Scratch& s;
+
+  std::int64_t coord(int r, int m) const { return s.coords[static_cast<std::size_t>(r) * M + m]; }
+};
+
+// Replicate to Partial on one mesh dim, everything else kept, from a source
+// without Partial: the planner's local zero-fill (sum: the source's largest
+// shard at copy speed) or relabel (avg, max, min: free). Every other plan
+// needs a collective, which costs at least the base latency.
+std::optional<double> to_partial(const Move& mv, ReduceOp op) {
+  if (mv.ndiffer != 1 || mv.from.has_partial() || !is_replicate(mv.from[mv.differ]) || !is_partial(mv.to[mv.differ]))
+    return std::nullopt;
+  if (op != ReduceOp::Sum) return 0.0;
+  // The Partial dim does not split: the target's boxes are the source's.
+  const double t = planner::local_step_seconds(mv.s.to.max_numel, mv.isz, mv.cost);
+  if (!(t < mv.cost.base_latency_s)) return std::nullopt;
+  return t;
+}
+
+// One Partial mesh dim reduced to Replicate with everything else kept: the
+// planner's all_reduce. Any plan of two or more collectives costs at least
+// two base latencies, and no other single collective removes the Partial
+// without a gather after it, so the all_reduce wins when it costs less than
+// that.
+std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
+  if (mv.ndiffer != 1 || !is_replicate(mv.to[mv.differ])) return std::nullopt;
+  int npartial = 0;
+  for (int m = 0; m < mv.M; ++m) npartial += is_partial(mv.from[m]);
+  if (npartial != 1 || !is_partial(mv.from[mv.differ])) return std::nullopt;
+  if (op == ReduceOp::Avg && !is_floating(dtype)) return std::nullopt;  // the planner's integer-avg rule
+  // Without elements a reduce_scatter followed by a free local copy wins.
+  if (numel(mv.shape) == 0) return std::nullopt;
+  // Where the planner ranks by bytes, splitting over a replicated mesh dim
+  // before reducing can receive less than the all_reduce.
+  double fastest = 0;
+  for (int o = 0; o < mv.M; ++o)
+    if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
+  if (planner::bandwidth_dominates(numel(mv.shape) * mv.isz, fastest, mv.cost)) return std::nullopt;
+  const int m = mv.differ;
+  const std::int64_t n = mv.mesh[m];
+  std::int64_t busiest = 0;
+  for (int r = 0; r < mv.R; ++r)
+    // The source box equals the target box: the Partial dim does not split.
+    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n, mv.coord(r, m), mv.s.to,
+                                                               mv.s.to, r, mv.nd) * mv.isz);
+  const std::array<int, 1> dims{m};
+  const double t = planner::collective_step(StepKind::AllReduce, dims, n, busiest, mv.cost).time;
+  if (!(t < 2 * mv.cost.base_latency_s)) return std::nullopt;
+  return t;
+}
+
+// The direct exchange of a one-mesh-dim move, as the planner prices it.
+// Every remote block must come from a rank that differs from the receiver on
+// m alone, so that its best holder is reached over m's link; nullopt if not.
+std::optional<double> one_dim_exchange(const Move& mv, int m) {
+  Scratch& s = mv.s;
+  fill_leaders(s, mv.R, mv.nd);
+  const LinkParams& link = mv.cost.link(m);
+  std::int64_t step = 1;  // rank stride of mesh dim m
+  for (int o = mv.M - 1; o > m; --o) step *= mv.mesh[o];
+  int max_peers = 0;
+  double max_bw_time = 0;
+  for (int r = 0; r < mv.R; ++r) {
+    if (s.to.numel[r] == 0) continue;
+    const int own = s.leader[r];
+    int peers = 0;
+    double bw_time = 0;
+    for (int l : s.leaders) {
+      const std::int64_t k = inter_numel(s.from, l, s.to, r, mv.nd);
+      if (k == 0 || l == own) continue;
+      // The rank with r's coordinates except l's on m.
+      const std::int64_t h = r + (mv.coord(l, m) - mv.coord(r, m)) * step;
+      if (s.leader[h] != l) return std::nullopt;
+      bw_time += static_cast<double>(k * mv.isz) / link.bandwidth_Bps;
+      ++peers;
+    }
+    max_peers = std::max(max_peers, peers);
+    max_bw_time = std::max(max_bw_time, bw_time);
+  }
+  return planner::exchange_seconds(mv.cost, max_peers, link.hop_latency_s, max_bw_time);
+}
+
+// One mesh dim m changes by a step the planner takes directly: all_gather of
+// m's split (m innermost of its tensor dim) or all_to_all moving it to
+// another tensor dim (innermost there). Both receive exactly what each rank
+// lacks, the least any plan can, so the planner takes the cheaper of that
+// collective and its direct exchange, unless two collectives could be faster
+// still.
+std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
+  if (mv.ndiffer != 1) return std::nullopt;
+  const int m = mv.differ, nd = mv.nd;
+  if (!is_shard(mv.from[m]) || !innermost(mv.from, m, nd)) return std::nullopt;
+  StepKind kind = StepKind::AllGather;
+  if (is_shard(mv.to[m])) {
+    if (shard_dim(mv.to, m, nd) == shard_dim(mv.from, m, nd) || !innermost(mv.to, m, nd)) return std::nullopt;
+    kind = StepKind::AllToAll;
+  } else if (!is_replicate(mv.to[m])) {
+    return std::nullopt;
+  }
+  const std::int64_t n = mv.mesh[m];
+  std::int64_t busiest = 0;
+  for (int r = 0; r < mv.R; ++r)
+    busiest = std::max(busiest,
+                       planner::collective_recv_count(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd) * mv.isz);
+  const std::array<int, 1> dims{m};
+  const double collective = planner::collective_step(kind, dims, n, busiest, mv.cost).time;
+  const auto exchange = one_dim_exchange(mv, m);
+  if (!exchange) return std::nullopt;
+  const double best = std::min(collective, *exchange);
+
+  // Two communicating steps cost at least two base latencies plus the
+  // least bytes over the fastest link; keep a margin for rounding.
+  double fastest = 0;
+  for (int o = 0; o < mv.M; ++o)
+    if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
+  const double two_steps = 2 * mv.cost.base_latency_s + static_cast<double>(most_lacking * mv.isz) / fastest;
+  if (!(two_steps > best * (1 + 1e-9))) return std::nullopt;
+  return best;
+}
+
+}  // namespace
+
+std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+                                          DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
+  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  if (!(cost.base_latency_s > 0) || !(cost.local_copy_Bps > 0)) return std::nullopt;
+  const int R = admissible_ranks(mesh, shape, from, to);
+  if (R == 0) return std::nullopt;
+  // Mixed Partial ops across the two layouts are left to the planner.
+  const Partial* partial = nullptr;
+  for (const Layout* l : {&from, &to})
     for (int m = 0; m < M; ++m)
-      if (const auto* sh = std::get_if<Shard>(&(*l)[m]); sh && (sh->dim < 0 || sh->dim >= nd)) return 0;
+      if (const auto* q = std::get_if<Partial>(&(*l)[m])) {
+        if (partial && partial->op != q->op) return std::nullopt;
+        partial = q;
+      }
+  if (from == to) return 0.0;
+  // The planner relabels moves on size-1 mesh dims for free; leave those to it.
+  int differ = -1, ndiffer = 0;
+  for (int m = 0; m < M; ++m) {
+    if (same_on(from, to, m, nd)) continue;
+    if (mesh[m] == 1) return std::nullopt;
+    differ = m;
+    ++ndiffer;
+  }
+  Scratch& s = scratch();
+  prepare(s, mesh, shape, from, false);
+  fill_boxes(s.to, to, mesh, shape, s.coords, R);
+  const Move mv{mesh, shape, from, to, cost, M, nd, R, static_cast<std::int64_t>(itemsize(dtype)), differ, ndiffer, s};
+
+  if (to.has_partial()) return to_partial(mv, partial->op);
+  if (from.has_partial()) return from_partial(mv, dtype, partial->op);
+
+  prepare(s, mesh, shape, from, true);
+  std::int64_t most_lacking = 0;
+  for (int r = 0; r < R; ++r)
+    most_lacking = std::max(most_lacking, s.to.numel[r] - inter_numel(s.from, r, s.to, r, nd));
+  if (most_lacking == 0) {
+    // Every rank already holds its new region: the planner's local copy (a
+    // slice, or its exchange without remote blocks) costs the largest new
+    // shard at copy speed. Any other plan needs a collective, which costs at
+    // least the base latency.
+    const double t = planner::local_step_seconds(s.to.max_numel, mv.isz, cost);
+    if (!(t < cost.base_latency_s)) return std::nullopt;
+    return t;
+  }
+  return one_dim_move(mv, most_lacking);
+}
+
+double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+                                        DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
+  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  if (from == to || !(cost.base_latency_s > 0)) return 0;
+  const int R = admissible_ranks(mesh, shape, from, to);
+  if (R == 0) return 0;
   // Every communicating step costs at least the base latency plus what its
   // busiest rank receives over the fastest link; slack for rounding.
   constexpr double kSlack = 1 - 1e-9;
@@ -298,23 +321,38 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   }
   Scratch& s = scratch();
   prepare(s, mesh, shape, from, true);
-  const int R = static_cast<int>(ranks);
   fill_boxes(s.to, to, mesh, shape, s.coords, R);
   std::int64_t most_lacking = 0;
-  for (int r = 0; r < R; ++r) {
-    bool needs = true;  // ranks off coordinate 0 of a Partial(sum) hold zeros
-    for (int m = 0; m < M; ++m)
-      if (const auto* q = std::get_if<Partial>(&to[m]);
-          q && q->op == ReduceOp::Sum && s.coords[static_cast<std::size_t>(r) * M + m] != 0)
-        needs = false;
-    if (needs) most_lacking = std::max(most_lacking, s.to.numel[r] - inter_numel(s.from, r, s.to, r, nd));
-  }
+  for (int r = 0; r < R; ++r)
+    if (!holds_zeros(to, std::span(s.coords.data() + static_cast<std::size_t>(r) * M, M)))
+      most_lacking = std::max(most_lacking, s.to.numel[r] - inter_numel(s.from, r, s.to, r, nd));
   if (most_lacking == 0) return 0;
   double fastest = 0;
   for (int o = 0; o < M; ++o)
     if (mesh[o] > 1) fastest = std::max(fastest, cost.link(o).bandwidth_Bps);
   const auto isz = static_cast<std::int64_t>(itemsize(dtype));
   return (cost.base_latency_s + static_cast<double>(most_lacking * isz) / fastest) * kSlack;
+}
+
+std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+                                              DType dtype, const Layout& layout, int mesh_dim, const CostModel& cost) {
+  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  const int R = admissible_ranks(mesh, shape, layout, layout);
+  if (R == 0 || mesh_dim < 0 || mesh_dim >= M || mesh[mesh_dim] == 1 || numel(shape) == 0) return std::nullopt;
+  const auto* q = std::get_if<Partial>(&layout[mesh_dim]);
+  if (!q || (q->op == ReduceOp::Avg && !is_floating(dtype))) return std::nullopt;
+  Scratch& s = scratch();
+  prepare(s, mesh, shape, layout, false);
+  fill_boxes(s.to, layout, mesh, shape, s.coords, R);
+  const std::int64_t n = mesh[mesh_dim], isz = static_cast<std::int64_t>(itemsize(dtype));
+  std::int64_t busiest = 0;
+  for (int r = 0; r < R; ++r)
+    // The Partial dim does not split: the boxes before and after are the same.
+    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n,
+                                                               s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
+                                                               s.to, s.to, r, nd) * isz);
+  const std::array<int, 1> dims{mesh_dim};
+  return planner::collective_step(StepKind::AllReduce, dims, n, busiest, cost).time;
 }
 
 double redistribute_seconds(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,

@@ -42,6 +42,17 @@ inline bool is_shard(const Placement& p, std::int64_t dim) {
 inline bool is_replicate(const Placement& p) { return std::holds_alternative<Replicate>(p); }
 inline bool is_partial(const Placement& p) { return std::holds_alternative<Partial>(p); }
 
+/// Short spellings for building layouts in code, alongside the text form:
+///   using namespace dtensor::shorthand;
+///   Layout l{S(0), R, P()};            // same as Layout::parse("S(0),R,P(sum)")
+///   Layout m{Shard{0}, Replicate{}};   // the long spelling works without it
+/// In their own namespace so that one-letter names reach only code that asks.
+namespace shorthand {
+constexpr Shard S(std::int64_t dim) { return Shard{dim}; }
+inline constexpr Replicate R{};
+constexpr Partial P(ReduceOp op = ReduceOp::Sum) { return Partial{op}; }
+}  // namespace shorthand
+
 /// "S(0)", "R", "P(sum)".
 std::string to_string(const Placement& p);
 /// Accepts "S(0)", "Shard(0)", "Shard(dim=0)", "R", "Replicate", "P", "P(sum)",

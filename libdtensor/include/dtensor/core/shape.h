@@ -60,6 +60,17 @@ Chunk chunk(std::int64_t size, std::int64_t parts, std::int64_t index);
 /// segments), so that planner and communicators agree on the byte counts.
 Chunk even_split(std::int64_t count, std::int64_t parts, std::int64_t index);
 
+/// Elements rank `index` of a group of `n` receives from the others in a
+/// bandwidth-optimal all_reduce of `count` elements (reduce-scatter, then
+/// all-gather): (n-1)*seg + (count-seg), seg = even_split(count, n, index).size.
+/// The one count behind every communicator's byte accounting, the planner's
+/// search and the closed-form prices. Post: 0 when n == 1; at most
+/// 2*(n-1)*ceil(count/n), the data twice over less this rank's share.
+std::int64_t all_reduce_recv_count(std::int64_t count, std::int64_t n, std::int64_t index);
+/// Elements each rank receives in a reduce_scatter that leaves it `mine` of
+/// the result: (n-1)*mine, one addend from every other rank.
+constexpr std::int64_t reduce_scatter_recv_count(std::int64_t mine, std::int64_t n) { return (n - 1) * mine; }
+
 }  // namespace dtensor
 
 template <>

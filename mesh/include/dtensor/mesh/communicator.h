@@ -7,10 +7,11 @@
 // that the planner can predict the count exactly and every backend reports
 // the same number for the same call:
 //   all_gather      sum of the other ranks' contributions
-//   all_reduce      (n-1)*seg(r) + (count - seg(r)) elements, where seg(r) is
-//                   even_split(count, n, r).size (reduce-scatter then
+//   all_reduce      all_reduce_recv_count(count, n, r) elements (core/shape.h:
+//                   (n-1)*seg(r) + (count - seg(r)), seg(r) =
+//                   even_split(count, n, r).size; reduce-scatter then
 //                   all-gather; 2(n-1)/n of the data when n divides count)
-//   reduce_scatter  (n-1)*counts[r] elements
+//   reduce_scatter  reduce_scatter_recv_count(counts[r], n) = (n-1)*counts[r] elements
 //   all_to_all      sum of recv_bytes over the other ranks
 //   broadcast       `bytes` on every rank but the root
 //   scatter         bytes[r] on every rank but the root

@@ -51,6 +51,16 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh_sha
                                           std::span<const std::int64_t> global_shape, DType dtype, const Layout& from,
                                           const Layout& to, const CostModel& cost);
 
+/// The planner's one-step cost of an all_reduce that removes the Partial of
+/// `layout` on mesh dim `mesh_dim` and keeps every other mesh dim: the
+/// price of a reduction owed by a new Partial, without a search. nullopt
+/// where that step is not how the planner would start (mesh dim not Partial
+/// or of size 1, no elements, integer Avg) or the request is one the closed
+/// forms leave to the planner.
+std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh_shape,
+                                              std::span<const std::int64_t> global_shape, DType dtype,
+                                              const Layout& layout, int mesh_dim, const CostModel& cost);
+
 /// A cheap lower bound on cached_plan(request).est_seconds (0 where it
 /// knows none): at least one collective where some rank lacks data it needs
 /// or a Partial must be reduced. Lets propagation skip pricing candidates
