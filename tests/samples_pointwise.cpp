@@ -22,7 +22,7 @@ namespace {
 OpSample make(std::vector<Tensor> inputs, double scalar = 0) {
   OpSample s;
   s.inputs = std::move(inputs);
-  s.attrs.scalar = scalar;
+  s.attrs = ScalarAttrs{.value = scalar};
   for (const auto& t : s.inputs)
     if (t.dtype() == DType::Float32) s.rtol = s.atol = 2e-3;
   return s;
@@ -188,9 +188,7 @@ BOOST_AUTO_TEST_CASE(mul_of_partial_by_replicate_stays_partial) {
     for (const DTensor* t : {&z, &z2, &z3})
       if (!(t->placements() == Layout::parse("P(sum)"))) log.add(fmt::format("P(sum)*R gave {}", t->placements()));
     if (!allclose(z.full_tensor(), want, 1e-9, 1e-9)) log.add("P(sum)*R: wrong values");
-    OpAttrs three;
-    three.scalar = 3;
-    if (!allclose(z2.full_tensor(), call_op("mul_scalar", {a}, three), 1e-9, 1e-9))
+    if (!allclose(z2.full_tensor(), call_op("mul_scalar", {a}, ScalarAttrs{.value = 3}), 1e-9, 1e-9))
       log.add("3*P(sum): wrong values");
   });
 }

@@ -16,12 +16,10 @@ using dtensor::testing::uniform;
 
 namespace {
 
-OpSample reduce_sample(Tensor x, std::vector<std::int64_t> dims, bool keepdim, double scalar = 0) {
+OpSample reduce_sample(Tensor x, std::vector<std::int64_t> dims, bool keepdim, double p = 2) {
   OpSample s;
   s.inputs = {std::move(x)};
-  s.attrs.dims = std::move(dims);
-  s.attrs.flag = keepdim;
-  s.attrs.scalar = scalar;
+  s.attrs = ReduceAttrs{.dims = std::move(dims), .keepdim = keepdim, .p = p};
   return s;
 }
 
@@ -87,8 +85,7 @@ OpSample norm_sample(Shape shape, int k, bool weight, bool bias, std::uint64_t s
   const Shape trailing(shape.end() - k, shape.end());
   if (weight) s.inputs.push_back(uniform(trailing, DType::Float64, seed + 1, 0.5, 1.5));
   if (bias) s.inputs.push_back(uniform(trailing, DType::Float64, seed + 2));
-  s.attrs.ints = {k, weight, bias};
-  s.attrs.scalar = 1e-5;
+  s.attrs = NormAttrs{.normalized_ndim = k, .weight = weight, .bias = bias, .eps = 1e-5};
   return s;
 }
 

@@ -84,7 +84,7 @@ BOOST_DATA_TEST_CASE(each_op_in_bf16_and_f16_is_the_f32_op_rounded_once, utf::da
       }
       const std::vector<Tensor> wide = as_dtype(narrow, DType::Float32);
       OpAttrs attrs = s.attrs;
-      attrs.dtype = cpu_compute_dtype(attrs.dtype);
+      if (const auto* to = attrs.get_if<ToAttrs>()) attrs = ToAttrs{.dtype = cpu_compute_dtype(to->dtype)};
       const Tensor want32 = call_op(op, std::span<const Tensor>(wide), attrs);
       // A floating result comes back in the inputs' 16-bit dtype (unless the
       // op names its own output dtype, as `to` does).

@@ -40,10 +40,12 @@ namespace dtensor {
 
 namespace pointwise_detail {
 template <class X>
-X call(std::string_view op, std::initializer_list<X> inputs, double scalar = 0) {
-  OpAttrs attrs;
-  attrs.scalar = scalar;
-  return call_op(op, inputs, attrs);
+X call(std::string_view op, std::initializer_list<X> inputs) {
+  return call_op(op, inputs);
+}
+template <class X>
+X call(std::string_view op, std::initializer_list<X> inputs, double scalar) {
+  return call_op(op, inputs, ScalarAttrs{.value = scalar});
 }
 }  // namespace pointwise_detail
 
