@@ -64,13 +64,20 @@ const RegisterSamples argmax_samples("argmax", [](std::mt19937_64&) {
   };
 });
 
+OpSample softmax_sample(Tensor x, std::int64_t dim) {
+  OpSample s;
+  s.inputs = {std::move(x)};
+  s.attrs = DimAttrs{.dim = dim};
+  return s;
+}
+
 std::vector<OpSample> softmax_samples() {
   std::vector<OpSample> out{
-      reduce_sample(uniform({5, 7}, DType::Float64, 41, -4, 4), {1}, false),
-      reduce_sample(uniform({3, 5, 6}, DType::Float64, 42, -4, 4), {0}, false),
-      reduce_sample(uniform({3, 5, 6}, DType::Float64, 43, -4, 4), {-2}, false),
+      softmax_sample(uniform({5, 7}, DType::Float64, 41, -4, 4), 1),
+      softmax_sample(uniform({3, 5, 6}, DType::Float64, 42, -4, 4), 0),
+      softmax_sample(uniform({3, 5, 6}, DType::Float64, 43, -4, 4), -2),
   };
-  OpSample f32 = reduce_sample(uniform({5, 6}, DType::Float32, 44, -4, 4), {-1}, false);
+  OpSample f32 = softmax_sample(uniform({5, 6}, DType::Float32, 44, -4, 4), -1);
   f32.rtol = 1e-4;
   f32.atol = 1e-4;
   out.push_back(f32);

@@ -7,6 +7,8 @@
 #include <functional>
 #include <optional>
 
+#include "checks.h"
+#include "dtensor/core/cuda.h"
 #include "op_cases.h"
 #include "support.h"
 
@@ -74,6 +76,7 @@ struct ScaleAttrs {
   double factor = 1;
   bool operator==(const ScaleAttrs&) const = default;
   std::size_t hash() const { return hash_fields(factor); }
+  static constexpr std::string_view kName = "ScaleAttrs";
 };
 
 const OpDef& scale() {
@@ -374,7 +377,7 @@ BOOST_AUTO_TEST_CASE(typed_attributes_compare_hash_and_name_the_expected_struct)
   BOOST_TEST(a.get<ReduceAttrs>("sum").keepdim);
   BOOST_TEST(OpAttrs{}.get<ReduceAttrs>("sum").dims.empty());  // none given: the defaults
   BOOST_TEST(d.get_if<ReduceAttrs>() == nullptr);
-  testing::check_throws<ValueError>([&] { call_op("sum", {Tensor::ones({2, 3})}, d); }, "[sum] got attributes of type");
+  testing::check_throws<ValueError>([&] { call_op("sum", {Tensor::ones({2, 3})}, d); }, "[sum] got attributes of type DimsAttrs; expected ReduceAttrs");
   // A custom op's own struct: decisions are cached per value.
   scale();
   clear_propagation_cache();
@@ -388,7 +391,7 @@ BOOST_AUTO_TEST_CASE(typed_attributes_compare_hash_and_name_the_expected_struct)
     BOOST_TEST(stats.misses == 2u);
     BOOST_TEST(stats.hits == 1u);
     BOOST_TEST(equal(z.full_tensor(), Tensor::full({2, 3}, 3.0, DType::Float64)));
-    testing::check_throws<ValueError>([&] { call_op("test_scale", {x}, ReduceAttrs{}); }, "[test_scale] got attributes");
+    testing::check_throws<ValueError>([&] { call_op("test_scale", {x}, ReduceAttrs{}); }, "[test_scale] got attributes of type ReduceAttrs; expected ScaleAttrs");
   });
 }
 

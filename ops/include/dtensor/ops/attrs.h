@@ -61,10 +61,19 @@ std::size_t hash_fields(const Fields&... fields) {
 }
 
 /// What OpAttrs can hold: a copyable value with == and a hash() member.
+/// A `static constexpr std::string_view kName` names it in errors.
 template <class T>
 concept AttrStruct = std::copy_constructible<T> && std::equality_comparable<T> && requires(const T& t) {
   { t.hash() } -> std::convertible_to<std::size_t>;
 };
+
+/// The name of an attribute struct in messages: its kName, else the
+/// compiler's name for the type.
+template <class T>
+std::string_view attrs_name() {
+  if constexpr (requires { std::string_view(T::kName); }) return T::kName;
+  else return typeid(T).name();
+}
 
 /// One op call's attributes, of whichever struct the op reads (empty for ops
 /// that take none). Cheap to copy (shared, immutable).
@@ -95,7 +104,7 @@ class OpAttrs {
       }
     }
     throw ValueError(fmt::format("[{}] got attributes of type {}; expected {}", op,
-                                 value_ ? value_->type().name() : "none", typeid(T).name()));
+                                 value_ ? value_->name() : std::string_view("none"), attrs_name<T>()));
   }
   /// Where an op without tensor inputs allocates: the held struct's
   /// `device` member if it has one, else the CPU.
@@ -115,6 +124,7 @@ class OpAttrs {
     virtual bool equals(const Concept& other) const = 0;
     virtual std::size_t hash() const = 0;
     virtual Device device() const = 0;
+    virtual std::string_view name() const = 0;
   };
   template <class T>
   struct Model final : Concept {
@@ -128,6 +138,7 @@ class OpAttrs {
       if constexpr (requires { Device{value.device}; }) return value.device;
       else return Device::CPU;
     }
+    std::string_view name() const override { return attrs_name<T>(); }
     T value;
   };
   std::shared_ptr<const Concept> value_;
@@ -140,6 +151,7 @@ class OpAttrs {
 
 /// add_scalar, mul_scalar, div_scalar, pow_scalar: the scalar operand.
 struct ScalarAttrs {
+  static constexpr std::string_view kName = "ScalarAttrs";
   double value = 0;
   bool operator==(const ScalarAttrs&) const = default;
   std::size_t hash() const { return hash_fields(value); }
@@ -149,6 +161,7 @@ struct ScalarAttrs {
 /// takes at most one, empty: flattened), whether they stay as size 1, and
 /// the norm's p.
 struct ReduceAttrs {
+  static constexpr std::string_view kName = "ReduceAttrs";
   std::vector<std::int64_t> dims{};
   bool keepdim = false;
   double p = 2;
@@ -159,6 +172,7 @@ struct ReduceAttrs {
 /// layer_norm, rms_norm: how many trailing dims are normalized, which of
 /// the weight and bias inputs follow x, and eps.
 struct NormAttrs {
+  static constexpr std::string_view kName = "NormAttrs";
   std::int64_t normalized_ndim = 1;
   bool weight = false;
   bool bias = false;
@@ -169,6 +183,7 @@ struct NormAttrs {
 
 /// einsum: the equation ("bij,bjk->bik", "...ij,...jk", "ii->i").
 struct EinsumAttrs {
+  static constexpr std::string_view kName = "EinsumAttrs";
   std::string equation{};
   bool operator==(const EinsumAttrs&) const = default;
   std::size_t hash() const { return hash_fields(equation); }
@@ -176,6 +191,7 @@ struct EinsumAttrs {
 
 /// One dim: softmax, log_softmax, unsqueeze, cat, stack.
 struct DimAttrs {
+  static constexpr std::string_view kName = "DimAttrs";
   std::int64_t dim = 0;
   bool operator==(const DimAttrs&) const = default;
   std::size_t hash() const { return hash_fields(dim); }
@@ -184,6 +200,7 @@ struct DimAttrs {
 /// A list of dims: permute (the permutation), squeeze (the dims to drop;
 /// empty: every size-1 dim).
 struct DimsAttrs {
+  static constexpr std::string_view kName = "DimsAttrs";
   std::vector<std::int64_t> dims{};
   bool operator==(const DimsAttrs&) const = default;
   std::size_t hash() const { return hash_fields(dims); }
@@ -192,6 +209,7 @@ struct DimsAttrs {
 /// reshape and view (one -1 inferred), expand (-1 keeps a size): the target
 /// shape.
 struct ShapeAttrs {
+  static constexpr std::string_view kName = "ShapeAttrs";
   Shape shape{};
   bool operator==(const ShapeAttrs&) const = default;
   std::size_t hash() const { return hash_fields(shape); }
@@ -199,6 +217,7 @@ struct ShapeAttrs {
 
 /// transpose: the two dims swapped.
 struct TransposeAttrs {
+  static constexpr std::string_view kName = "TransposeAttrs";
   std::int64_t dim0 = 0;
   std::int64_t dim1 = 1;
   bool operator==(const TransposeAttrs&) const = default;
@@ -207,6 +226,7 @@ struct TransposeAttrs {
 
 /// flatten: dims start_dim..end_dim (inclusive) merge into one.
 struct FlattenAttrs {
+  static constexpr std::string_view kName = "FlattenAttrs";
   std::int64_t start_dim = 0;
   std::int64_t end_dim = -1;
   bool operator==(const FlattenAttrs&) const = default;
@@ -215,6 +235,7 @@ struct FlattenAttrs {
 
 /// unflatten: dim splits into sizes (one -1 inferred).
 struct UnflattenAttrs {
+  static constexpr std::string_view kName = "UnflattenAttrs";
   std::int64_t dim = 0;
   Shape sizes{};
   bool operator==(const UnflattenAttrs&) const = default;
@@ -224,6 +245,7 @@ struct UnflattenAttrs {
 /// narrow: elements start .. start + length of dim (a negative start counts
 /// from the end).
 struct NarrowAttrs {
+  static constexpr std::string_view kName = "NarrowAttrs";
   std::int64_t dim = 0;
   std::int64_t start = 0;
   std::int64_t length = 0;
@@ -233,6 +255,7 @@ struct NarrowAttrs {
 
 /// to: the target dtype.
 struct ToAttrs {
+  static constexpr std::string_view kName = "ToAttrs";
   DType dtype = DType::Float32;
   bool operator==(const ToAttrs&) const = default;
   std::size_t hash() const { return hash_fields(dtype); }
