@@ -275,6 +275,11 @@ BOOST_AUTO_TEST_CASE(bad_calls_name_the_op_and_the_values) {
   std::string m = message([&] { exp(i); });
   BOOST_TEST(m.find("[exp]") != std::string::npos);
   BOOST_TEST(m.find("i64") != std::string::npos);
+  // Checked once, in the op's meta, which lists every dtype it accepts.
+  BOOST_TEST(m.find("expected f32, f64, bf16 or f16") != std::string::npos, m);
+  BOOST_TEST(message([&] { div(i, i); }).find("[div] is not defined for i64 tensors; expected f32, f64, bf16 or f16") !=
+                 std::string::npos,
+             message([&] { div(i, i); }));
   BOOST_CHECK_THROW(exp(i), DTypeError);
   BOOST_CHECK_THROW(i * 2.5, ValueError);
   Tensor a = Tensor::zeros({5, 7}, DType::Float64), b = Tensor::zeros({6}, DType::Float64);

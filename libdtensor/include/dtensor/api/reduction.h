@@ -30,12 +30,12 @@ X reduce_call(std::string_view op, const X& x, std::vector<std::int64_t> dims, b
 }
 }  // namespace detail
 
-/// Sum over `dims` (empty: all dims); f32, f64, i64.
+/// Sum over `dims` (empty: all dims); f32, f64, bf16, f16, i64.
 template <TensorOrDTensor X>
 X sum(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("sum", x, std::move(dims), keepdim);
 }
-/// Mean over `dims` (empty: all dims); f32, f64 (DTypeError for i64, as PyTorch).
+/// Mean over `dims` (empty: all dims); f32, f64, bf16, f16 (DTypeError for i64, as PyTorch).
 template <TensorOrDTensor X>
 X mean(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("mean", x, std::move(dims), keepdim);
@@ -57,7 +57,7 @@ X argmax(const X& x, std::optional<std::int64_t> dim = std::nullopt, bool keepdi
   return detail::reduce_call("argmax", x, dim ? std::vector<std::int64_t>{*dim} : std::vector<std::int64_t>{}, keepdim);
 }
 /// p-norm over `dims` (empty: all dims): (sum |x|^p)^(1/p); p = inf gives
-/// max |x|, p = 0 the count of nonzeros. f32, f64.
+/// max |x|, p = 0 the count of nonzeros. f32, f64, bf16, f16.
 template <TensorOrDTensor X>
 X norm(const X& x, double p = 2, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("norm", x, std::move(dims), keepdim, p);
