@@ -3,8 +3,6 @@
 // tensor; a shard of the table (or of the class dim) looks up only the
 // indices that fall in its rows and writes zeros elsewhere, so the output is
 // Partial(sum) without any communication (PyTorch's MaskPartial).
-#include <algorithm>
-
 #include "device_kernels.h"
 #include "dtensor/core/error.h"
 #include "families.h"

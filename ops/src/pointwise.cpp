@@ -7,7 +7,6 @@
 // (PartialRule), derived from a few declared properties.
 #include <algorithm>
 #include <cmath>
-#include <functional>
 
 #include "../cpu/pointwise_kernels.h"
 #include "device_kernels.h"

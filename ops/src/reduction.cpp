@@ -4,7 +4,7 @@
 // an input's own shard nesting, so that e.g. S(0)[1],S(0)[0] is reduced
 // where it lies.
 #include <algorithm>
-#include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 
