@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 
 using namespace dtensor;
 using Clock = std::chrono::steady_clock;

@@ -1,5 +1,4 @@
 #pragma once
-#include <type_traits>
 // Helpers of the communicator suites: per-rank failure lists (Boost.Test is
 // not thread-safe, so ranks collect and the test thread reports) and small
 // integer data whose reductions are exact in every dtype.
@@ -10,6 +9,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -72,7 +72,7 @@ class Failures {
 
 // Small integers: sums are exact in every dtype and any order, so results
 // compare bitwise.
-double value(std::uint64_t seed, int rank, std::size_t i) {
+inline double value(std::uint64_t seed, int rank, std::size_t i) {
   return static_cast<double>(static_cast<std::int64_t>((seed * 7919 + static_cast<std::uint64_t>(rank) * 131 + i * 31) % 19) - 9);
 }
 
@@ -105,14 +105,14 @@ T reduce_expected(ReduceOp op, int n, std::uint64_t seed, std::size_t i) {
   }
 }
 
-std::size_t seg_size(std::size_t count, int n, int r) {
+inline std::size_t seg_size(std::size_t count, int n, int r) {
   return count / static_cast<std::size_t>(n) + (static_cast<std::size_t>(r) < count % static_cast<std::size_t>(n) ? 1 : 0);
 }
 
 
-bool contains(std::string_view text, std::string_view needle) { return text.find(needle) != std::string_view::npos; }
+inline bool contains(std::string_view text, std::string_view needle) { return text.find(needle) != std::string_view::npos; }
 
-std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int n, std::size_t max) {
+inline std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int n, std::size_t max) {
   std::vector<std::size_t> v(static_cast<std::size_t>(n));
   for (auto& x : v) x = (rng() % 4 == 0) ? 0 : rng() % (max + 1);
   return v;

@@ -216,6 +216,18 @@ BOOST_AUTO_TEST_CASE(pack_unpack_and_copy_boxes) {
   check_throws<ShapeError>([&] { slice_box(t, Box{{3, 0, 0}, {2, 1, 1}}); }, "does not fit");
 }
 
+BOOST_AUTO_TEST_CASE(copy_into_writes_the_shared_storage) {
+  Tensor dst = Tensor::zeros({2, 3}, DType::Float64);
+  Tensor alias = dst;  // shares storage
+  const Tensor src = Tensor::arange({2, 3}, DType::Float64);
+  copy_into(src, dst);
+  BOOST_TEST(equal(alias, src));
+  Tensor empty_dst = Tensor::zeros({0, 3}, DType::Float64);
+  copy_into(Tensor::zeros({0, 3}, DType::Float64), empty_dst);
+  check_throws<ShapeError>([&] { copy_into(Tensor::zeros({3, 2}, DType::Float64), dst); }, "shape 3x2 to shape 2x3");
+  check_throws<DTypeError>([&] { copy_into(Tensor::zeros({2, 3}, DType::Float32), dst); }, "from f32 to f64");
+}
+
 BOOST_AUTO_TEST_CASE(reductions) {
   std::vector<double> a{1, 5, 3}, b{4, 2, 3};
   auto run = [&](ReduceOp op) {

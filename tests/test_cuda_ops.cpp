@@ -6,11 +6,15 @@
 //   - on a GPU (skipped, and counted, without one): each sample run on CUDA
 //     tensors matches the CPU result in its own dtype and in bf16; and each
 //     sample runs sharded over four simulated GPU ranks (a 2x2 mesh on one
-//     device) against the unsharded CPU result.
+//     device) against the unsharded CPU result; the in-place ops write
+//     into device storage.
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
+#include <mutex>
 #include <random>
+#include <string>
+#include <vector>
 
 #include <dtensor/dtensor.h>
 
@@ -205,6 +209,49 @@ BOOST_AUTO_TEST_CASE(an_op_without_a_cuda_kernel_names_itself_and_the_device) {
   const Tensor x = Tensor::ones({2, 3}, DType::Float32, Device::CUDA);
   testing::check_throws<UnsupportedError>([&] { call_op("test_cpu_only", {x}); }, "[test_cpu_only] has no cuda kernel");
   BOOST_TEST(equal(call_op("test_cpu_only", {Tensor::ones({2, 3})}), Tensor::ones({2, 3})));
+}
+
+// add_ and its siblings write into the tensor's own device storage: a
+// device copy, never a host memcpy of device pointers.
+BOOST_AUTO_TEST_CASE(in_place_ops_write_into_device_storage) {
+  Tensor a = Tensor::from_vector<double>({1, 2, 3}, {3}).to(Device::CUDA);
+  Tensor alias = a;  // shares storage
+  add_(a, Tensor::from_vector<double>({10, 20, 30}, {3}).to(Device::CUDA));
+  mul_(a, 2.0);
+  BOOST_TEST((a.device() == Device::CUDA));
+  BOOST_TEST(equal(alias.to(Device::CPU), Tensor::from_vector<double>({22, 44, 66}, {3})));
+
+  // Sharded over four simulated GPU ranks: each rank's device shard is
+  // updated in place and the layout is kept.
+  std::vector<std::string> failures;
+  std::mutex mu;
+  ThreadsOptions options;
+  options.device = Device::CUDA;
+  const Tensor x_full = Tensor::arange({6, 4}, DType::Float64), y_full = Tensor::full({6, 4}, 0.5, DType::Float64);
+  try {
+    run_threads(
+        4,
+        [&](Communicator& comm) {
+          DeviceMesh mesh(comm, {2, 2});
+          DTensor x = distribute_tensor(comm.rank() == 0 ? x_full : Tensor(), mesh, Layout::parse("S(0),S(1)"));
+          DTensor y = distribute_tensor(comm.rank() == 0 ? y_full : Tensor(), mesh, Layout::parse("R,S(0)"));
+          Tensor local = x.to_local();  // shares x's storage
+          sub_(x, y);
+          mul_(x, 2.0);
+          Tensor got = x.full_tensor().to(Device::CPU);
+          std::lock_guard lock(mu);
+          if (!(x.placements() == Layout::parse("S(0),S(1)")))
+            failures.push_back(fmt::format("layout became {}", x.placements()));
+          if (x.to_local().device() != Device::CUDA) failures.push_back("the shard left the device");
+          if (!equal(local.to(Device::CPU), x.to_local().to(Device::CPU)))
+            failures.push_back("the rank's shard was not updated in place");
+          if (!equal(got, (x_full - y_full) * 2.0)) failures.push_back("wrong values");
+        },
+        options);
+  } catch (const std::exception& e) {
+    failures.push_back(e.what());
+  }
+  testing::check_no_failures(failures);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,4 +1,4 @@
-#include "dtensor/core/caching_allocator.h"
+#include "libdtensor/core/caching_allocator.h"
 
 #include "dtensor/core/error.h"
 

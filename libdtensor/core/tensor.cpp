@@ -312,6 +312,19 @@ void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const st
                [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(d + dof * is, s + so * is, n * is); });
 }
 
+void copy_into(const Tensor& src, Tensor& dst) {
+  if (src.shape() != dst.shape())
+    throw ShapeError(fmt::format("[tensor] copy_into from shape {} to shape {}", fmt::join(src.shape(), "x"),
+                                 fmt::join(dst.shape(), "x")));
+  if (src.dtype() != dst.dtype())
+    throw DTypeError(fmt::format("[tensor] copy_into from {} to {}", src.dtype(), dst.dtype()));
+  if (src.nbytes() == 0) return;
+  if (src.device() == Device::CPU && dst.device() == Device::CPU)
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  else
+    cuda::copy(dst.data(), dst.device(), src.data(), src.device(), src.nbytes());
+}
+
 void pack_box(const Tensor& src, const Box& box, std::byte* out) {
   check_box(src.shape(), box, "pack_box");
   const std::size_t is = itemsize(src.dtype());

@@ -55,7 +55,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/core/cuda.h"
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
 #include "dtensor/core/shape.h"

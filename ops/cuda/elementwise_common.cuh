@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/dtype.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/tensor.h"

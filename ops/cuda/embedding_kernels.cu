@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "device_types.cuh"
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 #include "gemm_shape_embedding.h"
 
 namespace dtensor::cuda_kernels {

@@ -11,7 +11,7 @@
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
 #include "gemm_kernels.h"
 #include "gemm_shape_embedding.h"

@@ -4,7 +4,7 @@
 // (wrapping on overflow as the CPU's two's complement arithmetic does).
 #include "nvcc_fmt.cuh"  // first: before any fmt header
 
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
 #include "gemm_kernels.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "device_types.cuh"
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/cuda_check.h"
 #include "gemm_shape_embedding.h"
 
 namespace dtensor::cuda_kernels {

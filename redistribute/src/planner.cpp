@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
+#include "objective.h"
 #include "planner_search.h"
 
 namespace dtensor {
@@ -215,7 +216,9 @@ Plan plan_redistribute(const PlanRequest& req) {
   const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
   // Partial on mesh dims of size 1 is already the full value.
   const bool src_partial = std::any_of(src.begin(), src.begin() + P.k, [](const Pl& p) { return p.kind == kPar; });
-  P.bytes_first = !src_partial;
+  P.bytes_first =
+      !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
+  P.exact_busiest = src_partial && P.bytes_first;
   if (planner::key_of(src, P.k) == planner::key_of(dst, P.k)) {
     // Only size-1 mesh dims differ: they never split, so no data moves.
     PlanStep s;
@@ -351,7 +354,7 @@ Plan plan_redistribute(const PlanRequest& req) {
   } else if (!next || !best) {
     steps[0].reason += fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
   } else {
-    std::vector<StepKind> kinds = search.path_kinds(next->pred);
+    std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);
     kinds.push_back(next->last);
     steps[0].reason += fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
                                    ratio_text(next->cost, best->cost, P.bytes_first));

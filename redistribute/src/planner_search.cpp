@@ -357,8 +357,13 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
   return out;
 }
 
-std::vector<StepKind> Search::path_kinds(int s) const {
+std::vector<StepKind> Search::path_kinds(int s, int label) const {
   std::vector<StepKind> kinds;
+  if (label >= 0) {
+    for (int l = label; labels_[l].parent >= 0; l = labels_[l].parent) kinds.push_back(labels_[l].edge.kind);
+    std::reverse(kinds.begin(), kinds.end());
+    return kinds;
+  }
   while (s != 0 && pred_[s].first >= 0) {
     kinds.push_back(pred_[s].second.kind);
     s = pred_[s].first;
@@ -368,6 +373,7 @@ std::vector<StepKind> Search::path_kinds(int s) const {
 }
 
 std::vector<Search::Link> Search::run() {
+  if (P_.exact_busiest) return run_exact();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   const Cost unreached{std::numeric_limits<std::int64_t>::max(), kInf};
   dist_.assign(states_.size(), unreached);
@@ -442,6 +448,137 @@ std::vector<Search::Link> Search::run() {
   for (int s = goal_; s != 0; s = pred_[s].first) chain.push_back(Link{pred_[s].first, s, pred_[s].second});
   std::reverse(chain.begin(), chain.end());
   return chain;
+}
+
+// The busiest rank's total over a plan can be well below the sum of its
+// steps' busiest ranks when steps load different ranks (uneven or empty
+// shards), so for a Partial source, where no single step reaches a known
+// bound, paths are labels carrying every rank's total. A state keeps the
+// labels no other label there beats on every rank and on time; both parts of
+// the key (busiest total, time) only grow along a path, so the first label
+// of the goal taken from the queue is the best plan over these edges.
+std::vector<Search::Link> Search::run_exact() {
+  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(P_.ranks, 0), 0});
+  dead_.assign(1, 0);
+  live_.assign(states_.size(), {});
+  live_[0].push_back(0);
+  outs_.assign(states_.size(), {});
+  expanded_.assign(states_.size(), 0);
+  exchanged_.assign(states_.size(), 0);
+  best_goal_ = Cost{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
+  struct Item {
+    Cost c;
+    int label;
+  };
+  auto cmp = [this](const Item& a, const Item& b) { return better(b.c, a.c); };
+  std::priority_queue<Item, std::vector<Item>, decltype(cmp)> pq(cmp);
+  pq.push({Cost{}, 0});
+  int found = -1;
+  while (!pq.empty()) {
+    const Item it = pq.top();
+    pq.pop();
+    if (dead_[it.label]) continue;
+    const int u = labels_[it.label].state;
+    if (u == goal_) {
+      found = it.label;
+      break;
+    }
+    expand_exact(u);
+    price_exchange_if_useful(it.label);
+    for (std::size_t i = 0; i < outs_[u].size(); ++i)
+      if (const int id = offer(it.label, outs_[u][i]); id >= 0) pq.push({labels_[id].cost, id});
+  }
+  if (found < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
+  std::vector<Link> chain;
+  for (int l = found; labels_[l].parent >= 0; l = labels_[l].parent)
+    chain.push_back(Link{labels_[labels_[l].parent].state, labels_[l].state, labels_[l].edge});
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+void Search::expand_exact(int u) {
+  if (expanded_[u]) return;
+  expanded_[u] = 1;
+  std::vector<std::pair<Edge, Pls>> out_edges;
+  edges(u, [&](const Edge& e, const Pls& t) { out_edges.emplace_back(e, t); });
+  std::vector<Out> list;
+  std::vector<std::int64_t> bytes;
+  for (const auto& [e, tp] : out_edges) {
+    const int t = intern(tp);
+    if (t == u || (t != goal_ && states_[t].max_numel > limit_)) continue;  // memory bound
+    const Eval ev = eval(u, t, e, bytes);
+    list.push_back(Out{t, e, ev, bytes});
+  }
+  // New states were interned: every per-state table grows with them.
+  outs_.resize(states_.size());
+  live_.resize(states_.size());
+  expanded_.resize(states_.size(), 0);
+  exchanged_.resize(states_.size(), 0);
+  outs_[u] = std::move(list);
+}
+
+void Search::price_exchange_if_useful(int label) {
+  const Label& f = labels_[label];
+  const int u = f.state;
+  if (states_[u].partial || exchanged_[u]) return;
+  // As in run(): price the exchange only once a label here could beat the
+  // best plan found so far with it (the exchange's exact bytes added to the
+  // label's, its time at the fastest link with no latency); a later label
+  // here may do better than this one on the ranks the exchange loads.
+  const State& S = states_[u];
+  const State& T = states_[goal_];
+  std::int64_t busiest = 0, most = 0;
+  for (int r = 0; r < P_.ranks; ++r) {
+    const std::int64_t b = needs(r) ? (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * P_.itemsize : 0;
+    busiest = std::max(busiest, f.total[r] + b);
+    most = std::max(most, b);
+  }
+  ++considered_;
+  if (!better(Cost{busiest, f.cost.time + static_cast<double>(most) / P_.max_bw}, best_goal_)) return;
+  exchanged_[u] = 1;
+  std::vector<std::int64_t> bytes;
+  const Eval ev = exchange(u, bytes, nullptr);
+  outs_[u].push_back(Out{goal_, edge_of(StepKind::Exchange), ev, std::move(bytes)});
+}
+
+int Search::offer(int from_label, const Out& o) {
+  const int R = P_.ranks;
+  const Label& from = labels_[from_label];
+  Label next{o.to, from_label, o.edge, Cost{0, from.cost.time + o.ev.time}, from.total, 0};
+  for (int r = 0; r < R; ++r) {
+    next.total[r] += o.bytes[r];
+    next.cost.bytes = std::max(next.cost.bytes, next.total[r]);
+    next.sum += next.total[r];
+  }
+  if (o.to == goal_) {
+    cands_.push_back(Candidate{next.cost, from.state, o.edge.kind, from_label});
+    if (o.edge.kind != StepKind::Exchange) ++considered_;
+  }
+  // Keys only grow along a path: one that does not beat a plan found
+  // already cannot lead to a better one.
+  if (!better(next.cost, best_goal_)) return -1;
+  if (o.to == goal_) best_goal_ = next.cost;
+  // Whether a is nowhere worse than b (the totals' maximum and sum first:
+  // they rule out most pairs).
+  auto covers = [R](const Label& a, const Label& b) {
+    if (a.cost.time > b.cost.time || a.cost.bytes > b.cost.bytes || a.sum > b.sum) return false;
+    for (int r = 0; r < R; ++r)
+      if (a.total[r] > b.total[r]) return false;
+    return true;
+  };
+  std::vector<int>& here = live_[o.to];
+  for (int l : here)
+    if (covers(labels_[l], next)) return -1;
+  std::erase_if(here, [&](int l) {
+    if (!covers(next, labels_[l])) return false;
+    dead_[l] = 1;
+    return true;
+  });
+  const int id = static_cast<int>(labels_.size());
+  labels_.push_back(std::move(next));
+  dead_.push_back(0);
+  here.push_back(id);
+  return id;
 }
 
 }  // namespace dtensor::planner

@@ -47,7 +47,12 @@ struct Problem {
   // Integer Avg: divisions in stages truncate differently from one division,
   // so the Partial dims a plan removes are all reduced by one collective.
   bool avg_in_one_step = false;
-  bool bytes_first = true;  // objective: (bytes, time) without Partial source, else (time, bytes)
+  // Objective: (bytes, time), or (time, bytes) for a Partial source where
+  // latency decides (see bandwidth_dominates in objective.h).
+  bool bytes_first = true;
+  // Bytes are the busiest rank's exact total over the plan rather than the
+  // sum of each step's busiest rank (see Search::run_exact).
+  bool exact_busiest = false;
   // Exchange links per (src, dst) pair: the slowest link among the mesh dims they differ on.
   std::vector<double> pair_bw, pair_lat;
   double max_bw = 0;  // the fastest of them
@@ -95,6 +100,7 @@ struct Candidate {
   Cost cost;
   int pred;
   StepKind last;
+  int label = -1;  // run_exact: the label it extends
 };
 
 class Search {
@@ -120,8 +126,9 @@ class Search {
   int goal() const { return goal_; }
   std::int64_t limit() const { return limit_; }
   const std::vector<Candidate>& candidates() const { return cands_; }
-  /// The step kinds of the best known path to a settled state.
-  std::vector<StepKind> path_kinds(int s) const;
+  /// The step kinds of the best known path to a settled state, or of the
+  /// path of a label of run_exact.
+  std::vector<StepKind> path_kinds(int s, int label = -1) const;
   std::size_t num_states() const { return states_.size(); }
   /// Complete plans compared, counting those a lower bound ruled out.
   std::size_t considered() const { return considered_; }
@@ -133,6 +140,19 @@ class Search {
   bool needs(int r) const { return goal_needs_[r] != 0; }
   template <class F>
   void edges(int s, F&& f) const;
+  // run_exact and its parts: a state's steps priced once; the exchange
+  // from it, once a lower bound says it could win; a path extended by a step
+  // (the new label, or -1 where a label there is nowhere worse).
+  struct Out {
+    int to;
+    Edge edge;
+    Eval ev;
+    std::vector<std::int64_t> bytes;
+  };
+  std::vector<Link> run_exact();
+  void expand_exact(int u);
+  void price_exchange_if_useful(int label);
+  int offer(int from_label, const Out& o);
 
   Problem& P_;
   std::vector<State> states_;
@@ -144,6 +164,21 @@ class Search {
   std::vector<std::pair<int, Edge>> pred_;
   std::vector<Candidate> cands_;
   std::size_t considered_ = 0;
+  // run_exact: a path's per-rank totals, its cost, and where it came from.
+  struct Label {
+    int state;
+    int parent;
+    Edge edge;
+    Cost cost;  // bytes: the largest total
+    std::vector<std::int64_t> total;
+    std::int64_t sum;  // of the totals
+  };
+  std::vector<Label> labels_;
+  std::vector<char> dead_;              // per label: beaten after it was queued
+  std::vector<std::vector<int>> live_;  // per state: the labels nothing beats
+  std::vector<std::vector<Out>> outs_;  // per state: its steps, priced
+  std::vector<char> expanded_, exchanged_;
+  Cost best_goal_;
 };
 
 }  // namespace dtensor::planner

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "dtensor/redistribute/planner.h"
+#include "objective.h"
 #include "rank_boxes.h"
 
 namespace dtensor {
@@ -176,6 +177,12 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
     if (partial->op == ReduceOp::Avg && !is_floating(dtype)) return std::nullopt;  // the planner's integer-avg rule
     // Without elements a reduce_scatter followed by a free local copy wins.
     if (numel(shape) == 0) return std::nullopt;
+    // Where the planner ranks by bytes, splitting over a replicated mesh dim
+    // before reducing can receive less than the all_reduce.
+    double fastest = 0;
+    for (int o = 0; o < M; ++o)
+      if (mesh[o] > 1) fastest = std::max(fastest, cost.link(o).bandwidth_Bps);
+    if (planner::bandwidth_dominates(numel(shape) * isz, fastest, cost)) return std::nullopt;
     const int m = differ;
     const std::int64_t n = mesh[m];
     std::int64_t busiest = 0;

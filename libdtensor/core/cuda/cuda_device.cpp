@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "dtensor/core/caching_allocator.h"
-#include "dtensor/core/cuda_check.h"
+#include "libdtensor/core/caching_allocator.h"
+#include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor::cuda {

@@ -30,7 +30,6 @@
 // Inside namespace dtensor these names (exp, log, abs, pow, div, ...) hide the
 // C library's for unqualified calls: library code writes std::exp.
 #include <concepts>
-#include <cstring>
 #include <initializer_list>
 #include <string_view>
 
@@ -49,6 +48,9 @@ X call(std::string_view op, std::initializer_list<X> inputs, double scalar) {
 }
 }  // namespace pointwise_detail
 
+// One line per op, read as a table: clang-format would break each after its
+// template head.
+// clang-format off
 // ---- Unary ------------------------------------------------------------------
 /// -x.
 template <TensorOrDTensor X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
@@ -134,6 +136,8 @@ template <TensorOrDTensor X> X& operator-=(X& a, double s) { return a = add(a, -
 template <TensorOrDTensor X> X& operator*=(X& a, double s) { return a = mul(a, s); }
 template <TensorOrDTensor X> X& operator/=(X& a, double s) { return a = div(a, s); }
 
+// clang-format on
+
 // ---- In place ---------------------------------------------------------------
 
 namespace pointwise_detail {
@@ -150,16 +154,18 @@ X& assign_in_place(std::string_view op, X& a, const X& result) {
     dst = a;
     src = result;
   }
-  if (src.nbytes() != 0) std::memcpy(dst.data(), src.data(), src.nbytes());
+  copy_into(src, dst);  // a device copy where the shards live on the GPU
   return a;
 }
 }  // namespace pointwise_detail
 
+// clang-format off
 template <TensorOrDTensor X> X& add_(X& a, const X& b) { return pointwise_detail::assign_in_place("add_", a, add(a, b)); }
 template <TensorOrDTensor X> X& sub_(X& a, const X& b) { return pointwise_detail::assign_in_place("sub_", a, sub(a, b)); }
 template <TensorOrDTensor X> X& mul_(X& a, const X& b) { return pointwise_detail::assign_in_place("mul_", a, mul(a, b)); }
 template <TensorOrDTensor X> X& div_(X& a, const X& b) { return pointwise_detail::assign_in_place("div_", a, div(a, b)); }
 template <TensorOrDTensor X> X& add_(X& a, double s) { return pointwise_detail::assign_in_place("add_", a, add(a, s)); }
 template <TensorOrDTensor X> X& mul_(X& a, double s) { return pointwise_detail::assign_in_place("mul_", a, mul(a, s)); }
+// clang-format on
 
 }  // namespace dtensor

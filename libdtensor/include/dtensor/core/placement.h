@@ -62,7 +62,7 @@ class Layout {
  public:
   Layout() = default;
   /// Default (left to right) nesting.
-  Layout(std::vector<Placement> placements);  // NOLINT: implicit on purpose
+  Layout(std::vector<Placement> placements);  // NOLINT(google-explicit-constructor): implicit on purpose
   Layout(std::initializer_list<Placement> placements) : Layout(std::vector<Placement>(placements)) {}
   /// `split_order[i]` lists, for one tensor dim, the mesh dims that shard it
   /// in the order they split it (outermost first); tensor dims not listed

@@ -102,6 +102,11 @@ double max_abs_diff(const Tensor& a, const Tensor& b);
 Tensor slice_box(const Tensor& src, const Box& box);
 /// Copies `box` of `src` into `dst` at `dst_offset` (same dtype).
 void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const std::int64_t> dst_offset);
+/// Overwrites every element of `dst` with `src`'s, in dst's own storage (so
+/// every handle sharing it sees them), through the device copy where either
+/// side is on the GPU. Same shape and dtype (ShapeError, DTypeError); the
+/// devices may differ.
+void copy_into(const Tensor& src, Tensor& dst);
 /// Copies `box` of `src` to contiguous bytes at `out` (row-major in the box).
 void pack_box(const Tensor& src, const Box& box, std::byte* out);
 /// Inverse of pack_box: writes contiguous bytes into `box` of `dst`.
