@@ -12,7 +12,8 @@ using namespace dtensor;
 
 namespace {
 
-void register_softclip() {
+// Returns the registered op: a handle to call it by, without a lookup.
+Op register_softclip() {
   OpDef def;
   def.name = "softclip";
   def.num_inputs = 1;
@@ -20,14 +21,16 @@ void register_softclip() {
   def.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
   // Elementwise and not linear: a shard stays a shard, a replica a replica,
   // but a Partial sum must be reduced first (softclip(a)+softclip(b) is not
-  // softclip(a+b)), so no candidate accepts Partial.
-  def.strategy = [](const StrategyQuery& q) {
+  // softclip(a+b)), so no candidate accepts Partial. The options are given
+  // per mesh dim; the registry expands them to the whole mesh.
+  def.dim_strategy = [](const StrategyQuery& q) {
     std::vector<DimStrategy> per_dim{{{Replicate{}}, Replicate{}}};
     for (std::int64_t d = 0; d < static_cast<std::int64_t>(q.inputs[0].shape.size()); ++d)
       per_dim.push_back({{Shard{d}}, Shard{d}});
-    return expand_to_mesh(per_dim, q);
+    return per_dim;
   };
-  def.kernels[static_cast<int>(Device::CPU)] = [](const KernelArgs& a) {
+  // A CPU kernel only: on CUDA tensors the op says it has no cuda kernel.
+  def.cpu_kernel = [](const KernelArgs& a) {
     Tensor out = Tensor::empty(a.inputs[0].shape(), a.inputs[0].dtype());
     visit_dtype(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
@@ -38,19 +41,19 @@ void register_softclip() {
     });
     return out;
   };
-  OpRegistry::global().add(std::move(def));
+  return OpRegistry::global().add(std::move(def));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_softclip();
+  const Op softclip = register_softclip();
   std::atomic<std::int64_t> verdict{0};  // thread ranks all store the same value
   const int rc = launch(argc, argv, [&](Communicator& world) {
     std::int64_t failures = 0;
     DeviceMesh mesh(world, {2, 2});
     Tensor full = Tensor::rand({6, 5}, DType::Float64, 7);
-    Tensor expected = call_op("softclip", {full});  // the same op on a plain tensor
+    Tensor expected = call_op("softclip", {full});  // by name, on a plain tensor
     for (const char* text : {"S(0),S(1)", "R,S(0)", "P(sum),R"}) {
       DTensor x = text == std::string("P(sum),R")
                       ? DTensor::from_local(world.rank() < 2 ? full : Tensor::zeros({6, 5}, DType::Float64), mesh,
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> lines;
       DTensor y = [&] {
         ExplainScope explain([&](const std::string& line) { lines.push_back(line); });
-        return call_op("softclip", {x});
+        return call_op(softclip, {x});  // by handle
       }();
       Tensor got = y.full_tensor();
       if (world.rank() == 0) {

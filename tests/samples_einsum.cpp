@@ -20,7 +20,7 @@ namespace {
 OpSample sample(std::vector<Tensor> inputs, std::string equation = {}) {
   OpSample s;
   s.inputs = std::move(inputs);
-  s.attrs.text = std::move(equation);
+  if (!equation.empty()) s.attrs = EinsumAttrs{.equation = std::move(equation)};
   // f32 products of Partial addends (integers up to 512, tests/support.h)
   // lose more digits than the f64 samples.
   const bool f32 = std::any_of(s.inputs.begin(), s.inputs.end(), [](const Tensor& t) { return t.dtype() == DType::Float32; });

@@ -22,7 +22,7 @@ namespace {
 OpSample make(std::vector<Tensor> inputs, double scalar = 0) {
   OpSample s;
   s.inputs = std::move(inputs);
-  s.attrs.scalar = scalar;
+  s.attrs = ScalarAttrs{.value = scalar};
   for (const auto& t : s.inputs)
     if (t.dtype() == DType::Float32) s.rtol = s.atol = 2e-3;
   return s;
@@ -188,9 +188,7 @@ BOOST_AUTO_TEST_CASE(mul_of_partial_by_replicate_stays_partial) {
     for (const DTensor* t : {&z, &z2, &z3})
       if (!(t->placements() == Layout::parse("P(sum)"))) log.add(fmt::format("P(sum)*R gave {}", t->placements()));
     if (!allclose(z.full_tensor(), want, 1e-9, 1e-9)) log.add("P(sum)*R: wrong values");
-    OpAttrs three;
-    three.scalar = 3;
-    if (!allclose(z2.full_tensor(), call_op("mul_scalar", {a}, three), 1e-9, 1e-9))
+    if (!allclose(z2.full_tensor(), call_op("mul_scalar", {a}, ScalarAttrs{.value = 3}), 1e-9, 1e-9))
       log.add("3*P(sum): wrong values");
   });
 }
@@ -277,6 +275,11 @@ BOOST_AUTO_TEST_CASE(bad_calls_name_the_op_and_the_values) {
   std::string m = message([&] { exp(i); });
   BOOST_TEST(m.find("[exp]") != std::string::npos);
   BOOST_TEST(m.find("i64") != std::string::npos);
+  // Checked once, in the op's meta, which lists every dtype it accepts.
+  BOOST_TEST(m.find("expected f32, f64, bf16 or f16") != std::string::npos, m);
+  BOOST_TEST(message([&] { div(i, i); }).find("[div] is not defined for i64 tensors; expected f32, f64, bf16 or f16") !=
+                 std::string::npos,
+             message([&] { div(i, i); }));
   BOOST_CHECK_THROW(exp(i), DTypeError);
   BOOST_CHECK_THROW(i * 2.5, ValueError);
   Tensor a = Tensor::zeros({5, 7}, DType::Float64), b = Tensor::zeros({6}, DType::Float64);

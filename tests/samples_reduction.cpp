@@ -16,12 +16,10 @@ using dtensor::testing::uniform;
 
 namespace {
 
-OpSample reduce_sample(Tensor x, std::vector<std::int64_t> dims, bool keepdim, double scalar = 0) {
+OpSample reduce_sample(Tensor x, std::vector<std::int64_t> dims, bool keepdim, double p = 2) {
   OpSample s;
   s.inputs = {std::move(x)};
-  s.attrs.dims = std::move(dims);
-  s.attrs.flag = keepdim;
-  s.attrs.scalar = scalar;
+  s.attrs = ReduceAttrs{.dims = std::move(dims), .keepdim = keepdim, .p = p};
   return s;
 }
 
@@ -66,13 +64,20 @@ const RegisterSamples argmax_samples("argmax", [](std::mt19937_64&) {
   };
 });
 
+OpSample softmax_sample(Tensor x, std::int64_t dim) {
+  OpSample s;
+  s.inputs = {std::move(x)};
+  s.attrs = DimAttrs{.dim = dim};
+  return s;
+}
+
 std::vector<OpSample> softmax_samples() {
   std::vector<OpSample> out{
-      reduce_sample(uniform({5, 7}, DType::Float64, 41, -4, 4), {1}, false),
-      reduce_sample(uniform({3, 5, 6}, DType::Float64, 42, -4, 4), {0}, false),
-      reduce_sample(uniform({3, 5, 6}, DType::Float64, 43, -4, 4), {-2}, false),
+      softmax_sample(uniform({5, 7}, DType::Float64, 41, -4, 4), 1),
+      softmax_sample(uniform({3, 5, 6}, DType::Float64, 42, -4, 4), 0),
+      softmax_sample(uniform({3, 5, 6}, DType::Float64, 43, -4, 4), -2),
   };
-  OpSample f32 = reduce_sample(uniform({5, 6}, DType::Float32, 44, -4, 4), {-1}, false);
+  OpSample f32 = softmax_sample(uniform({5, 6}, DType::Float32, 44, -4, 4), -1);
   f32.rtol = 1e-4;
   f32.atol = 1e-4;
   out.push_back(f32);
@@ -87,8 +92,7 @@ OpSample norm_sample(Shape shape, int k, bool weight, bool bias, std::uint64_t s
   const Shape trailing(shape.end() - k, shape.end());
   if (weight) s.inputs.push_back(uniform(trailing, DType::Float64, seed + 1, 0.5, 1.5));
   if (bias) s.inputs.push_back(uniform(trailing, DType::Float64, seed + 2));
-  s.attrs.ints = {k, weight, bias};
-  s.attrs.scalar = 1e-5;
+  s.attrs = NormAttrs{.normalized_ndim = k, .weight = weight, .bias = bias, .eps = 1e-5};
   return s;
 }
 

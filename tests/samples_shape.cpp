@@ -14,12 +14,14 @@ using dtensor::testing::uniform;
 
 namespace {
 
-using dtensor::detail::attrs;
-OpAttrs dtype_attrs(DType dtype) {
-  OpAttrs a;
-  a.dtype = dtype;
-  return a;
+OpAttrs dtype_attrs(DType dtype) { return ToAttrs{.dtype = dtype}; }
+OpAttrs shape_attrs(Shape shape) { return ShapeAttrs{.shape = std::move(shape)}; }
+OpAttrs dim_attrs(std::int64_t dim) { return DimAttrs{.dim = dim}; }
+OpAttrs transpose_attrs(std::int64_t d0, std::int64_t d1) { return TransposeAttrs{.dim0 = d0, .dim1 = d1}; }
+OpAttrs narrow_attrs(std::int64_t dim, std::int64_t start, std::int64_t length) {
+  return NarrowAttrs{.dim = dim, .start = start, .length = length};
 }
+OpAttrs flatten_attrs(std::int64_t start, std::int64_t end) { return FlattenAttrs{.start_dim = start, .end_dim = end}; }
 
 OpSample sample(std::vector<Tensor> inputs, OpAttrs attrs) {
   OpSample s;
@@ -35,53 +37,53 @@ Tensor u(const Shape& shape, std::uint64_t seed, DType dtype = DType::Float64) {
 }
 
 const RegisterSamples transpose_samples("transpose", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 3, 2}, 1)}, attrs({0, 2})),
-                               sample({u({3, 7}, 2, DType::Float32)}, attrs({-1, 0}))};
+  return std::vector<OpSample>{sample({u({5, 3, 2}, 1)}, transpose_attrs(0, 2)),
+                               sample({u({3, 7}, 2, DType::Float32)}, transpose_attrs(-1, 0))};
 });
 const RegisterSamples permute_samples("permute", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({3, 5, 2}, 3)}, attrs({2, 0, 1}))};
+  return std::vector<OpSample>{sample({u({3, 5, 2}, 3)}, DimsAttrs{.dims = {2, 0, 1}})};
 });
 const RegisterSamples reshape_samples("reshape", [](std::mt19937_64&) {
   return std::vector<OpSample>{
-      sample({u({6, 5}, 4)}, attrs({30})),          // flatten: S(0) stays only where rows line up
-      sample({u({4, 6}, 5)}, attrs({8, 3})),        // split 6 -> 2x3 and merge 4*2
-      sample({u({5, 1, 3}, 6)}, attrs({-1, 5})),    // merges and splits across a singleton
-      sample({u({9, 2}, 7, DType::Int64)}, attrs({3, 3, 2})),
-      sample({u({0, 3}, 31)}, attrs({3, 0})),  // zero sizes
+      sample({u({6, 5}, 4)}, shape_attrs({30})),          // flatten: S(0) stays only where rows line up
+      sample({u({4, 6}, 5)}, shape_attrs({8, 3})),        // split 6 -> 2x3 and merge 4*2
+      sample({u({5, 1, 3}, 6)}, shape_attrs({-1, 5})),    // merges and splits across a singleton
+      sample({u({9, 2}, 7, DType::Int64)}, shape_attrs({3, 3, 2})),
+      sample({u({0, 3}, 31)}, shape_attrs({3, 0})),  // zero sizes
   };
 });
 const RegisterSamples view_samples("view", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({8, 3}, 8)}, attrs({2, 4, 3}))};
+  return std::vector<OpSample>{sample({u({8, 3}, 8)}, shape_attrs({2, 4, 3}))};
 });
 const RegisterSamples flatten_samples("flatten", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 2, 3}, 9)}, attrs({0, 1})),
-                               sample({u({3, 2, 5}, 10)}, attrs({1, -1}))};
+  return std::vector<OpSample>{sample({u({5, 2, 3}, 9)}, flatten_attrs(0, 1)),
+                               sample({u({3, 2, 5}, 10)}, flatten_attrs(1, -1))};
 });
 const RegisterSamples unflatten_samples("unflatten", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({12, 3}, 11)}, attrs({0}, {4, -1})),
-                               sample({u({3, 10}, 12)}, attrs({1}, {5, 2}))};
+  return std::vector<OpSample>{sample({u({12, 3}, 11)}, UnflattenAttrs{.dim = 0, .sizes = {4, -1}}),
+                               sample({u({3, 10}, 12)}, UnflattenAttrs{.dim = 1, .sizes = {5, 2}})};
 });
 const RegisterSamples squeeze_samples("squeeze", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 1, 3}, 13)}, attrs({1})), sample({u({1, 7, 1}, 14)}, {})};
+  return std::vector<OpSample>{sample({u({5, 1, 3}, 13)}, DimsAttrs{.dims = {1}}), sample({u({1, 7, 1}, 14)}, {})};
 });
 const RegisterSamples unsqueeze_samples("unsqueeze", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 3}, 15)}, attrs({1})), sample({u({7}, 16)}, attrs({-1}))};
+  return std::vector<OpSample>{sample({u({5, 3}, 15)}, dim_attrs(1)), sample({u({7}, 16)}, dim_attrs(-1))};
 });
 const RegisterSamples expand_samples("expand", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 1}, 17)}, attrs({5, 3})),
-                               sample({u({1, 3}, 18)}, attrs({2, 5, -1}))};
+  return std::vector<OpSample>{sample({u({5, 1}, 17)}, shape_attrs({5, 3})),
+                               sample({u({1, 3}, 18)}, shape_attrs({2, 5, -1}))};
 });
 const RegisterSamples narrow_samples("narrow", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({7, 3}, 19)}, attrs({0}, {2, 4})),
-                               sample({u({3, 9}, 20, DType::Int64)}, attrs({-1}, {-5, 3}))};
+  return std::vector<OpSample>{sample({u({7, 3}, 19)}, narrow_attrs(0, 2, 4)),
+                               sample({u({3, 9}, 20, DType::Int64)}, narrow_attrs(-1, -5, 3))};
 });
 const RegisterSamples cat_samples("cat", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({3, 5}, 21), u({2, 5}, 22)}, attrs({0})),
-                               sample({u({5, 2}, 23), u({5, 3}, 24), u({5, 1}, 25)}, attrs({1})),
-                               sample({u({0, 3}, 32), u({3, 3}, 33)}, attrs({0}))};
+  return std::vector<OpSample>{sample({u({3, 5}, 21), u({2, 5}, 22)}, dim_attrs(0)),
+                               sample({u({5, 2}, 23), u({5, 3}, 24), u({5, 1}, 25)}, dim_attrs(1)),
+                               sample({u({0, 3}, 32), u({3, 3}, 33)}, dim_attrs(0))};
 });
 const RegisterSamples stack_samples("stack", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 3}, 26), u({5, 3}, 27)}, attrs({1}))};
+  return std::vector<OpSample>{sample({u({5, 3}, 26), u({5, 3}, 27)}, dim_attrs(1))};
 });
 const RegisterSamples to_samples("to", [](std::mt19937_64&) {
   std::vector<OpSample> out{sample({u({5, 3}, 28)}, dtype_attrs(DType::Float32)),
@@ -155,24 +157,24 @@ BOOST_AUTO_TEST_CASE(view_rule_keeps_shards_where_the_boxes_line_up) {
     DType to = DType::Float64;
   };
   const std::vector<Case> cases = {
-      {"reshape", {{8, 6}}, {"S(0)"}, attrs({48}), {4}, "S(0)", false},
-      {"reshape", {{7, 6}}, {"S(0)"}, attrs({42}), {4}, "R", true},  // uneven rows do not line up
-      {"reshape", {{6, 4}}, {"S(1)"}, attrs({6, 2, 2}), {2}, "S(1)", false},      // split, leftmost piece divides
+      {"reshape", {{8, 6}}, {"S(0)"}, shape_attrs({48}), {4}, "S(0)", false},
+      {"reshape", {{7, 6}}, {"S(0)"}, shape_attrs({42}), {4}, "R", true},  // uneven rows do not line up
+      {"reshape", {{6, 4}}, {"S(1)"}, shape_attrs({6, 2, 2}), {2}, "S(1)", false},      // split, leftmost piece divides
       // 2 rows of 3 do not split 4 ways: moved to rows (all_to_all beats all_gather)
-      {"reshape", {{6, 6}}, {"S(1)"}, attrs({6, 2, 3}), {4}, "S(0)", true},
-      {"reshape", {{2, 5, 3}}, {"R,S(2)"}, attrs({10, 3}), {2, 2}, "R,S(1)", false},
-      {"reshape", {{4, 6}}, {"S(0),S(0)"}, attrs({24}), {2, 2}, "S(0),S(0)", false},
-      {"reshape", {{8, 6}}, {"S(0)[1],S(0)[0]"}, attrs({48}), {2, 2}, "S(0)[1],S(0)[0]", false},
-      {"transpose", {{8, 3}}, {"S(0)[1],S(0)[0]"}, attrs({0, 1}), {2, 2}, "S(1)[1],S(1)[0]", false},
-      {"unsqueeze", {{5, 3}}, {"S(1)"}, attrs({0}), {4}, "S(2)", false},
-      {"squeeze", {{5, 1, 3}}, {"S(2)"}, attrs({1}), {4}, "S(1)", false},
-      {"permute", {{3, 5, 2}}, {"S(0),S(2)"}, attrs({2, 0, 1}), {2, 2}, "S(1),S(0)", false},
-      {"transpose", {{3, 5}}, {"P(sum),S(0)"}, attrs({0, 1}), {2, 2}, "P(sum),S(1)", false},
-      {"expand", {{5, 1}}, {"S(0)"}, attrs({2, 5, 3}), {4}, "S(1)", false},
-      {"narrow", {{7, 9}}, {"S(0)"}, attrs({1}, {2, 5}), {4}, "S(0)", false},
-      {"narrow", {{7, 9}}, {"S(1)"}, attrs({1}, {2, 5}), {4}, "S(0)", true},
-      {"cat", {{7, 3}, {7, 2}}, {"S(0)", "S(0)"}, attrs({1}), {4}, "S(0)", false},
-      {"stack", {{5, 3}, {5, 3}}, {"S(1)", "S(1)"}, attrs({0}), {4}, "S(2)", false},
+      {"reshape", {{6, 6}}, {"S(1)"}, shape_attrs({6, 2, 3}), {4}, "S(0)", true},
+      {"reshape", {{2, 5, 3}}, {"R,S(2)"}, shape_attrs({10, 3}), {2, 2}, "R,S(1)", false},
+      {"reshape", {{4, 6}}, {"S(0),S(0)"}, shape_attrs({24}), {2, 2}, "S(0),S(0)", false},
+      {"reshape", {{8, 6}}, {"S(0)[1],S(0)[0]"}, shape_attrs({48}), {2, 2}, "S(0)[1],S(0)[0]", false},
+      {"transpose", {{8, 3}}, {"S(0)[1],S(0)[0]"}, transpose_attrs(0, 1), {2, 2}, "S(1)[1],S(1)[0]", false},
+      {"unsqueeze", {{5, 3}}, {"S(1)"}, dim_attrs(0), {4}, "S(2)", false},
+      {"squeeze", {{5, 1, 3}}, {"S(2)"}, DimsAttrs{.dims = {1}}, {4}, "S(1)", false},
+      {"permute", {{3, 5, 2}}, {"S(0),S(2)"}, DimsAttrs{.dims = {2, 0, 1}}, {2, 2}, "S(1),S(0)", false},
+      {"transpose", {{3, 5}}, {"P(sum),S(0)"}, transpose_attrs(0, 1), {2, 2}, "P(sum),S(1)", false},
+      {"expand", {{5, 1}}, {"S(0)"}, shape_attrs({2, 5, 3}), {4}, "S(1)", false},
+      {"narrow", {{7, 9}}, {"S(0)"}, narrow_attrs(1, 2, 5), {4}, "S(0)", false},
+      {"narrow", {{7, 9}}, {"S(1)"}, narrow_attrs(1, 2, 5), {4}, "S(0)", true},
+      {"cat", {{7, 3}, {7, 2}}, {"S(0)", "S(0)"}, dim_attrs(1), {4}, "S(0)", false},
+      {"stack", {{5, 3}, {5, 3}}, {"S(1)", "S(1)"}, dim_attrs(0), {4}, "S(2)", false},
       {"to", {{5, 3}}, {"P(sum),S(0)"}, dtype_attrs(DType::Float32), {2, 2}, "P(sum),S(0)", false},
       {"to", {{5, 3}}, {"P(sum)"}, dtype_attrs(DType::Int64), {4}, "P(sum)", true},  // never P: checked below
   };
@@ -188,7 +190,7 @@ BOOST_AUTO_TEST_CASE(view_rule_keeps_shards_where_the_boxes_line_up) {
     for (auto* p : d.input_plans) moved = moved || p != nullptr;
     const std::string what = fmt::format("{} of {} on mesh {}", c.op, fmt::join(c.layouts, " | "), fmt::join(c.mesh, "x"));
     BOOST_TEST(moved == c.moves, what << ": moved " << moved);
-    if (std::string_view(c.op) == "to" && c.attrs.dtype == DType::Int64)
+    if (std::string_view(c.op) == "to" && c.attrs.get<ToAttrs>("to").dtype == DType::Int64)
       BOOST_TEST(!d.chosen.output.has_partial(), what << " gave " << fmt::format("{}", d.chosen.output));
     else
       BOOST_TEST((d.chosen.output == Layout::parse(c.want)), what << " gave " << fmt::format("{}", d.chosen.output));
@@ -205,10 +207,10 @@ BOOST_AUTO_TEST_CASE(views_of_nested_shard_orders_match_the_full_tensor) {
     OpAttrs attrs;
   };
   const std::vector<Case> cases = {
-      {"reshape", {8, 6}, attrs({48})},         {"reshape", {4, 6, 2}, attrs({24, 2})},
-      {"reshape", {12, 2}, attrs({4, 3, 2})},   {"transpose", {6, 5, 4}, attrs({0, 2})},
-      {"unsqueeze", {6, 4}, attrs({1})},        {"narrow", {9, 8}, attrs({1}, {1, 5})},
-      {"flatten", {4, 3, 5}, attrs({0, 1})},    {"expand", {8, 1}, attrs({8, 3})},
+      {"reshape", {8, 6}, shape_attrs({48})},         {"reshape", {4, 6, 2}, shape_attrs({24, 2})},
+      {"reshape", {12, 2}, shape_attrs({4, 3, 2})},   {"transpose", {6, 5, 4}, transpose_attrs(0, 2)},
+      {"unsqueeze", {6, 4}, dim_attrs(1)},        {"narrow", {9, 8}, narrow_attrs(1, 1, 5)},
+      {"flatten", {4, 3, 5}, flatten_attrs(0, 1)},    {"expand", {8, 1}, shape_attrs({8, 3})},
   };
   std::mt19937_64 rng(99);
   for (const Shape& mesh_shape : {Shape{2, 2}, Shape{2, 3}}) {

@@ -18,6 +18,7 @@
 
 #include <dtensor/dtensor.h>
 
+#include "checks.h"
 #include "dtensor/core/cuda.h"
 #include "op_cases.h"
 #include "support.h"
@@ -88,7 +89,7 @@ BOOST_DATA_TEST_CASE(each_op_in_bf16_and_f16_is_the_f32_op_rounded_once, utf::da
       }
       const std::vector<Tensor> wide = as_dtype(narrow, DType::Float32);
       OpAttrs attrs = s.attrs;
-      attrs.dtype = cpu_compute_dtype(attrs.dtype);
+      if (const auto* to = attrs.get_if<ToAttrs>()) attrs = ToAttrs{.dtype = cpu_compute_dtype(to->dtype)};
       const Tensor want32 = call_op(op, std::span<const Tensor>(wide), attrs);
       // A floating result comes back in the inputs' 16-bit dtype (unless the
       // op names its own output dtype, as `to` does).
@@ -192,6 +193,22 @@ BOOST_DATA_TEST_CASE(each_op_sharded_over_simulated_gpu_ranks_matches_the_cpu, u
     }
   }
   testing::check_no_failures(failures);
+}
+
+// An op registered with a CPU kernel only says so on CUDA tensors, naming
+// itself and the device, instead of running anything.
+BOOST_AUTO_TEST_CASE(an_op_without_a_cuda_kernel_names_itself_and_the_device) {
+  if (!OpRegistry::global().contains("test_cpu_only")) {
+    OpDef d;
+    d.name = "test_cpu_only";
+    d.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
+    d.dim_strategy = [](const StrategyQuery&) { return std::vector<DimStrategy>{{{Replicate{}}, Replicate{}}}; };
+    d.cpu_kernel = [](const KernelArgs& a) { return a.inputs[0].clone(); };
+    OpRegistry::global().add(std::move(d));
+  }
+  const Tensor x = Tensor::ones({2, 3}, DType::Float32, Device::CUDA);
+  testing::check_throws<UnsupportedError>([&] { call_op("test_cpu_only", {x}); }, "[test_cpu_only] has no cuda kernel");
+  BOOST_TEST(equal(call_op("test_cpu_only", {Tensor::ones({2, 3})}), Tensor::ones({2, 3})));
 }
 
 // add_ and its siblings write into the tensor's own device storage: a

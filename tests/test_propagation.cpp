@@ -4,8 +4,11 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 
+#include "checks.h"
+#include "dtensor/core/cuda.h"
 #include "op_cases.h"
 #include "support.h"
 
@@ -14,19 +17,20 @@ using namespace dtensor;
 namespace propagation_suite {
 
 // "twice": y = 2x, linear, so a Partial(sum) passes through; any shard too.
+// Its strategy is given per mesh dim, for the registry to expand.
 const OpDef& twice() {
   static const OpDef& def = [] {
     OpDef d;
     d.name = "test_twice";
     d.doc = "2x (a linear test op)";
     d.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
-    d.strategy = [](const StrategyQuery& q) {
+    d.dim_strategy = [](const StrategyQuery& q) {
       std::vector<DimStrategy> per_dim{{{Replicate{}}, Replicate{}}, {{Partial{}}, Partial{}}};
       for (std::int64_t k = 0; k < static_cast<std::int64_t>(q.inputs[0].shape.size()); ++k)
         per_dim.push_back({{Shard{k}}, Shard{k}});
-      return expand_to_mesh(per_dim, q);
+      return per_dim;
     };
-    d.kernels[0] = [](const KernelArgs& a) {
+    d.cpu_kernel = [](const KernelArgs& a) {
       Tensor out = a.inputs[0].clone();
       visit_dtype(out.dtype(), [&](auto zero) {
         using T = decltype(zero);
@@ -35,8 +39,7 @@ const OpDef& twice() {
       });
       return out;
     };
-    OpRegistry::global().add(std::move(d));
-    return OpRegistry::global().get("test_twice");
+    return std::cref(OpRegistry::global().add(std::move(d)));
   }();
   return def;
 }
@@ -48,9 +51,59 @@ const OpDef& impossible() {
     d.name = "test_impossible";
     d.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
     d.strategy = [](const StrategyQuery&) { return std::vector<Strategy>{}; };
-    d.kernels[0] = [](const KernelArgs& a) { return a.inputs[0]; };
-    OpRegistry::global().add(std::move(d));
-    return OpRegistry::global().get("test_impossible");
+    d.cpu_kernel = [](const KernelArgs& a) { return a.inputs[0]; };
+    return std::cref(OpRegistry::global().add(std::move(d)));
+  }();
+  return def;
+}
+
+// "gpu_only": a kernel for CUDA and none for the CPU, to see the error for
+// a device an op has no kernel on.
+const OpDef& gpu_only() {
+  static const OpDef& def = [] {
+    OpDef d;
+    d.name = "test_gpu_only";
+    d.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
+    d.dim_strategy = [](const StrategyQuery&) { return std::vector<DimStrategy>{{{Replicate{}}, Replicate{}}}; };
+    d.cuda_kernel = [](const KernelArgs& a) { return a.inputs[0].clone(); };
+    return std::cref(OpRegistry::global().add(std::move(d)));
+  }();
+  return def;
+}
+
+// An op's own attribute struct, as a custom op brings it.
+struct ScaleAttrs {
+  double factor = 1;
+  bool operator==(const ScaleAttrs&) const = default;
+  std::size_t hash() const { return hash_fields(factor); }
+  static constexpr std::string_view kName = "ScaleAttrs";
+};
+
+const OpDef& scale() {
+  static const OpDef& def = [] {
+    OpDef d;
+    d.name = "test_scale";
+    d.meta = [](std::span<const TensorMeta> in, const OpAttrs& attrs) {
+      attrs.get<ScaleAttrs>("test_scale");  // ValueError for another op's attributes
+      return in[0];
+    };
+    d.dim_strategy = [](const StrategyQuery& q) {
+      std::vector<DimStrategy> per_dim{{{Replicate{}}, Replicate{}}, {{Partial{}}, Partial{}}};
+      for (std::int64_t k = 0; k < static_cast<std::int64_t>(q.inputs[0].shape.size()); ++k)
+        per_dim.push_back({{Shard{k}}, Shard{k}});
+      return per_dim;
+    };
+    d.cpu_kernel = [](const KernelArgs& a) {
+      const double f = a.attrs.get<ScaleAttrs>("test_scale").factor;
+      Tensor out = a.inputs[0].clone();
+      visit_dtype(out.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        T* p = out.data_as<T>();
+        for (std::int64_t i = 0; i < out.numel(); ++i) p[i] = static_cast<T>(f * p[i]);
+      });
+      return out;
+    };
+    return std::cref(OpRegistry::global().add(std::move(d)));
   }();
   return def;
 }
@@ -65,6 +118,17 @@ const testing::RegisterSamples twice_samples("test_twice", [](std::mt19937_64& r
 // run it; its samples list is empty on purpose and the op is checked below.
 const testing::RegisterSamples impossible_samples("test_impossible", [](std::mt19937_64&) {
   return std::vector<testing::OpSample>{};
+});
+// test_gpu_only has no CPU kernel: checked below, not by the harness.
+const testing::RegisterSamples gpu_only_samples("test_gpu_only", [](std::mt19937_64&) {
+  return std::vector<testing::OpSample>{};
+});
+const testing::RegisterSamples scale_samples("test_scale", [](std::mt19937_64& rng) {
+  scale();
+  testing::OpSample sample;
+  sample.inputs = {testing::uniform({5, 3}, DType::Float64, rng())};
+  sample.attrs = ScaleAttrs{.factor = -1.5};
+  return std::vector<testing::OpSample>{sample};
 });
 
 }  // namespace propagation_suite
@@ -233,6 +297,102 @@ BOOST_AUTO_TEST_CASE(unknown_op_names_the_op) {
   } catch (const ValueError& e) {
     BOOST_TEST(std::string(e.what()).find("unknown op 'no_such_op'") != std::string::npos, e.what());
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_handle_calls_the_op_without_a_lookup) {
+  const OpDef& def = twice();
+  const Op by_find = Op::find("test_twice");
+  BOOST_TEST((&by_find.def() == &def));
+  BOOST_TEST((&OpRegistry::global().get("test_twice") == &def));  // the name is a hash lookup of the same op
+  const Tensor x = testing::integer_tensor({4, 3}, DType::Float64, 5);
+  const Tensor want = call_op("test_twice", {x});
+  BOOST_TEST(equal(call_op(by_find, {x}), want));
+  BOOST_TEST(equal(call_op(def, {x}), want));  // a const OpDef& converts to an Op
+  std::vector<std::string> failures;
+  std::mutex mu;
+  run_threads(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    const Layout l = Layout::parse("S(0),P(sum)");
+    DTensor dx = DTensor::from_local(testing::source_shard(x, {2, 2}, l, mesh.coordinate(), 5), mesh, l, x.shape());
+    DTensor y = call_op(by_find, {dx});
+    DTensor z = call_op(def, {dx});
+    Tensor fy = y.full_tensor(), fz = z.full_tensor();
+    std::lock_guard lock(mu);
+    if (!(y.placements() == l)) failures.push_back(fmt::format("by handle: {} became {}", l, y.placements()));
+    if (!equal(fy, want) || !equal(fz, want)) failures.push_back("by handle: wrong values");
+  });
+  testing::check_no_failures(failures);
+}
+
+BOOST_AUTO_TEST_CASE(a_device_without_a_kernel_is_a_typed_error_naming_op_and_device) {
+  gpu_only();
+  testing::check_throws<UnsupportedError>([] { call_op("test_gpu_only", {Tensor::ones({2, 3})}); },
+                                          "[test_gpu_only] has no cpu kernel");
+  run_threads(2, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2});
+    DTensor x = DTensor::from_local(Tensor::ones({2, 3}), mesh, Layout::parse("R"), Shape{2, 3});
+    testing::check_throws<UnsupportedError>([&] { call_op("test_gpu_only", {x}); }, "[test_gpu_only] has no cpu kernel");
+  });
+  // A CPU-only build has no CUDA kernel for any op (its CUDA table is null);
+  // a CUDA build has one for every built-in op.
+  for (const std::string& name : OpRegistry::global().names()) {
+    const OpDef& op = OpRegistry::global().get(name);
+    if (name.starts_with("test_")) continue;
+    BOOST_TEST(static_cast<bool>(op.cpu_kernel), name);
+    BOOST_TEST(static_cast<bool>(op.cuda_kernel) == cuda::built(), name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(registry_checks_what_it_is_given) {
+  OpDef both;
+  both.name = "test_both_strategies";
+  both.meta = [](std::span<const TensorMeta> in, const OpAttrs&) { return in[0]; };
+  both.strategy = [](const StrategyQuery&) { return std::vector<Strategy>{}; };
+  both.dim_strategy = [](const StrategyQuery&) { return std::vector<DimStrategy>{}; };
+  testing::check_throws<ValueError>([&] { OpRegistry::global().add(both); }, "gives both strategy and dim_strategy");
+  OpDef none;
+  none.name = "test_no_strategy";
+  none.meta = both.meta;
+  testing::check_throws<ValueError>([&] { OpRegistry::global().add(none); }, "needs a meta function and a strategy");
+  OpDef again;
+  again.name = "add";
+  again.meta = both.meta;
+  again.strategy = both.strategy;
+  testing::check_throws<ValueError>([&] { OpRegistry::global().add(again); }, "op 'add' is already registered");
+  BOOST_TEST(!OpRegistry::global().contains("test_both_strategies"));
+  BOOST_TEST(OpRegistry::global().contains("add"));
+}
+
+BOOST_AUTO_TEST_CASE(typed_attributes_compare_hash_and_name_the_expected_struct) {
+  const OpAttrs a = ReduceAttrs{.dims = {1}, .keepdim = true};
+  const OpAttrs b = ReduceAttrs{.dims = {1}, .keepdim = true};
+  const OpAttrs c = ReduceAttrs{.dims = {1}};
+  const OpAttrs d = DimsAttrs{.dims = {1}};
+  BOOST_TEST((a == b));
+  BOOST_TEST(a.hash() == b.hash());
+  BOOST_TEST(!(a == c));
+  BOOST_TEST(!(a == d));  // same fields, another struct
+  BOOST_TEST(!(a == OpAttrs{}));
+  BOOST_TEST((OpAttrs{} == OpAttrs{}));
+  BOOST_TEST(a.get<ReduceAttrs>("sum").keepdim);
+  BOOST_TEST(OpAttrs{}.get<ReduceAttrs>("sum").dims.empty());  // none given: the defaults
+  BOOST_TEST(d.get_if<ReduceAttrs>() == nullptr);
+  testing::check_throws<ValueError>([&] { call_op("sum", {Tensor::ones({2, 3})}, d); }, "[sum] got attributes of type DimsAttrs; expected ReduceAttrs");
+  // A custom op's own struct: decisions are cached per value.
+  scale();
+  clear_propagation_cache();
+  run_threads(1, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {1});
+    DTensor x = DTensor::from_local(Tensor::ones({2, 3}, DType::Float64), mesh, Layout::parse("S(0)"), Shape{2, 3});
+    DTensor y = call_op("test_scale", {x}, ScaleAttrs{.factor = 2});
+    DTensor y2 = call_op("test_scale", {x}, ScaleAttrs{.factor = 2});
+    DTensor z = call_op("test_scale", {x}, ScaleAttrs{.factor = 3});
+    const PropagationCacheStats stats = propagation_cache_stats();
+    BOOST_TEST(stats.misses == 2u);
+    BOOST_TEST(stats.hits == 1u);
+    BOOST_TEST(equal(z.full_tensor(), Tensor::full({2, 3}, 3.0, DType::Float64)));
+    testing::check_throws<ValueError>([&] { call_op("test_scale", {x}, ReduceAttrs{}); }, "[test_scale] got attributes of type ReduceAttrs; expected ScaleAttrs");
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -54,10 +54,10 @@ Program make_program(std::uint64_t seed, const Shape& mesh) {
     int kind = static_cast<int>(rng() % 10);
     if (kind < 5) {
       s.op = unary[rng() % std::size(unary)];
-      if (s.op == "transpose") s.attrs.dims = {0, 1};
-      if (s.op == "softmax") s.attrs.dims = {static_cast<std::int64_t>(rng() % 2)};
-      if (s.op == "mul_scalar") s.attrs.scalar = 0.5 + static_cast<double>(rng() % 4) / 4;
-      if (s.op == "add_scalar") s.attrs.scalar = -0.25;
+      if (s.op == "transpose") s.attrs = TransposeAttrs{.dim0 = 0, .dim1 = 1};
+      if (s.op == "softmax") s.attrs = DimAttrs{.dim = static_cast<std::int64_t>(rng() % 2)};
+      if (s.op == "mul_scalar") s.attrs = ScalarAttrs{.value = 0.5 + static_cast<double>(rng() % 4) / 4};
+      if (s.op == "add_scalar") s.attrs = ScalarAttrs{.value = -0.25};
     } else if (kind < 9) {
       s.op = binary[rng() % std::size(binary)];
       s.operand = static_cast<int>(p.operands.size());

@@ -4,8 +4,25 @@
 
 namespace dtensor {
 
+namespace detail {
+struct DispatchAccess {
+  static DTensor wrap(ShardedTensor out, const DeviceMesh& mesh, CostModel cost) {
+    return DTensor(std::move(out.local), mesh, std::move(out.layout), std::move(out.global_shape), std::move(cost));
+  }
+};
+}  // namespace detail
+
 DTensor call_op(std::string_view name, std::span<const DTensor> inputs, const OpAttrs& attrs) {
-  const OpDef& op = OpRegistry::global().get(name);
+  return call_op(Op::find(name), inputs, attrs);
+}
+
+Tensor call_op(std::string_view name, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+  return run_unsharded(OpRegistry::global().get(name), inputs, attrs);
+}
+
+DTensor call_op(Op handle, std::span<const DTensor> inputs, const OpAttrs& attrs) {
+  const OpDef& op = handle.def();
+  const std::string& name = op.name;
   if (inputs.empty())
     throw ValueError(fmt::format("[{}] needs at least one DTensor input to know its mesh", name));
   const DeviceMesh& mesh = inputs[0].mesh();
@@ -33,12 +50,11 @@ DTensor call_op(std::string_view name, std::span<const DTensor> inputs, const Op
     ptrs[i] = &args[i];
   }
   ShardedTensor out = dispatch(op, mesh, ptrs, attrs, inputs[0].cost_model());
-  return DTensor::from_dispatch(std::move(out.local), mesh, std::move(out.layout), std::move(out.global_shape),
-                                inputs[0].cost_model());
+  return detail::DispatchAccess::wrap(std::move(out), mesh, inputs[0].cost_model());
 }
 
-Tensor call_op(std::string_view name, std::span<const Tensor> inputs, const OpAttrs& attrs) {
-  return run_unsharded(OpRegistry::global().get(name), inputs, attrs);
+Tensor call_op(Op op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+  return run_unsharded(op.def(), inputs, attrs);
 }
 
 }  // namespace dtensor

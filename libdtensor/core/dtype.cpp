@@ -45,9 +45,6 @@ DType parse_dtype(std::string_view text) {
   throw ParseError(fmt::format("[dtype] unknown dtype '{}': expected f32, f64, i64, bf16 or f16", text));
 }
 
-bool is_cpu_supported(DType dtype) {
-  return dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Int64;
-}
 bool is_floating(DType dtype) { return dtype != DType::Int64; }
 DType cpu_compute_dtype(DType dtype) {
   return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;

@@ -65,9 +65,12 @@ void binary_rows(const Loop<2>& loop, const T* a, const T* b, T* y, F f) {
   });
 }
 
+// The ops' metas accept only floating dtypes for these functions (the one
+// dtype check, ops/src/pointwise.cpp); an integer tensor here is a bug.
 template <class T>
 [[noreturn]] void float_only(const char* op) {
-  throw DTypeError(fmt::format("[{}] is not defined for {} tensors; expected f32 or f64", op, dtype_of<T>()));
+  throw Error(fmt::format("[{}] internal: a floating-only function reached the kernel with a {} tensor", op,
+                          dtype_of<T>()));
 }
 
 // NaN propagates, as in torch.maximum / torch.minimum.

@@ -1,10 +1,8 @@
 #pragma once
-// Internal: the CUDA kernels behind the einsum, shape and embedding families.
-// No CUDA header here, so that the families (ops/src/*.cpp) include it in
-// every build: a CUDA build defines these in gemm_cublas.cpp,
-// gemm_kernels.cu, shape_kernels.cu and embedding_kernels.cu; a build
-// without CUDA links gemm_shape_embedding_unavailable.cpp, whose functions
-// throw UnsupportedError. The families only call them on CUDA tensors.
+// Internal to the CUDA build: the CUDA kernels behind the einsum, shape and
+// embedding families, defined in gemm_cublas.cpp, gemm_kernels.cu,
+// shape_kernels.cu and embedding_kernels.cu and reached through the CUDA
+// table (device_kernels.cpp, see ops/src/device_kernels.h).
 //
 // Every pointer is device memory on the calling thread's current device, and
 // everything runs in stream order on dtensor::cuda::stream() (the calling
@@ -21,18 +19,6 @@
 #include "dtensor/core/tensor.h"
 
 namespace dtensor::cuda_kernels {
-
-/// Whether a kernel's inputs are CUDA tensors (they all live on one device:
-/// ValueError naming the op otherwise, before any pointer is touched).
-inline bool on_cuda(std::string_view op, std::span<const Tensor> inputs) {
-  if (inputs.empty()) return false;
-  const Device device = inputs[0].device();
-  for (std::size_t i = 1; i < inputs.size(); ++i)
-    if (inputs[i].device() != device)
-      throw ValueError(fmt::format("[{}] input {} is on {} but input 0 is on {}; expected one device", op, i,
-                                   inputs[i].device(), device));
-  return device == Device::CUDA;
-}
 
 // ---- GEMM (gemm_cublas.cpp) ---------------------------------------------------
 

@@ -173,28 +173,13 @@ __global__ void where_kernel(Geometry<3> g, const T* __restrict__ cond, const T*
   }
 }
 
-[[noreturn]] void float_only(DType dtype) {
-  throw DTypeError(fmt::format("[pointwise] is not defined for {} tensors; expected f32 or f64", dtype));
-}
-
-bool float_only_unary(Unary fn) {
-  switch (fn) {
-    case Unary::Neg:
-    case Unary::Abs:
-    case Unary::Relu:
-    case Unary::AddScalar:
-    case Unary::MulScalar: return false;
-    default: return true;
-  }
-}
-
-bool float_only_binary(Binary fn) { return fn == Binary::Div || fn == Binary::Pow; }
+// Floating-only functions (exp, div, ...) are checked once, by the ops'
+// metas (ops/src/pointwise.cpp), before any kernel runs.
 
 }  // namespace
 
 Tensor unary(Unary fn, const Tensor& x, double scalar) {
   detail::require_cuda("pointwise", {&x});
-  if (float_only_unary(fn) && !is_floating(x.dtype())) float_only(x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype(), Device::CUDA);
   const std::int64_t n = x.numel();
   if (n == 0) return out;
@@ -210,7 +195,6 @@ Tensor unary(Unary fn, const Tensor& x, double scalar) {
 
 Tensor binary(Binary fn, const Tensor& a, const Tensor& b, const Shape& out_shape) {
   detail::require_cuda("pointwise", {&a, &b});
-  if (float_only_binary(fn) && !is_floating(a.dtype())) float_only(a.dtype());
   Tensor out = Tensor::empty(out_shape, a.dtype(), Device::CUDA);
   const std::int64_t n = out.numel();
   if (n == 0) return out;

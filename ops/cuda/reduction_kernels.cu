@@ -469,11 +469,8 @@ Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& 
   const ReduceMap m = make_reduce_map(x.shape(), reduced);
   if (out.numel() == 0) return out;
   Recipe r = recipe_of(kind, p);
-  if (kind == ReduceKind::Norm && !is_floating(x.dtype()))
-    throw DTypeError(fmt::format("[reduction] norm of a {} tensor; expected a floating dtype", x.dtype()));
+  // (norm and mean of an integer tensor are refused once, by the ops' metas.)
   if (mean_count >= 0) {
-    if (!is_floating(x.dtype()))
-      throw DTypeError(fmt::format("[mean] of an {} tensor; expected a floating dtype", x.dtype()));
     r.mean = true;
     r.count = mean_count;
   }
@@ -524,7 +521,7 @@ void scale_by_count(Tensor& sums, std::int64_t count) {
   detail::visit_device_dtype(sums.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<T>)
-      throw DTypeError(fmt::format("[mean] of an {} tensor; expected a floating dtype", sums.dtype()));
+      throw Error(fmt::format("[mean] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)", sums.dtype()));
     else
       scale_kernel<T><<<cuda::grid_for(n, kBlock), kBlock, 0, cuda::stream()>>>(static_cast<T*>(sums.data()), n, count);
   });
@@ -558,7 +555,7 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
   detail::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<T>) {
-      throw DTypeError(fmt::format("[softmax] of an {} tensor; expected a floating dtype", x.dtype()));
+      throw Error(fmt::format("[softmax] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)", x.dtype()));
     } else {
       const auto* px = static_cast<const T*>(x.data());
       auto* py = static_cast<T*>(out.data());
@@ -585,7 +582,7 @@ Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, con
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
     if constexpr (std::is_integral_v<T>) {
-      throw DTypeError(fmt::format("[normalize] of an {} tensor; expected a floating dtype", x.dtype()));
+      throw Error(fmt::format("[normalize] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)", x.dtype()));
     } else {
       const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
       const T* b = bias.defined() && !rms ? static_cast<const T*>(bias.data()) : nullptr;

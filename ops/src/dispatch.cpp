@@ -4,6 +4,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
@@ -14,18 +15,21 @@ namespace {
 
 bool is_half(DType dtype) { return dtype == DType::BFloat16 || dtype == DType::Float16; }
 
-/// Runs the op's kernel for the inputs' device (a factory's: attrs.device).
-/// The CPU kernels compute bf16 and f16 in f32: the inputs are widened, the
-/// kernel runs, and the output is rounded once to its dtype.
+/// Runs the op's kernel for the inputs' device (for an op without tensor
+/// inputs, OpAttrs::device()). The CPU kernels compute bf16 and f16 in f32:
+/// the inputs are widened, the kernel runs with the output's dtype widened
+/// too, and the output is rounded once to its dtype.
 Tensor run_kernel(const OpDef& op, const KernelArgs& args) {
   const std::size_t n = args.inputs.size();
-  const Device device = n ? args.inputs[0].device() : args.attrs.device;
+  const Device device = n ? args.inputs[0].device() : args.attrs.device();
   for (std::size_t i = 1; i < n; ++i)
     if (args.inputs[i].device() != device)
       throw ValueError(fmt::format("[{}] input {} is on {} and input 0 on {}; move them to one device with to()",
                                    op.name, i, args.inputs[i].device(), device));
-  const Kernel& kernel = op.kernels[static_cast<int>(device)];
-  if (!kernel) throw UnsupportedError(fmt::format("[{}] has no {} kernel in this build", op.name, device));
+  const Kernel& kernel = op.kernel(device);
+  if (!kernel)
+    throw UnsupportedError(fmt::format("[{}] has no {} kernel{}", op.name, device,
+                                       device == Device::CUDA && !cuda::built() ? " (this build has no CUDA)" : ""));
   if (device != Device::CPU) return kernel(args);
   bool widen = is_half(args.output.dtype);
   for (std::size_t i = 0; i < n; ++i) widen = widen || is_half(args.inputs[i].dtype());
@@ -36,16 +40,13 @@ Tensor run_kernel(const OpDef& op, const KernelArgs& args) {
     inputs[i] = inputs[i].to(cpu_compute_dtype(inputs[i].dtype()));
     global[i].dtype = cpu_compute_dtype(global[i].dtype);
   }
-  OpAttrs attrs = args.attrs;
-  attrs.dtype = cpu_compute_dtype(attrs.dtype);
   TensorMeta output = args.output;
   output.dtype = cpu_compute_dtype(output.dtype);
-  KernelArgs wide{inputs, global, args.boxes, args.layouts, attrs, output, args.output_box, args.output_layout};
+  KernelArgs wide{inputs, global, args.boxes, args.layouts, args.attrs, output, args.output_box, args.output_layout};
   return kernel(wide).to(args.output.dtype);
 }
 
-}  // namespace
-namespace {
+
 
 // One cached decision with the key it was made for. A hit compares the key
 // field by field against the call's own spans, so a hit allocates nothing.
@@ -58,6 +59,13 @@ struct Entry {
   CostModel cost;
   OpDecision decision;
   std::vector<std::unique_ptr<Plan>> plans;  // owned: the plan cache may be cleared
+  /// This rank's boxes of the inputs (in decision.chosen.inputs) and of the
+  /// output, for the mesh coordinate they were computed at. Entries are per
+  /// thread, i.e. per rank, so dispatch fills these once instead of on every
+  /// call.
+  Shape boxes_coordinate;
+  std::vector<Box> input_boxes;
+  Box output_box;
 };
 
 struct Cache {
@@ -95,21 +103,195 @@ std::string layouts_text(std::span<const Layout> layouts) {
   return out;
 }
 
-}  // namespace
+// The prices of moving each input to a candidate's target. Most moves have a
+// closed-form price; the rest get a lower bound first and the planner's
+// price only if the candidate could still be the best or the runner-up.
+// Candidates share targets, so prices are kept per (input, target) for one
+// call.
+class MovePrices {
+ public:
+  struct Price {
+    std::size_t input;
+    const Layout* target;
+    double seconds;  // exact, or a lower bound while !exact
+    bool exact;
+  };
 
-const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
-                         std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
+  MovePrices(const Shape& mesh, std::span<const TensorMeta> inputs, std::span<const Layout> layouts,
+             const CostModel& cost)
+      : mesh_(mesh), inputs_(inputs), layouts_(layouts), cost_(cost) {
+    prices_.reserve(2 * inputs.size() + 8);
+  }
+
+  /// The closed-form price or a lower bound.
+  const Price& bound(std::size_t i, const Layout& target) { return find(i, target); }
+
+  double exact(std::size_t i, const Layout& target) {
+    Price& p = find(i, target);
+    if (!p.exact) {
+      p.seconds = redistribute_seconds(mesh_, inputs_[i].shape, inputs_[i].dtype, layouts_[i], target, cost_);
+      p.exact = true;
+    }
+    return p.seconds;
+  }
+
+ private:
+  Price& find(std::size_t i, const Layout& target) {
+    for (Price& p : prices_)
+      if (p.input == i && *p.target == target) return p;
+    const TensorMeta& m = inputs_[i];
+    if (auto t = closed_form_seconds(mesh_, m.shape, m.dtype, layouts_[i], target, cost_))
+      prices_.push_back(Price{i, &target, *t, true});
+    else
+      prices_.push_back(Price{
+          i, &target, redistribute_lower_bound_seconds(mesh_, m.shape, m.dtype, layouts_[i], target, cost_), false});
+    return prices_.back();
+  }
+
+  const Shape& mesh_;
+  std::span<const TensorMeta> inputs_;
+  std::span<const Layout> layouts_;
+  const CostModel& cost_;
+  std::vector<Price> prices_;
+};
+
+// A candidate that creates a Partial output leaves a reduction owed: a
+// later op or the user will need the values, and the least any of them can
+// pay is a reduce_scatter, half an all_reduce's traffic. Pricing inputs
+// alone (as PyTorch does) would pick, for S(0) @ S(0), an all_to_all of A
+// into a Partial C of N x N per rank over an all_gather of B into an S(0)
+// C: cheaper by the inputs, slower and twice the memory once C is reduced.
+// A Partial carried over from an input (P + P) owes nothing new.
+double owed_reduction(const Strategy& cand, const Shape& mesh_shape, const TensorMeta& output, const CostModel& cost) {
+  double owed = 0;
+  for (int m = 0; m < cand.output.mesh_ndim(); ++m) {
+    if (!is_partial(cand.output[m])) continue;
+    bool carried = false;
+    for (const Layout& in : cand.inputs) carried = carried || (m < in.mesh_ndim() && is_partial(in[m]));
+    if (carried) continue;
+    // The all_reduce on m, at the planner's one-step cost: a search per
+    // candidate would double a cache miss. (The planner prices what that
+    // declines: a lower bound here could be no more than a latency.)
+    const auto all_reduce = all_reduce_step_seconds(mesh_shape, output.shape, output.dtype, cand.output, m, cost);
+    owed += 0.5 * (all_reduce ? *all_reduce
+                              : redistribute_seconds(mesh_shape, output.shape, output.dtype, cand.output,
+                                                     cand.output.with(m, Replicate{}), cost));
+  }
+  return owed;
+}
+
+constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+
+/// The cheapest candidate and the runner-up (kNone: none) with their costs.
+struct Ranking {
+  std::size_t best = kNone, second = kNone;
+  std::vector<double> costs, owed;
+};
+
+// Prices every candidate (sums in input order, so that a candidate's price
+// does not depend on which of its moves were priced first) and ranks them:
+// cheapest bounds first; a candidate whose bound exceeds the runner-up
+// found so far can be neither the best nor the runner-up, and nor can any
+// after it. Ties go to the earliest candidate.
+Ranking rank_candidates(std::span<const Strategy> candidates, const Shape& mesh_shape,
+                        std::span<const TensorMeta> inputs, std::span<const Layout> layouts, const TensorMeta& output,
+                        const CostModel& cost) {
+  MovePrices prices(mesh_shape, inputs, layouts, cost);
+  constexpr double kUnpriced = std::numeric_limits<double>::infinity();
+  Ranking r;
+  std::vector<double> bound(candidates.size(), 0);
+  r.costs.assign(candidates.size(), kUnpriced);
+  r.owed.assign(candidates.size(), 0);
+  for (std::size_t c = 0; c < candidates.size(); ++c) {
+    r.owed[c] = owed_reduction(candidates[c], mesh_shape, output, cost);
+    double total = r.owed[c];
+    bool exact = true;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (candidates[c].inputs[i] == layouts[i]) continue;
+      const auto& p = prices.bound(i, candidates[c].inputs[i]);
+      total += p.seconds;
+      exact = exact && p.exact;
+    }
+    bound[c] = total;
+    if (exact) r.costs[c] = total;
+  }
+  std::vector<std::size_t> order(candidates.size());
+  for (std::size_t c = 0; c < order.size(); ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bound[a] < bound[b]; });
+  auto before = [&](std::size_t a, std::size_t b) {
+    return r.costs[a] < r.costs[b] || (r.costs[a] == r.costs[b] && a < b);
+  };
+  for (std::size_t c : order) {
+    if (r.second != kNone && bound[c] > r.costs[r.second]) break;
+    if (r.costs[c] == kUnpriced) {
+      double total = r.owed[c];
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (candidates[c].inputs[i] != layouts[i]) total += prices.exact(i, candidates[c].inputs[i]);
+      r.costs[c] = total;
+    }
+    if (r.best == kNone || before(c, r.best)) {
+      r.second = r.best;
+      r.best = c;
+    } else if (r.second == kNone || before(c, r.second)) {
+      r.second = c;
+    }
+  }
+  return r;
+}
+
+[[noreturn]] void no_strategy(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
+                              std::span<const Layout> layouts) {
+  std::vector<std::string> shapes;
+  for (const auto& m : inputs) shapes.push_back(fmt::format("{}", fmt::join(m.shape, "x")));
+  throw LayoutError(fmt::format("[{}] no sharding strategy for inputs {} of shapes {} on mesh {}", op.name,
+                                layouts_text(layouts), fmt::join(shapes, " "), fmt::join(mesh_shape, "x")));
+}
+
+// Makes the decision of a new entry (its key already filled).
+void make_decision(Entry& entry) {
+  const OpDef& op = *entry.op;
+  const Shape& mesh_shape = entry.mesh_shape;
+  std::span<const TensorMeta> inputs = entry.inputs;
+  std::span<const Layout> layouts = entry.layouts;
+  OpDecision& d = entry.decision;
+  d.op = &op;
+  d.output = op.meta(inputs, entry.attrs);
+  StrategyQuery query{mesh_shape, inputs, layouts, entry.attrs, d.output};
+  const std::vector<Strategy> candidates = op.strategy(query);
+  d.candidates = static_cast<int>(candidates.size());
+  const Ranking r = rank_candidates(candidates, mesh_shape, inputs, layouts, d.output, entry.cost);
+  if (r.best == kNone || r.costs[r.best] < 0) no_strategy(op, mesh_shape, inputs, layouts);
+  d.chosen = candidates[r.best];
+  d.cost_seconds = r.costs[r.best];
+  d.owed_seconds = r.owed[r.best];
+  if (r.second != kNone) {
+    d.runner_up = candidates[r.second];
+    d.runner_up_cost = r.costs[r.second];
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (d.chosen.inputs[i] == layouts[i]) {
+      d.input_plans.push_back(nullptr);
+      continue;
+    }
+    PlanRequest request{mesh_shape, inputs[i].shape, inputs[i].dtype, layouts[i], d.chosen.inputs[i], entry.cost};
+    entry.plans.push_back(std::make_unique<Plan>(cached_plan(request)));
+    d.input_plans.push_back(entry.plans.back().get());
+  }
+}
+
+// The cached entry for a call, made on a miss.
+Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
+                    std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
   const std::size_t h = key_hash(op, mesh_shape, inputs, layouts, attrs, cost);
   auto& bucket = cache.entries[h];
   for (const auto& e : bucket)
     if (same_key(*e, op, mesh_shape, inputs, layouts, attrs, cost)) {
       ++cache.stats.hits;
-      return e->decision;
+      return *e;
     }
   ++cache.stats.misses;
   if (op.num_inputs >= 0 && static_cast<int>(inputs.size()) != op.num_inputs)
     throw ValueError(fmt::format("[{}] takes {} tensor inputs, got {}", op.name, op.num_inputs, inputs.size()));
-
   auto entry = std::make_unique<Entry>();
   entry->op = &op;
   entry->mesh_shape = mesh_shape;
@@ -117,140 +299,29 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
   entry->layouts.assign(layouts.begin(), layouts.end());
   entry->attrs = attrs;
   entry->cost = cost;
-  OpDecision& d = entry->decision;
-  d.op = &op;
-  d.output = op.meta(inputs, attrs);
-  StrategyQuery query{mesh_shape, entry->inputs, entry->layouts, entry->attrs, d.output};
-  std::vector<Strategy> candidates = op.strategy(query);
-  d.candidates = static_cast<int>(candidates.size());
-
-  // Price each candidate by the cost of moving every input to what it
-  // needs. Most moves have a closed-form price; the rest get a lower bound
-  // first and the planner's price only if the candidate could still be the
-  // best or the runner-up. Candidates share targets, so prices are kept per
-  // (input, target) for this call.
-  struct Price {
-    std::size_t input;
-    const Layout* target;
-    double seconds;  // exact, or a lower bound while !exact
-    bool exact;
-  };
-  std::vector<Price> prices;
-  prices.reserve(2 * inputs.size() + 8);
-  auto find_price = [&](std::size_t i, const Layout& target) -> Price& {
-    for (Price& p : prices)
-      if (p.input == i && *p.target == target) return p;
-    const TensorMeta& m = inputs[i];
-    if (auto t = closed_form_seconds(mesh_shape, m.shape, m.dtype, layouts[i], target, cost))
-      prices.push_back(Price{i, &target, *t, true});
-    else
-      prices.push_back(
-          Price{i, &target, redistribute_lower_bound_seconds(mesh_shape, m.shape, m.dtype, layouts[i], target, cost),
-                false});
-    return prices.back();
-  };
-  auto exact_price = [&](std::size_t i, const Layout& target) {
-    Price& p = find_price(i, target);
-    if (!p.exact) {
-      p.seconds = redistribute_seconds(mesh_shape, inputs[i].shape, inputs[i].dtype, layouts[i], target, cost);
-      p.exact = true;
-    }
-    return p.seconds;
-  };
-  // A candidate that creates a Partial output leaves a reduction owed: a
-  // later op or the user will need the values, and the least any of them can
-  // pay is a reduce_scatter, half an all_reduce's traffic. Pricing inputs
-  // alone (as PyTorch does) would pick, for S(0) @ S(0), an all_to_all of A
-  // into a Partial C of N x N per rank over an all_gather of B into an S(0)
-  // C: cheaper by the inputs, slower and twice the memory once C is reduced.
-  // A Partial carried over from an input (P + P) owes nothing new.
-  auto owed_reduction = [&](const Strategy& cand) {
-    double owed = 0;
-    for (int m = 0; m < cand.output.mesh_ndim(); ++m) {
-      if (!is_partial(cand.output[m])) continue;
-      bool carried = false;
-      for (const Layout& in : cand.inputs) carried = carried || (m < in.mesh_ndim() && is_partial(in[m]));
-      if (carried) continue;
-      // The all_reduce on m, at the planner's one-step cost: a search per
-      // candidate would double a cache miss. (The planner prices what that
-      // declines: a lower bound here could be no more than a latency.)
-      const auto all_reduce = all_reduce_step_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output, m, cost);
-      owed += 0.5 * (all_reduce ? *all_reduce
-                                : redistribute_seconds(mesh_shape, d.output.shape, d.output.dtype, cand.output,
-                                                       cand.output.with(m, Replicate{}), cost));
-    }
-    return owed;
-  };
-  // Sums in input order, so that a candidate's price does not depend on
-  // which of its moves were priced first.
-  constexpr double kUnpriced = std::numeric_limits<double>::infinity();
-  std::vector<double> bound(candidates.size(), 0), costs(candidates.size(), kUnpriced),
-      owed(candidates.size(), 0);
-  for (std::size_t c = 0; c < candidates.size(); ++c) {
-    owed[c] = owed_reduction(candidates[c]);
-    double total = owed[c];
-    bool exact = true;
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      if (candidates[c].inputs[i] == layouts[i]) continue;
-      const Price& p = find_price(i, candidates[c].inputs[i]);
-      total += p.seconds;
-      exact = exact && p.exact;
-    }
-    bound[c] = total;
-    if (exact) costs[c] = total;
-  }
-  // Cheapest bounds first; a candidate whose bound exceeds the runner-up
-  // found so far can be neither the best nor the runner-up, and nor can any
-  // after it. Ties go to the earliest candidate.
-  std::vector<std::size_t> order(candidates.size());
-  for (std::size_t c = 0; c < order.size(); ++c) order[c] = c;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bound[a] < bound[b]; });
-  auto before = [&](std::size_t a, std::size_t b) { return costs[a] < costs[b] || (costs[a] == costs[b] && a < b); };
-  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  std::size_t best_index = kNone, second_index = kNone;
-  for (std::size_t c : order) {
-    if (second_index != kNone && bound[c] > costs[second_index]) break;
-    if (costs[c] == kUnpriced) {
-      double total = owed[c];
-      for (std::size_t i = 0; i < inputs.size(); ++i)
-        if (candidates[c].inputs[i] != layouts[i]) total += exact_price(i, candidates[c].inputs[i]);
-      costs[c] = total;
-    }
-    if (best_index == kNone || before(c, best_index)) {
-      second_index = best_index;
-      best_index = c;
-    } else if (second_index == kNone || before(c, second_index)) {
-      second_index = c;
-    }
-  }
-  const double best = best_index == kNone ? -1 : costs[best_index];
-  if (best < 0)
-    throw LayoutError(fmt::format("[{}] no sharding strategy for inputs {} of shapes {} on mesh {}", op.name,
-                                  layouts_text(layouts),
-                                  fmt::join([&] {
-                                    std::vector<std::string> s;
-                                    for (auto& m : inputs) s.push_back(fmt::format("{}", fmt::join(m.shape, "x")));
-                                    return s;
-                                  }(), " "),
-                                  fmt::join(mesh_shape, "x")));
-  d.chosen = candidates[best_index];
-  d.cost_seconds = best;
-  d.owed_seconds = owed[best_index];
-  if (second_index != kNone) {
-    d.runner_up = candidates[second_index];
-    d.runner_up_cost = costs[second_index];
-  }
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (d.chosen.inputs[i] == layouts[i]) {
-      d.input_plans.push_back(nullptr);
-      continue;
-    }
-    PlanRequest request{mesh_shape, inputs[i].shape, inputs[i].dtype, layouts[i], d.chosen.inputs[i], cost};
-    entry->plans.push_back(std::make_unique<Plan>(cached_plan(request)));
-    d.input_plans.push_back(entry->plans.back().get());
-  }
+  make_decision(*entry);
   bucket.push_back(std::move(entry));
-  return bucket.back()->decision;
+  return *bucket.back();
+}
+
+void explain(const OpDef& op, const OpDecision& d, std::span<const Layout> layouts, const CommStats& moved) {
+  if (!d.chosen.note.empty()) explain_sink(fmt::format("{}: {}", op.name, d.chosen.note));
+  std::string line = fmt::format("{}: inputs {}; chose {} -> {} at {}", op.name, layouts_text(layouts),
+                                 layouts_text(d.chosen.inputs), d.chosen.output, human_seconds(d.cost_seconds));
+  if (d.owed_seconds > 0)
+    line += fmt::format(" (of which {} owed for reducing its new Partial later)", human_seconds(d.owed_seconds));
+  if (d.runner_up_cost >= 0)
+    line += fmt::format(" (runner-up {} -> {} at {}; {} candidates)", layouts_text(d.runner_up.inputs),
+                        d.runner_up.output, human_seconds(d.runner_up_cost), d.candidates);
+  line += fmt::format("; issued {}", moved);
+  explain_sink(line);
+}
+
+}  // namespace
+
+const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
+                         std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
+  return decide_entry(op, mesh_shape, inputs, layouts, attrs, cost).decision;
 }
 
 ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedTensor* const> inputs,
@@ -278,40 +349,29 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
     metas[i].dtype = inputs[i]->local.dtype();
     layouts[i] = inputs[i]->layout;
   }
-  const OpDecision& d = decide(op, mesh.shape(), metas, layouts, attrs, cost);
+  Entry& e = decide_entry(op, mesh.shape(), metas, layouts, attrs, cost);
+  const OpDecision& d = e.decision;
 
   const bool explaining = static_cast<bool>(explain_sink);
   CommStats before;
   if (explaining) before = mesh.comm().stats();
-  if (d.boxes_coordinate != mesh.coordinate()) {
-    d.input_boxes.resize(n);
+  if (e.boxes_coordinate != mesh.coordinate()) {
+    e.input_boxes.resize(n);
     for (std::size_t i = 0; i < n; ++i)
-      d.input_boxes[i] = local_box(mesh.shape(), metas[i].shape, d.chosen.inputs[i], mesh.coordinate());
-    d.output_box = local_box(mesh.shape(), d.output.shape, d.chosen.output, mesh.coordinate());
-    d.boxes_coordinate = mesh.coordinate();
+      e.input_boxes[i] = local_box(mesh.shape(), metas[i].shape, d.chosen.inputs[i], mesh.coordinate());
+    e.output_box = local_box(mesh.shape(), d.output.shape, d.chosen.output, mesh.coordinate());
+    e.boxes_coordinate = mesh.coordinate();
   }
   std::vector<Tensor> locals(n);
   for (std::size_t i = 0; i < n; ++i)
     locals[i] = d.input_plans[i] ? execute_plan(*d.input_plans[i], mesh, inputs[i]->local) : inputs[i]->local;
-  const Box& out_box = d.output_box;
-  KernelArgs args{locals, metas, d.input_boxes, d.chosen.inputs, attrs, d.output, out_box, d.chosen.output};
+  const Box& out_box = e.output_box;
+  KernelArgs args{locals, metas, e.input_boxes, d.chosen.inputs, attrs, d.output, out_box, d.chosen.output};
   Tensor out = run_kernel(op, args);
   if (out.shape() != out_box.size)
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
                             fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(out_box.size, "x")));
-  if (explaining) {
-    if (!d.chosen.note.empty()) explain_sink(fmt::format("{}: {}", op.name, d.chosen.note));
-    CommStats moved = mesh.comm().stats() - before;
-    std::string line = fmt::format("{}: inputs {}; chose {} -> {} at {}", op.name, layouts_text(layouts),
-                                   layouts_text(d.chosen.inputs), d.chosen.output, human_seconds(d.cost_seconds));
-    if (d.owed_seconds > 0)
-      line += fmt::format(" (of which {} owed for reducing its new Partial later)", human_seconds(d.owed_seconds));
-    if (d.runner_up_cost >= 0)
-      line += fmt::format(" (runner-up {} -> {} at {}; {} candidates)", layouts_text(d.runner_up.inputs),
-                          d.runner_up.output, human_seconds(d.runner_up_cost), d.candidates);
-    line += fmt::format("; issued {}", moved);
-    explain_sink(line);
-  }
+  if (explaining) explain(op, d, layouts, mesh.comm().stats() - before);
   return ShardedTensor{std::move(out), d.chosen.output, d.output.shape};
 }
 

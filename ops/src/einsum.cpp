@@ -10,9 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../cpu/gemm.h"
-#include "../cuda/gemm_shape_embedding.h"
-#include "dtensor/core/cuda.h"
+#include "device_kernels.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -260,9 +258,8 @@ std::vector<DimStrategy> einsum_options(const Einsum& e, const std::map<char, st
 }
 
 // ---- Kernel: local einsum by batched GEMM -----------------------------------
-// The steps below work on CPU and CUDA tensors alike: each picks its loop by
-// the tensor's device (a CUDA tensor's data is only ever handed to
-// cuda_kernels), and every new tensor is made on its input's device.
+// Written once against a device's table (device_kernels.h): every step moves
+// data through it, and every new tensor is made on its input's device.
 
 /// A contiguous tensor with one distinct label per dim.
 struct Operand {
@@ -271,43 +268,14 @@ struct Operand {
 };
 
 /// out[idx] = src[sum idx[d] * src_strides[d]] for every index of out_shape.
-Tensor gather(const Tensor& src, const Shape& out_shape, const Shape& src_strides) {
+Tensor gather(const device::Kernels& k, const Tensor& src, const Shape& out_shape, const Shape& src_strides) {
   Tensor out = Tensor::empty(out_shape, src.dtype(), src.device());
-  if (out.numel() == 0) return out;
-  if (src.device() == Device::CUDA) {
-    cuda_kernels::gather_strided(src.data(), out.data(), out_shape, src_strides, itemsize(src.dtype()));
-    return out;
-  }
-  visit_dtype(src.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* s = src.data_as<T>();
-    T* o = out.data_as<T>();
-    const int nd = static_cast<int>(out_shape.size());
-    if (nd == 0) {
-      o[0] = s[0];
-      return;
-    }
-    const std::int64_t inner = out_shape[nd - 1];
-    const std::int64_t inner_stride = src_strides[nd - 1];
-    std::vector<std::int64_t> idx(static_cast<std::size_t>(nd), 0);
-    std::int64_t base = 0;
-    for (std::int64_t done = 0; done < out.numel(); done += inner) {
-      if (inner_stride == 1) std::copy(s + base, s + base + inner, o + done);
-      else
-        for (std::int64_t j = 0; j < inner; ++j) o[done + j] = s[base + j * inner_stride];
-      for (int d = nd - 2; d >= 0; --d) {
-        base += src_strides[d];
-        if (++idx[d] < out_shape[d]) break;
-        base -= src_strides[d] * out_shape[d];
-        idx[d] = 0;
-      }
-    }
-  });
+  k.gather_strided(src, out, src_strides);
   return out;
 }
 
 /// The operand with its dims in `target` order (a copy unless already so).
-Operand permute(const Operand& x, const std::string& target) {
+Operand permute(const device::Kernels& k, const Operand& x, const std::string& target) {
   if (x.labels == target) return x;
   const Shape strides = row_major_strides(x.t.shape());
   Shape shape, src;
@@ -316,15 +284,15 @@ Operand permute(const Operand& x, const std::string& target) {
     shape.push_back(x.t.shape()[d]);
     src.push_back(strides[d]);
   }
-  return Operand{gather(x.t, shape, src), target};
+  return Operand{gather(k, x.t, shape, src), target};
 }
 
 /// Sums out the labels not in `keep`.
-Operand sum_out(const Operand& x, std::string_view keep) {
+Operand sum_out(const device::Kernels& k, const Operand& x, std::string_view keep) {
   std::string kept, summed;
   for (char c : x.labels) (has(keep, c) ? kept : summed) += c;
   if (summed.empty()) return x;
-  Operand p = permute(x, kept + summed);
+  Operand p = permute(k, x, kept + summed);
   Shape shape;
   std::int64_t rows = 1, cols = 1;
   for (std::size_t d = 0; d < p.labels.size(); ++d) {
@@ -336,25 +304,12 @@ Operand sum_out(const Operand& x, std::string_view keep) {
     }
   }
   Tensor out = Tensor::empty(shape, x.t.dtype(), x.t.device());
-  if (x.t.device() == Device::CUDA) {
-    cuda_kernels::sum_last(x.t.dtype(), p.t.data(), out.data(), rows, cols);
-    return Operand{out, kept};
-  }
-  visit_dtype(x.t.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* s = p.t.data_as<T>();
-    T* o = out.data_as<T>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T acc{};
-      for (std::int64_t c = 0; c < cols; ++c) acc += s[r * cols + c];
-      o[r] = acc;
-    }
-  });
+  k.sum_last(p.t, out, rows, cols);
   return Operand{out, kept};
 }
 
 /// Takes the diagonal of repeated labels and drops broadcast size-1 dims.
-Operand prepare(const Tensor& local, const std::string& labels, const Einsum& e,
+Operand prepare(const device::Kernels& k, const Tensor& local, const std::string& labels, const Einsum& e,
                 const std::map<char, std::int64_t>& sizes, std::span<const TensorMeta> global, std::size_t i) {
   const Shape strides = row_major_strides(local.shape());
   std::string out_labels;
@@ -372,7 +327,7 @@ Operand prepare(const Tensor& local, const std::string& labels, const Einsum& e,
     shape.push_back(local.shape()[d]);
     src.push_back(strides[d]);
   }
-  return Operand{copy ? gather(local, shape, src) : local.view(shape), out_labels};
+  return Operand{copy ? gather(k, local, shape, src) : local.view(shape), out_labels};
 }
 
 std::int64_t extent(const Operand& x, std::string_view labels) {
@@ -381,7 +336,7 @@ std::int64_t extent(const Operand& x, std::string_view labels) {
   return n;
 }
 
-/// On CUDA, a bias to fold into the last GEMM: when that GEMM's result has
+/// Where the device's GEMM accumulates (CUDA), a bias to fold into the last GEMM: when that GEMM's result has
 /// the output's labels in order, C starts as the broadcast bias and the GEMM
 /// adds to it (cuBLAS beta = 1), so bf16/f16 round once, as on the CPU's
 /// f32 path, and no separate pass runs. `applied` tells the caller.
@@ -395,12 +350,12 @@ struct BiasFold {
 /// others are contracted. One GEMM per batch index (one batched GEMM on
 /// CUDA); operands are permuted only when no transposition flag fits their
 /// layout.
-Operand contract(Operand a, Operand b, std::string_view keep, BiasFold* fold = nullptr) {
+Operand contract(const device::Kernels& dev, Operand a, Operand b, std::string_view keep, BiasFold* fold = nullptr) {
   std::string keep_a(keep), keep_b(keep);
   keep_a += b.labels;
   keep_b += a.labels;
-  a = sum_out(a, keep_a);
-  b = sum_out(b, keep_b);
+  a = sum_out(dev, a, keep_a);
+  b = sum_out(dev, b, keep_b);
   std::string batch, contr, free_a, free_b;
   for (char c : a.labels) (!has(b.labels, c) ? free_a : has(keep, c) ? batch : contr) += c;
   for (char c : b.labels)
@@ -411,47 +366,40 @@ Operand contract(Operand a, Operand b, std::string_view keep, BiasFold* fold = n
                               a.t.shape()[a.labels.find(c)], b.t.shape()[b.labels.find(c)]));
   bool ta = false, tb = false;
   if (a.labels == batch + contr + free_a && !free_a.empty() && !contr.empty()) ta = true;
-  else a = permute(a, batch + free_a + contr);
+  else a = permute(dev, a, batch + free_a + contr);
   if (b.labels == batch + free_b + contr && !free_b.empty() && !contr.empty()) tb = true;
-  else b = permute(b, batch + contr + free_b);
+  else b = permute(dev, b, batch + contr + free_b);
   const std::int64_t nb = extent(a, batch), m = extent(a, free_a), k = extent(a, contr), n = extent(b, free_b);
   Shape shape;
   for (char c : batch + free_a) shape.push_back(a.t.shape()[a.labels.find(c)]);
   for (char c : free_b) shape.push_back(b.t.shape()[b.labels.find(c)]);
   Tensor out = Tensor::empty(shape, a.t.dtype(), a.t.device());
-  if (a.t.device() == Device::CUDA) {
-    std::string labels = batch + free_a + free_b;
-    bool accumulate = false;
-    if (fold && fold->bias && labels == fold->output && !shape.empty() && fold->bias->numel() == shape.back()) {
-      Shape strides(shape.size(), 0);
-      strides.back() = 1;
-      cuda_kernels::gather_strided(fold->bias->data(), out.data(), shape, strides, itemsize(out.dtype()));
-      fold->applied = accumulate = true;
-    }
-    cuda_kernels::gemm_batched(a.t.dtype(), ta, tb, m, n, k, a.t.data(), ta ? m : k, m * k, b.t.data(), tb ? k : n,
-                               k * n, out.data(), n, m * n, nb, accumulate);
-    return Operand{out, std::move(labels)};
+  std::string labels = batch + free_a + free_b;
+  bool accumulate = false;
+  if (dev.gemm_accumulates && fold && fold->bias && labels == fold->output && !shape.empty() &&
+      fold->bias->numel() == shape.back()) {
+    Shape strides(shape.size(), 0);
+    strides.back() = 1;
+    dev.gather_strided(*fold->bias, out, strides);
+    fold->applied = accumulate = true;
   }
-  const std::size_t item = itemsize(a.t.dtype());
-  for (std::int64_t i = 0; i < nb; ++i)
-    cpu::gemm(a.t.dtype(), ta, tb, m, n, k, a.t.bytes() + static_cast<std::size_t>(i * m * k) * item, ta ? m : k,
-              b.t.bytes() + static_cast<std::size_t>(i * k * n) * item, tb ? k : n,
-              out.bytes() + static_cast<std::size_t>(i * m * n) * item, n);
-  return Operand{out, batch + free_a + free_b};
+  dev.gemm_batched(a.t.dtype(), ta, tb, m, n, k, a.t.data(), ta ? m : k, m * k, b.t.data(), tb ? k : n, k * n,
+                   out.data(), n, m * n, nb, accumulate);
+  return Operand{out, std::move(labels)};
 }
 
 /// The einsum of the local shards. The strategy guarantees that the labels
 /// the operands share have the same local extent.
-Tensor einsum_local(const Einsum& e, std::span<const Tensor> locals, std::span<const TensorMeta> global,
+Tensor einsum_local(const device::Kernels& k, const Einsum& e, std::span<const Tensor> locals, std::span<const TensorMeta> global,
                     const std::map<char, std::int64_t>& sizes, BiasFold* fold = nullptr) {
   const std::size_t n = e.inputs.size();
-  Operand acc = prepare(locals[0], e.inputs[0], e, sizes, global, 0);
+  Operand acc = prepare(k, locals[0], e.inputs[0], e, sizes, global, 0);
   for (std::size_t j = 1; j < n; ++j) {
     std::string keep = e.output;
     for (std::size_t l = j + 1; l < n; ++l) keep += e.inputs[l];
-    acc = contract(acc, prepare(locals[j], e.inputs[j], e, sizes, global, j), keep, j + 1 == n ? fold : nullptr);
+    acc = contract(k, acc, prepare(k, locals[j], e.inputs[j], e, sizes, global, j), keep, j + 1 == n ? fold : nullptr);
   }
-  acc = permute(sum_out(acc, e.output), e.output);
+  acc = permute(k, sum_out(k, acc, e.output), e.output);
   return acc.t;
 }
 
@@ -486,39 +434,27 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
   def.meta = [name, to_einsum, bias](std::span<const TensorMeta> in, const OpAttrs& attrs) {
     return einsum_meta(name, to_einsum, in, attrs, bias);
   };
-  def.strategy = [name, to_einsum, bias](const StrategyQuery& q) {
+  def.dim_strategy = [name, to_einsum, bias](const StrategyQuery& q) {
     const auto operands = bias ? q.inputs.first(q.inputs.size() - 1) : q.inputs;
     const Einsum e = to_einsum(name, operands, q.attrs);
-    const auto options = einsum_options(e, label_sizes(name, e, operands), operands, bias);
-    return expand_to_mesh(options, q);
+    return einsum_options(e, label_sizes(name, e, operands), operands, bias);
   };
-  def.kernels[static_cast<int>(Device::CPU)] = [name, to_einsum, bias](const KernelArgs& a) {
-    const bool cuda = cuda_kernels::on_cuda(name, a.inputs);
-    const std::size_t n = a.inputs.size() - (bias ? 1 : 0);
-    const auto global = a.global.first(n);
-    const Einsum e = to_einsum(name, global, a.attrs);
-    BiasFold fold{bias && cuda ? &a.inputs[n] : nullptr, e.output};
-    Tensor out = einsum_local(e, a.inputs.first(n), global, label_sizes(name, e, global), &fold);
-    if (bias) {
+  device::bind_kernels(def, [name, to_einsum, bias](const device::Kernels& k) {
+    return [&k, name, to_einsum, bias](const KernelArgs& a) {
+      const std::size_t n = a.inputs.size() - (bias ? 1 : 0);
+      const auto global = a.global.first(n);
+      const Einsum e = to_einsum(name, global, a.attrs);
+      BiasFold fold{bias ? &a.inputs[n] : nullptr, e.output};
+      Tensor out = einsum_local(k, e, a.inputs.first(n), global, label_sizes(name, e, global), &fold);
+      if (!bias || fold.applied) return out;
       const Tensor& b = a.inputs[n];
       const std::int64_t cols = out.shape().empty() ? 1 : out.shape().back();
       if (b.numel() != cols)
         throw Error(fmt::format("[{}] internal: a bias shard of {} for {} output columns", name, b.numel(), cols));
-      if (fold.applied) return out;
-      if (cuda) {
-        cuda_kernels::add_bias(out.dtype(), out.data(), b.data(), cols == 0 ? 0 : out.numel() / cols, cols);
-        return out;
-      }
-      visit_dtype(out.dtype(), [&](auto zero) {
-        using T = decltype(zero);
-        T* y = out.data_as<T>();
-        const T* bb = b.data_as<T>();
-        for (std::int64_t i = 0; i < out.numel(); ++i) y[i] += bb[i % cols];
-      });
-    }
-    return out;
-  };
-  if (cuda::built()) def.kernels[static_cast<int>(Device::CUDA)] = def.kernels[static_cast<int>(Device::CPU)];
+      k.add_bias(out, b, cols == 0 ? 0 : out.numel() / cols, cols);
+      return out;
+    };
+  });
   registry.add(std::move(def));
 }
 
@@ -526,9 +462,9 @@ void add_einsum_op(OpRegistry& registry, std::string name, int num_inputs, bool 
 
 void register_einsum_ops(OpRegistry& registry) {
   add_einsum_op(registry, "einsum", -1, false,
-                "Einstein summation over the equation in attrs.text (\"bij,bjk->bik\", \"...ij,...jk\", \"ii->i\")",
+                "Einstein summation over EinsumAttrs::equation (\"bij,bjk->bik\", \"...ij,...jk\", \"ii->i\")",
                 [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs& attrs) {
-                  return parse_equation(op, attrs.text, in);
+                  return parse_equation(op, attrs.get<EinsumAttrs>(op).equation, in);
                 });
   add_einsum_op(registry, "matmul", 2, false, "torch.matmul: 1-D to N-D operands, batch dims broadcast",
                 [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) { return matmul_einsum(op, in); });

@@ -7,11 +7,9 @@
 // (PartialRule), derived from a few declared properties.
 #include <algorithm>
 #include <cmath>
-#include <functional>
 
 #include "../cpu/pointwise_kernels.h"
-#include "../cuda/pointwise_reduction.h"
-#include "dtensor/core/cuda.h"
+#include "device_kernels.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
@@ -21,13 +19,6 @@ namespace {
 using pointwise::Binary;
 using pointwise::Unary;
 
-// One kernel serves both devices, picking the implementation by where the
-// first input lives; it is registered for CUDA only in a CUDA build.
-void set_kernels(OpDef& def, const Kernel& kernel) {
-  def.kernels[static_cast<int>(Device::CPU)] = kernel;
-  if (cuda::built()) def.kernels[static_cast<int>(Device::CUDA)] = kernel;
-}
-
 // A Partial candidate: the inputs marked hold Partial(in), the others
 // Replicate; the output is Partial(out).
 struct PartialRule {
@@ -35,9 +26,10 @@ struct PartialRule {
   ReduceOp in;
   ReduceOp out;
 };
-using PartialRules = std::function<std::vector<PartialRule>(const OpAttrs&)>;
 
-std::vector<Strategy> pointwise_strategy(const StrategyQuery& q, const std::vector<PartialRule>& rules) {
+// Per mesh dim (the registry expands them, keeping inputs where they lie
+// first: OpDef::prefer_kept_layouts).
+std::vector<DimStrategy> pointwise_strategy(const StrategyQuery& q, const std::vector<PartialRule>& rules) {
   const Shape& out = q.output.shape;
   const int nd = static_cast<int>(out.size());
   const std::size_t nin = q.inputs.size();
@@ -74,22 +66,13 @@ std::vector<Strategy> pointwise_strategy(const StrategyQuery& q, const std::vect
     for (std::size_t i = 0; i < nin; ++i) s.inputs.push_back(r.partial[i] ? Placement{Partial{r.in}} : Replicate{});
     per_dim.push_back(std::move(s));
   }
-  std::vector<Strategy> cands = expand_to_mesh(per_dim, q);
-  // Candidates that keep more inputs where they are come first: ties in cost
-  // go to the earliest.
-  auto kept = [&](const Strategy& s) {
-    int n = 0;
-    for (std::size_t i = 0; i < nin; ++i) n += s.inputs[i] == q.layouts[i];
-    return n;
-  };
-  std::stable_sort(cands.begin(), cands.end(), [&](const Strategy& a, const Strategy& b) { return kept(a) > kept(b); });
-  return cands;
+  return per_dim;
 }
 
 // ---- Properties that generate Partial rules --------------------------------
 
 // How a unary op commutes with the reductions of Partial placements.
-enum class Order { None, Increasing, Decreasing, BySign };  // BySign: of attrs.scalar
+enum class Order { None, Increasing, Decreasing, BySign };  // BySign: of the ScalarAttrs value
 struct UnaryAlgebra {
   bool linear = false;  // f(sum) = sum f, f(avg) = avg f: P(sum)/P(avg) pass through
   bool affine = false;  // f(avg) = avg f only: P(avg) passes through
@@ -100,12 +83,12 @@ struct UnaryAlgebra {
   bool domain_bounded_below = false;
 };
 
-std::vector<PartialRule> unary_rules(const UnaryAlgebra& alg, const OpAttrs& attrs) {
+std::vector<PartialRule> unary_rules(const UnaryAlgebra& alg, double scalar) {
   std::vector<PartialRule> r;
   if (alg.linear) r.push_back({{true}, ReduceOp::Sum, ReduceOp::Sum});
   if (alg.linear || alg.affine) r.push_back({{true}, ReduceOp::Avg, ReduceOp::Avg});
   Order o = alg.order;
-  if (o == Order::BySign) o = attrs.scalar >= 0 ? Order::Increasing : Order::Decreasing;
+  if (o == Order::BySign) o = scalar >= 0 ? Order::Increasing : Order::Decreasing;
   const bool max_passes = !alg.domain_bounded_below;
   if (o == Order::Increasing) {
     if (max_passes) r.push_back({{true}, ReduceOp::Max, ReduceOp::Max});
@@ -169,29 +152,35 @@ void check_same_dtype(const std::string& op, std::span<const TensorMeta> in) {
     }
 }
 
+// The one check of the floating-only functions: the kernels of every device
+// rely on it.
 void check_float(const std::string& op, DType dtype) {
   if (!is_floating(dtype))
-    throw DTypeError(fmt::format("[{}] is not defined for {} tensors; expected f32 or f64", op, dtype));
+    throw DTypeError(fmt::format("[{}] is not defined for {} tensors; expected f32, f64, bf16 or f16", op, dtype));
 }
 
 // ---- Registration ---------------------------------------------------------
 
 struct UnarySpec {
-  const char* name;
-  Unary fn;
-  bool float_only;
-  bool scalar;  // reads attrs.scalar
-  UnaryAlgebra algebra;
-  const char* doc;
+  const char* name = nullptr;
+  Unary fn = Unary::Neg;
+  bool float_only = false;
+  bool scalar = false;  // takes ScalarAttrs
+  UnaryAlgebra algebra{};
+  const char* doc = "";
 };
 
 struct BinarySpec {
-  const char* name;
-  Binary fn;
-  bool float_only;
-  std::vector<PartialRule> rules;
-  const char* doc;
+  const char* name = nullptr;
+  Binary fn = Binary::Add;
+  bool float_only = false;
+  std::vector<PartialRule> rules{};
+  const char* doc = "";
 };
+
+double scalar_of(const std::string& op, bool scalar, const OpAttrs& attrs) {
+  return scalar ? attrs.get<ScalarAttrs>(op).value : 0.0;
+}
 
 void add_unary(OpRegistry& reg, const UnarySpec& spec) {
   OpDef def;
@@ -204,18 +193,20 @@ void add_unary(OpRegistry& reg, const UnarySpec& spec) {
   def.meta = [name, float_only, scalar](std::span<const TensorMeta> in, const OpAttrs& attrs) {
     check_same_dtype(name, in);
     if (float_only) check_float(name, in[0].dtype);
-    if (scalar && !is_floating(in[0].dtype) && attrs.scalar != std::trunc(attrs.scalar))
+    const double value = scalar_of(name, scalar, attrs);
+    if (scalar && !is_floating(in[0].dtype) && value != std::trunc(value))
       throw ValueError(fmt::format("[{}] scalar {} on an i64 tensor: expected an integer (no type promotion)", name,
-                                   attrs.scalar));
+                                   value));
     return in[0];
   };
   const UnaryAlgebra alg = spec.algebra;
-  def.strategy = [alg](const StrategyQuery& q) { return pointwise_strategy(q, unary_rules(alg, q.attrs)); };
+  def.dim_strategy = [alg, name, scalar](const StrategyQuery& q) {
+    return pointwise_strategy(q, unary_rules(alg, scalar_of(name, scalar, q.attrs)));
+  };
+  def.prefer_kept_layouts = true;
   const Unary fn = spec.fn;
-  set_kernels(def, [fn](const KernelArgs& a) {
-    const Tensor& x = a.inputs[0];
-    return x.device() == Device::CUDA ? cuda_kernels::unary(fn, x, a.attrs.scalar)
-                                      : pointwise::unary(fn, x, a.attrs.scalar);
+  device::bind_kernels(def, [fn, name, scalar](const device::Kernels& k) {
+    return [&k, fn, name, scalar](const KernelArgs& a) { return k.unary(fn, a.inputs[0], scalar_of(name, scalar, a.attrs)); };
   });
   reg.add(std::move(def));
 }
@@ -232,13 +223,11 @@ void add_binary(OpRegistry& reg, BinarySpec spec) {
     if (float_only) check_float(name, in[0].dtype);
     return TensorMeta{broadcast(name, in), in[0].dtype};
   };
-  def.strategy = [rules = std::move(spec.rules)](const StrategyQuery& q) { return pointwise_strategy(q, rules); };
+  def.dim_strategy = [rules = std::move(spec.rules)](const StrategyQuery& q) { return pointwise_strategy(q, rules); };
+  def.prefer_kept_layouts = true;
   const Binary fn = spec.fn;
-  set_kernels(def, [fn](const KernelArgs& a) {
-    const Tensor& x = a.inputs[0];
-    const Tensor& y = a.inputs[1];
-    return x.device() == Device::CUDA ? cuda_kernels::binary(fn, x, y, a.output_box.size)
-                                      : pointwise::binary(fn, x, y, a.output_box.size);
+  device::bind_kernels(def, [fn](const device::Kernels& k) {
+    return [&k, fn](const KernelArgs& a) { return k.binary(fn, a.inputs[0], a.inputs[1], a.output_box.size); };
   });
   reg.add(std::move(def));
 }
@@ -248,36 +237,51 @@ void add_binary(OpRegistry& reg, BinarySpec spec) {
 void register_pointwise_ops(OpRegistry& reg) {
   constexpr Order Inc = Order::Increasing;
   constexpr Order Dec = Order::Decreasing;
+  auto monotone = [](Order o) { return UnaryAlgebra{.order = o}; };
+  // Monotone on a domain bounded below: only P(min) passes (UnaryAlgebra).
+  auto bounded = [](Order o) { return UnaryAlgebra{.order = o, .domain_bounded_below = true}; };
   const UnarySpec unary[] = {
-      {"neg", Unary::Neg, false, false, {true, false, Dec}, "-x, elementwise"},
-      {"abs", Unary::Abs, false, false, {}, "|x|, elementwise"},
-      {"exp", Unary::Exp, true, false, {false, false, Inc}, "e^x, elementwise (f32, f64)"},
-      {"log", Unary::Log, true, false, {false, false, Inc, true}, "natural log, elementwise (f32, f64)"},
-      {"sqrt", Unary::Sqrt, true, false, {false, false, Inc, true}, "square root, elementwise (f32, f64)"},
-      {"rsqrt", Unary::Rsqrt, true, false, {false, false, Dec, true}, "1/sqrt(x), elementwise (f32, f64)"},
-      {"tanh", Unary::Tanh, true, false, {false, false, Inc}, "tanh, elementwise (f32, f64)"},
-      {"sigmoid", Unary::Sigmoid, true, false, {false, false, Inc}, "1/(1+e^-x), elementwise (f32, f64)"},
-      {"relu", Unary::Relu, false, false, {false, false, Inc}, "max(x, 0), elementwise"},
-      {"gelu", Unary::Gelu, true, false, {}, "x*Phi(x), exact erf form (PyTorch approximate='none') (f32, f64)"},
-      {"silu", Unary::Silu, true, false, {}, "x*sigmoid(x), elementwise (f32, f64)"},
-      {"add_scalar", Unary::AddScalar, false, true, {false, true, Inc}, "x + attrs.scalar"},
-      {"mul_scalar", Unary::MulScalar, false, true, {true, false, Order::BySign}, "x * attrs.scalar"},
-      {"div_scalar", Unary::DivScalar, true, true, {true, false, Order::BySign}, "x / attrs.scalar (f32, f64)"},
-      {"pow_scalar", Unary::PowScalar, true, true, {}, "x ^ attrs.scalar (f32, f64)"},
+      {.name = "neg", .fn = Unary::Neg, .algebra = {.linear = true, .order = Dec}, .doc = "-x, elementwise"},
+      {.name = "abs", .fn = Unary::Abs, .doc = "|x|, elementwise"},
+      {.name = "exp", .fn = Unary::Exp, .float_only = true, .algebra = monotone(Inc), .doc = "e^x, elementwise"},
+      {.name = "log", .fn = Unary::Log, .float_only = true, .algebra = bounded(Inc), .doc = "natural log, elementwise"},
+      {.name = "sqrt", .fn = Unary::Sqrt, .float_only = true, .algebra = bounded(Inc), .doc = "square root, elementwise"},
+      {.name = "rsqrt", .fn = Unary::Rsqrt, .float_only = true, .algebra = bounded(Dec), .doc = "1/sqrt(x), elementwise"},
+      {.name = "tanh", .fn = Unary::Tanh, .float_only = true, .algebra = monotone(Inc), .doc = "tanh, elementwise"},
+      {.name = "sigmoid", .fn = Unary::Sigmoid, .float_only = true, .algebra = monotone(Inc),
+       .doc = "1/(1+e^-x), elementwise"},
+      {.name = "relu", .fn = Unary::Relu, .algebra = monotone(Inc), .doc = "max(x, 0), elementwise"},
+      {.name = "gelu", .fn = Unary::Gelu, .float_only = true,
+       .doc = "x*Phi(x), exact erf form (PyTorch approximate='none')"},
+      {.name = "silu", .fn = Unary::Silu, .float_only = true, .doc = "x*sigmoid(x), elementwise"},
+      {.name = "add_scalar", .fn = Unary::AddScalar, .scalar = true, .algebra = {.affine = true, .order = Inc},
+       .doc = "x + ScalarAttrs::value"},
+      {.name = "mul_scalar", .fn = Unary::MulScalar, .scalar = true, .algebra = {.linear = true, .order = Order::BySign},
+       .doc = "x * ScalarAttrs::value"},
+      {.name = "div_scalar", .fn = Unary::DivScalar, .float_only = true, .scalar = true,
+       .algebra = {.linear = true, .order = Order::BySign}, .doc = "x / ScalarAttrs::value"},
+      {.name = "pow_scalar", .fn = Unary::PowScalar, .float_only = true, .scalar = true,
+       .doc = "x ^ ScalarAttrs::value"},
   };
   for (const auto& spec : unary) add_unary(reg, spec);
 
-  add_binary(reg, {"add", Binary::Add, false, linear_rules({{true, true}}), "a + b, broadcasting"});
-  add_binary(reg, {"sub", Binary::Sub, false, linear_rules({{true, true}}), "a - b, broadcasting"});
-  add_binary(reg, {"mul", Binary::Mul, false, linear_rules({{true, false}, {false, true}}), "a * b, broadcasting"});
-  add_binary(reg, {"div", Binary::Div, true, linear_rules({{true, false}}), "a / b, broadcasting (f32, f64)"});
-  add_binary(reg, {"pow", Binary::Pow, true, {}, "a ^ b, broadcasting (f32, f64)"});
-  add_binary(reg, {"maximum", Binary::Maximum, false, extremum_rules(ReduceOp::Max), "elementwise max, NaN propagates"});
-  add_binary(reg, {"minimum", Binary::Minimum, false, extremum_rules(ReduceOp::Min), "elementwise min, NaN propagates"});
+  add_binary(reg, {.name = "add", .fn = Binary::Add, .rules = linear_rules({{true, true}}), .doc = "a + b, broadcasting"});
+  add_binary(reg, {.name = "sub", .fn = Binary::Sub, .rules = linear_rules({{true, true}}), .doc = "a - b, broadcasting"});
+  add_binary(reg, {.name = "mul", .fn = Binary::Mul, .rules = linear_rules({{true, false}, {false, true}}),
+                   .doc = "a * b, broadcasting"});
+  add_binary(reg, {.name = "div", .fn = Binary::Div, .float_only = true, .rules = linear_rules({{true, false}}),
+                   .doc = "a / b, broadcasting"});
+  add_binary(reg, {.name = "pow", .fn = Binary::Pow, .float_only = true, .doc = "a ^ b, broadcasting"});
+  add_binary(reg, {.name = "maximum", .fn = Binary::Maximum, .rules = extremum_rules(ReduceOp::Max),
+                   .doc = "elementwise max, NaN propagates"});
+  add_binary(reg, {.name = "minimum", .fn = Binary::Minimum, .rules = extremum_rules(ReduceOp::Min),
+                   .doc = "elementwise min, NaN propagates"});
   const std::pair<const char*, Binary> comparisons[] = {{"eq", Binary::Eq}, {"ne", Binary::Ne}, {"lt", Binary::Lt},
                                                          {"le", Binary::Le}, {"gt", Binary::Gt}, {"ge", Binary::Ge}};
   for (auto [name, fn] : comparisons)
-    add_binary(reg, {name, fn, false, {}, "comparison, broadcasting: 1 where true, 0 where false, in the inputs' dtype"});
+    add_binary(reg, {.name = name,
+                     .fn = fn,
+                     .doc = "comparison, broadcasting: 1 where true, 0 where false, in the inputs' dtype"});
 
   OpDef where;
   where.name = "where";
@@ -292,11 +296,13 @@ void register_pointwise_ops(OpRegistry& reg) {
   std::vector<PartialRule> where_rules;
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
     where_rules.push_back({{false, true, true}, op, op});
-  where.strategy = [where_rules](const StrategyQuery& q) { return pointwise_strategy(q, where_rules); };
-  set_kernels(where, [](const KernelArgs& a) {
-    const auto& in = a.inputs;
-    return in[0].device() == Device::CUDA ? cuda_kernels::where(in[0], in[1], in[2], a.output_box.size)
-                                          : pointwise::where(in[0], in[1], in[2], a.output_box.size);
+  where.dim_strategy = [where_rules](const StrategyQuery& q) { return pointwise_strategy(q, where_rules); };
+  where.prefer_kept_layouts = true;
+  device::bind_kernels(where, [](const device::Kernels& k) {
+    return [&k](const KernelArgs& a) {
+      const auto& in = a.inputs;
+      return k.where(in[0], in[1], in[2], a.output_box.size);
+    };
   });
   reg.add(std::move(where));
 }

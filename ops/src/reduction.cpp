@@ -1,85 +1,27 @@
 // The reduction family: sum, mean, max, min, norm, argmax (one reduction
-// rule), softmax and log_softmax, layer_norm and rms_norm.
+// rule), softmax and log_softmax, layer_norm and rms_norm. Each strategy is
+// given per mesh dim; the registry's expansion (expand_to_mesh) also offers
+// an input's own shard nesting, so that e.g. S(0)[1],S(0)[0] is reduced
+// where it lies.
 #include <algorithm>
-#include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 
 #include "../cpu/reduction_kernels.h"
-#include "../cuda/pointwise_reduction.h"
-#include "dtensor/core/cuda.h"
+#include "device_kernels.h"
 #include "dtensor/core/error.h"
 #include "families.h"
 
 namespace dtensor {
 namespace {
 
-constexpr int kCpu = static_cast<int>(Device::CPU);
-constexpr int kCuda = static_cast<int>(Device::CUDA);
-
-// Each kernel below serves both devices, picking the implementation by
-// where its first input lives; it is registered for CUDA only in a CUDA
-// build (elsewhere dispatch reports that there is no cuda kernel).
-void set_kernels(OpDef& def, Kernel kernel) {
-  if (cuda::built()) def.kernels[kCuda] = kernel;
-  def.kernels[kCpu] = std::move(kernel);
-}
-
-bool on_cuda(const KernelArgs& a) { return a.inputs[0].device() == Device::CUDA; }
-
-// expand_to_mesh offers layouts of default shard nesting only. When input 0
-// comes with another nesting and each of its placements has an option in
-// `per_dim`, this candidate keeps it as it is (no move) and carries the
-// nesting to the output's shards. Inputs after the first take the option's.
-std::vector<Strategy> with_current_nesting(std::span<const DimStrategy> per_dim, const StrategyQuery& q) {
-  std::vector<Strategy> out;
-  const Layout& current = q.layouts[0];
-  if (current.default_order() || current.mesh_ndim() != static_cast<int>(q.mesh_shape.size())) {
-    out = expand_to_mesh(per_dim, q);
-    return out;
-  }
-  const std::size_t nin = q.inputs.size();
-  std::vector<std::vector<Placement>> ins(nin);
-  std::vector<Placement> outp;
-  bool found_all = true;
-  for (int m = 0; m < current.mesh_ndim() && found_all; ++m) {
-    auto it = std::find_if(per_dim.begin(), per_dim.end(), [&](const DimStrategy& o) { return o.inputs[0] == current[m]; });
-    if (it == per_dim.end()) {
-      found_all = false;
-      break;
-    }
-    for (std::size_t i = 0; i < nin; ++i) ins[i].push_back(it->inputs[i]);
-    outp.push_back(it->output);
-  }
-  if (found_all) {
-    try {
-      // Output dim d' is sharded by the mesh dims that shard its input dim,
-      // in the same order.
-      std::vector<std::pair<std::int64_t, std::vector<int>>> order;
-      for (int m = 0; m < current.mesh_ndim(); ++m) {
-        if (!is_shard(outp[m]) || current.level(m) != 0) continue;
-        const std::vector<int> mesh_dims = current.split_order(std::get<Shard>(current[m]).dim);
-        order.emplace_back(std::get<Shard>(outp[m]).dim, mesh_dims);
-      }
-      Strategy cand;
-      cand.inputs.push_back(validate_layout(current, q.mesh_shape, q.inputs[0].shape));
-      for (std::size_t i = 1; i < nin; ++i)
-        cand.inputs.push_back(validate_layout(Layout(ins[i]), q.mesh_shape, q.inputs[i].shape));
-      cand.output = validate_layout(Layout(outp, order), q.mesh_shape, q.output.shape);
-      out.push_back(std::move(cand));
-    } catch (const LayoutError&) {
-    }
-  }
-  for (auto& c : expand_to_mesh(per_dim, q)) out.push_back(std::move(c));
-  return out;
-}
-
 // How one reduction op shards: what a sharded reduced dim becomes (nothing:
 // the dim must be unsharded) and which Partial inputs pass through.
 struct ReductionRule {
-  std::string name;
-  std::optional<ReduceOp> sharded_reduced;  // S(reduced dim) -> P(op)
-  std::optional<ReduceOp> partial_through;  // P(op) -> P(op)
+  std::string name{};
+  std::optional<ReduceOp> sharded_reduced{};  // S(reduced dim) -> P(op)
+  std::optional<ReduceOp> partial_through{};  // P(op) -> P(op)
   bool integer_ok = true;
   bool single_dim = false;  // argmax: at most one dim, empty = flattened
   bool nonempty = false;    // max/min/argmax of an empty extent is an error
@@ -87,7 +29,7 @@ struct ReductionRule {
 
 // Reduced-dim flags of a call, from attrs.dims (empty: all dims). Throws
 // ShapeError naming the op for a dim out of range or given twice.
-std::vector<bool> reduced_flags(const ReductionRule& rule, const Shape& shape, const OpAttrs& attrs) {
+std::vector<bool> reduced_flags(const ReductionRule& rule, const Shape& shape, const ReduceAttrs& attrs) {
   const auto nd = static_cast<std::int64_t>(shape.size());
   std::vector<bool> flags(static_cast<std::size_t>(nd), attrs.dims.empty());
   if (rule.single_dim && attrs.dims.size() > 1)
@@ -120,7 +62,8 @@ void check_dtype(std::string_view op, DType dtype, bool integer_ok) {
                                integer_ok ? "f32, f64, bf16, f16 or i64" : "f32, f64, bf16 or f16"));
 }
 
-TensorMeta reduction_meta(const ReductionRule& rule, std::span<const TensorMeta> in, const OpAttrs& attrs) {
+TensorMeta reduction_meta(const ReductionRule& rule, std::span<const TensorMeta> in, const OpAttrs& op_attrs) {
+  const auto& attrs = op_attrs.get<ReduceAttrs>(rule.name);
   check_dtype(rule.name, in[0].dtype, rule.integer_ok);
   const auto flags = reduced_flags(rule, in[0].shape, attrs);
   if (rule.nonempty)
@@ -128,10 +71,10 @@ TensorMeta reduction_meta(const ReductionRule& rule, std::span<const TensorMeta>
       if ((flags[d] || (rule.single_dim && attrs.dims.empty())) && in[0].shape[d] == 0)
         throw ShapeError(fmt::format("[{}] reduces over dim {} of size 0 (shape {}): it has no identity", rule.name, d,
                                      fmt::join(in[0].shape, "x")));
-  TensorMeta out{reduced_shape(in[0].shape, flags, attrs.flag), in[0].dtype};
+  TensorMeta out{reduced_shape(in[0].shape, flags, attrs.keepdim), in[0].dtype};
   if (rule.single_dim) {
     out.dtype = DType::Int64;
-    if (attrs.dims.empty() && !attrs.flag) out.shape = {};
+    if (attrs.dims.empty() && !attrs.keepdim) out.shape = {};
   }
   return out;
 }
@@ -139,9 +82,10 @@ TensorMeta reduction_meta(const ReductionRule& rule, std::span<const TensorMeta>
 // The reduction rule, per mesh dim: R -> R; S(d) of a kept dim -> S(d's index
 // in the output); S(d) of a reduced dim -> P(op) where the op allows it;
 // P(op) -> P(op) for the ops it commutes with.
-std::vector<Strategy> reduction_strategy(const ReductionRule& rule, const StrategyQuery& q) {
+std::vector<DimStrategy> reduction_strategy(const ReductionRule& rule, const StrategyQuery& q) {
   const Shape& shape = q.inputs[0].shape;
-  const auto flags = reduced_flags(rule, shape, q.attrs);
+  const auto& attrs = q.attrs.get<ReduceAttrs>(rule.name);
+  const auto flags = reduced_flags(rule, shape, attrs);
   std::vector<DimStrategy> per_dim{{{Replicate{}}, Replicate{}}};
   std::int64_t out_dim = 0;
   for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -150,59 +94,52 @@ std::vector<Strategy> reduction_strategy(const ReductionRule& rule, const Strate
       per_dim.push_back({{Shard{dim}}, Shard{out_dim++}});
     } else {
       if (rule.sharded_reduced) per_dim.push_back({{Shard{dim}}, Partial{*rule.sharded_reduced}});
-      if (q.attrs.flag) ++out_dim;
+      if (attrs.keepdim) ++out_dim;
     }
   }
   if (rule.partial_through) per_dim.push_back({{Partial{*rule.partial_through}}, Partial{*rule.partial_through}});
-  return with_current_nesting(per_dim, q);
+  return per_dim;
 }
 
-void add_reduction(OpRegistry& registry, ReductionRule rule, std::string doc, Kernel kernel) {
+using KernelMaker = std::function<Kernel(const device::Kernels&)>;
+
+void add_reduction(OpRegistry& registry, ReductionRule rule, std::string doc, const KernelMaker& kernel) {
   OpDef def;
   def.name = rule.name;
   def.num_inputs = 1;
   def.doc = std::move(doc);
   def.meta = [rule](std::span<const TensorMeta> in, const OpAttrs& a) { return reduction_meta(rule, in, a); };
-  def.strategy = [rule](const StrategyQuery& q) { return reduction_strategy(rule, q); };
-  set_kernels(def, std::move(kernel));
+  def.dim_strategy = [rule](const StrategyQuery& q) { return reduction_strategy(rule, q); };
+  device::bind_kernels(def, kernel);
   registry.add(std::move(def));
 }
 
 // Flags of the reduced dims as the kernel needs them (a plain array).
-std::vector<char> kernel_flags(const KernelArgs& a) {
+std::vector<char> kernel_flags(const KernelArgs& a, const ReduceAttrs& attrs) {
   const auto nd = a.inputs[0].dim();
-  std::vector<char> flags(static_cast<std::size_t>(nd), a.attrs.dims.empty());
-  for (auto d : a.attrs.dims)
+  std::vector<char> flags(static_cast<std::size_t>(nd), attrs.dims.empty());
+  for (auto d : attrs.dims)
     if (nd > 0) flags[static_cast<std::size_t>(d < 0 ? d + nd : d)] = true;
   return flags;
 }
 
-Kernel reduce_kernel(cpu::ReduceKind kind, bool mean) {
-  return [kind, mean](const KernelArgs& a) {
-    const auto f = kernel_flags(a);
-    const std::unique_ptr<bool[]> flags(new bool[f.size() + 1]);
-    std::copy(f.begin(), f.end(), flags.get());
-    const std::span<const bool> reduced(flags.get(), f.size());
-    // The GLOBAL count of the reduced elements: right for uneven and empty
-    // shards, whose partial sums add up to the total (PyTorch #162692).
-    std::int64_t count = 1;
-    for (std::size_t d = 0; d < f.size(); ++d)
-      if (f[d]) count *= a.global[0].shape[d];
-    // On CUDA the mean's scaling is fused into the reduction, before the
-    // store: a bf16/f16 sum stored first and scaled after would round twice.
-    if (on_cuda(a))
-      return cuda_kernels::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar,
-                                       mean ? count : -1);
-    Tensor out = cpu::reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, a.attrs.scalar);
-    if (mean) {
-      visit_dtype(out.dtype(), [&](auto zero) {
-        using T = decltype(zero);
-        T* o = out.data_as<T>();
-        const T scale = T(1) / static_cast<T>(count);
-        for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = count ? o[i] * scale : o[i] / T(0);
-      });
-    }
-    return out;
+KernelMaker reduce_kernel(std::string name, cpu::ReduceKind kind, bool mean) {
+  return [name, kind, mean](const device::Kernels& k) -> Kernel {
+    return [&k, name, kind, mean](const KernelArgs& a) {
+      const auto& attrs = a.attrs.get<ReduceAttrs>(name);
+      const auto f = kernel_flags(a, attrs);
+      const std::unique_ptr<bool[]> flags(new bool[f.size() + 1]);
+      std::copy(f.begin(), f.end(), flags.get());
+      const std::span<const bool> reduced(flags.get(), f.size());
+      // The GLOBAL count of the reduced elements: right for uneven and empty
+      // shards, whose partial sums add up to the total (PyTorch #162692).
+      // The device scales by it before the store: a bf16/f16 sum stored
+      // first and scaled after would round twice.
+      std::int64_t count = 1;
+      for (std::size_t d = 0; d < f.size(); ++d)
+        if (f[d]) count *= a.global[0].shape[d];
+      return k.reduce_dims(a.inputs[0], reduced, a.output_box.size, kind, attrs.p, mean ? count : -1);
+    };
   };
 }
 
@@ -210,11 +147,9 @@ Kernel reduce_kernel(cpu::ReduceKind kind, bool mean) {
 
 std::int64_t softmax_dim(std::string_view op, const Shape& shape, const OpAttrs& attrs) {
   const auto nd = static_cast<std::int64_t>(shape.size());
-  if (attrs.dims.size() != 1)
-    throw ValueError(fmt::format("[{}] takes exactly one dim in attrs.dims, got ({})", op, fmt::join(attrs.dims, ", ")));
-  const std::int64_t d = attrs.dims[0] < 0 ? attrs.dims[0] + nd : attrs.dims[0];
-  if (d < 0 || d >= nd)
-    throw ShapeError(fmt::format("[{}] dim {} out of range for a tensor of {} dims", op, attrs.dims[0], nd));
+  const std::int64_t dim = attrs.get<DimAttrs>(op).dim;
+  const std::int64_t d = dim < 0 ? dim + nd : dim;
+  if (d < 0 || d >= nd) throw ShapeError(fmt::format("[{}] dim {} out of range for a tensor of {} dims", op, dim, nd));
   return d;
 }
 
@@ -222,7 +157,7 @@ void add_softmax(OpRegistry& registry, std::string name, bool log) {
   OpDef def;
   def.name = name;
   def.num_inputs = 1;
-  def.doc = log ? "log(softmax(x)) along attrs.dims[0]" : "exp(x) / sum(exp(x)) along attrs.dims[0]";
+  def.doc = log ? "log(softmax(x)) along DimAttrs::dim" : "exp(x) / sum(exp(x)) along DimAttrs::dim";
   def.meta = [name](std::span<const TensorMeta> in, const OpAttrs& a) {
     check_dtype(name, in[0].dtype, false);
     softmax_dim(name, in[0].shape, a);
@@ -230,46 +165,35 @@ void add_softmax(OpRegistry& registry, std::string name, bool log) {
   };
   // The softmax dim must be unsharded; other dims keep their shards; not
   // linear, so no Partial input.
-  def.strategy = [name](const StrategyQuery& q) {
+  def.dim_strategy = [name](const StrategyQuery& q) {
     const std::int64_t sd = softmax_dim(name, q.inputs[0].shape, q.attrs);
     std::vector<DimStrategy> per_dim{{{Replicate{}}, Replicate{}}};
     for (std::int64_t d = 0; d < static_cast<std::int64_t>(q.inputs[0].shape.size()); ++d)
       if (d != sd) per_dim.push_back({{Shard{d}}, Shard{d}});
-    return with_current_nesting(per_dim, q);
+    return per_dim;
   };
-  set_kernels(def, [name, log](const KernelArgs& a) {
-    const int dim = static_cast<int>(softmax_dim(name, a.inputs[0].shape(), a.attrs));
-    return on_cuda(a) ? cuda_kernels::softmax(a.inputs[0], dim, log) : cpu::softmax(a.inputs[0], dim, log);
+  device::bind_kernels(def, [name, log](const device::Kernels& k) {
+    return [&k, name, log](const KernelArgs& a) {
+      return k.softmax(a.inputs[0], static_cast<int>(softmax_dim(name, a.inputs[0].shape(), a.attrs)), log);
+    };
   });
   registry.add(std::move(def));
 }
 
 // ---- layer_norm, rms_norm ---------------------------------------------------
-// attrs.ints = {normalized_ndim, has_weight, has_bias}; the inputs are x
-// then the weight and the bias that are present; eps in attrs.scalar.
+// The inputs are x, then the weight and the bias that NormAttrs says are
+// present.
 
-struct NormArgs {
-  int normalized_ndim = 0;
-  bool weight = false, bias = false;
-};
-
-NormArgs norm_args(std::string_view op, std::span<const TensorMeta> in, const OpAttrs& attrs, bool rms) {
-  if (attrs.ints.empty() || attrs.ints.size() > 3)
-    throw ValueError(fmt::format("[{}] attrs.ints must be {{normalized_ndim, has_weight, has_bias}}, got ({})", op,
-                                 fmt::join(attrs.ints, ", ")));
-  NormArgs n;
-  n.normalized_ndim = static_cast<int>(attrs.ints[0]);
-  n.weight = attrs.ints.size() > 1 && attrs.ints[1] != 0;
-  n.bias = attrs.ints.size() > 2 && attrs.ints[2] != 0;
+void check_norm(std::string_view op, std::span<const TensorMeta> in, const NormAttrs& n, bool rms) {
   if (rms && n.bias) throw ValueError(fmt::format("[{}] takes no bias", op));
-  const int nd = static_cast<int>(in[0].shape.size());
+  const auto nd = static_cast<std::int64_t>(in[0].shape.size());
   if (n.normalized_ndim < 1 || n.normalized_ndim > nd)
     throw ShapeError(fmt::format("[{}] normalized_ndim {} for a tensor of {} dims; expected 1..{}", op,
                                  n.normalized_ndim, nd, nd));
   const std::size_t expected = 1 + n.weight + n.bias;
   if (in.size() != expected)
-    throw ValueError(fmt::format("[{}] got {} tensor inputs; attrs.ints ({}) ask for {}", op, in.size(),
-                                 fmt::join(attrs.ints, ", "), expected));
+    throw ValueError(fmt::format("[{}] got {} tensor inputs; NormAttrs (weight {}, bias {}) ask for {}", op, in.size(),
+                                 n.weight, n.bias, expected));
   const Shape trailing(in[0].shape.end() - n.normalized_ndim, in[0].shape.end());
   for (std::size_t i = 1; i < in.size(); ++i) {
     if (in[i].shape != trailing)
@@ -280,25 +204,24 @@ NormArgs norm_args(std::string_view op, std::span<const TensorMeta> in, const Op
       throw DTypeError(fmt::format("[{}] {} is {}; expected the input's dtype {}", op,
                                    i == 1 && n.weight ? "weight" : "bias", in[i].dtype, in[0].dtype));
   }
-  return n;
 }
 
 void add_normalization(OpRegistry& registry, std::string name, bool rms) {
   OpDef def;
   def.name = name;
   def.num_inputs = -1;
-  def.doc = rms ? "x / sqrt(mean(x^2) + eps) [* weight] over the trailing attrs.ints[0] dims"
-                : "(x - mean) / sqrt(var + eps) [* weight + bias] over the trailing attrs.ints[0] dims";
+  def.doc = rms ? "x / sqrt(mean(x^2) + eps) [* weight] over the trailing NormAttrs::normalized_ndim dims"
+                : "(x - mean) / sqrt(var + eps) [* weight + bias] over the trailing NormAttrs::normalized_ndim dims";
   def.meta = [name, rms](std::span<const TensorMeta> in, const OpAttrs& a) {
     if (in.empty()) throw ValueError(fmt::format("[{}] needs an input tensor", name));
     check_dtype(name, in[0].dtype, false);
-    norm_args(name, in, a, rms);
+    check_norm(name, in, a.get<NormAttrs>(name), rms);
     return in[0];
   };
   // Normalized dims unsharded, leading dims keep their shards, weight and
   // bias replicated; not linear, so no Partial input.
-  def.strategy = [name, rms](const StrategyQuery& q) {
-    const NormArgs n = norm_args(name, q.inputs, q.attrs, rms);
+  def.dim_strategy = [name](const StrategyQuery& q) {
+    const NormAttrs& n = q.attrs.get<NormAttrs>(name);
     const std::size_t nin = q.inputs.size();
     auto with_params = [&](Placement x) {
       std::vector<Placement> ins(nin, Replicate{});
@@ -308,14 +231,15 @@ void add_normalization(OpRegistry& registry, std::string name, bool rms) {
     std::vector<DimStrategy> per_dim{{with_params(Replicate{}), Replicate{}}};
     const auto lead = static_cast<std::int64_t>(q.inputs[0].shape.size()) - n.normalized_ndim;
     for (std::int64_t d = 0; d < lead; ++d) per_dim.push_back({with_params(Shard{d}), Shard{d}});
-    return with_current_nesting(per_dim, q);
+    return per_dim;
   };
-  set_kernels(def, [name, rms](const KernelArgs& a) {
-    const NormArgs n = norm_args(name, a.global, a.attrs, rms);
-    Tensor weight = n.weight ? a.inputs[1] : Tensor();
-    Tensor bias = n.bias ? a.inputs[n.weight ? 2 : 1] : Tensor();
-    return on_cuda(a) ? cuda_kernels::normalize(a.inputs[0], n.normalized_ndim, weight, bias, a.attrs.scalar, rms)
-                      : cpu::normalize(a.inputs[0], n.normalized_ndim, weight, bias, a.attrs.scalar, rms);
+  device::bind_kernels(def, [name, rms](const device::Kernels& k) {
+    return [&k, name, rms](const KernelArgs& a) {
+      const NormAttrs& n = a.attrs.get<NormAttrs>(name);
+      Tensor weight = n.weight ? a.inputs[1] : Tensor();
+      Tensor bias = n.bias ? a.inputs[n.weight ? 2 : 1] : Tensor();
+      return k.normalize(a.inputs[0], static_cast<int>(n.normalized_ndim), weight, bias, n.eps, rms);
+    };
   });
   registry.add(std::move(def));
 }
@@ -324,30 +248,36 @@ void add_normalization(OpRegistry& registry, std::string name, bool rms) {
 
 void register_reduction_ops(OpRegistry& registry) {
   using K = cpu::ReduceKind;
-  add_reduction(registry, {"sum", ReduceOp::Sum, ReduceOp::Sum, true, false, false},
-                "sum over attrs.dims (empty: all), attrs.flag = keepdim", reduce_kernel(K::Sum, false));
-  add_reduction(registry, {"mean", ReduceOp::Sum, ReduceOp::Sum, false, false, false},
-                "mean over attrs.dims (empty: all), attrs.flag = keepdim; a sharded reduced dim gives P(sum) "
-                "of local sums over the global count",
-                reduce_kernel(K::Sum, true));
-  add_reduction(registry, {"max", ReduceOp::Max, ReduceOp::Max, true, false, true},
-                "max over attrs.dims (empty: all), attrs.flag = keepdim", reduce_kernel(K::Max, false));
-  add_reduction(registry, {"min", ReduceOp::Min, ReduceOp::Min, true, false, true},
-                "min over attrs.dims (empty: all), attrs.flag = keepdim", reduce_kernel(K::Min, false));
+  add_reduction(registry, {.name = "sum", .sharded_reduced = ReduceOp::Sum, .partial_through = ReduceOp::Sum},
+                "sum over ReduceAttrs::dims (empty: all)", reduce_kernel("sum", K::Sum, false));
+  add_reduction(registry,
+                {.name = "mean", .sharded_reduced = ReduceOp::Sum, .partial_through = ReduceOp::Sum,
+                 .integer_ok = false},
+                "mean over ReduceAttrs::dims (empty: all); a sharded reduced dim gives P(sum) of local sums over the "
+                "global count",
+                reduce_kernel("mean", K::Sum, true));
+  add_reduction(registry,
+                {.name = "max", .sharded_reduced = ReduceOp::Max, .partial_through = ReduceOp::Max, .nonempty = true},
+                "max over ReduceAttrs::dims (empty: all)", reduce_kernel("max", K::Max, false));
+  add_reduction(registry,
+                {.name = "min", .sharded_reduced = ReduceOp::Min, .partial_through = ReduceOp::Min, .nonempty = true},
+                "min over ReduceAttrs::dims (empty: all)", reduce_kernel("min", K::Min, false));
   // A p-norm of a sharded dim is not a Partial of norms: the reduced dims
   // must be unsharded (propagation gathers them).
-  add_reduction(registry, {"norm", std::nullopt, std::nullopt, false, false, false},
-                "p-norm (p = attrs.scalar) over attrs.dims (empty: all); reduced dims are gathered",
-                reduce_kernel(K::Norm, false));
-  add_reduction(registry, {"argmax", std::nullopt, std::nullopt, true, true, true},
-                "index (i64) of the first max along attrs.dims[0] (empty: flattened), attrs.flag = keepdim",
-                [](const KernelArgs& a) {
-                  const auto nd = a.inputs[0].dim();
-                  int dim = -1;
-                  if (!a.attrs.dims.empty() && nd > 0)
-                    dim = static_cast<int>(a.attrs.dims[0] < 0 ? a.attrs.dims[0] + nd : a.attrs.dims[0]);
-                  return on_cuda(a) ? cuda_kernels::argmax(a.inputs[0], dim, a.output_box.size)
-                                    : cpu::argmax(a.inputs[0], dim, a.output_box.size);
+  add_reduction(registry, {.name = "norm", .integer_ok = false},
+                "p-norm (ReduceAttrs::p) over ReduceAttrs::dims (empty: all); reduced dims are gathered",
+                reduce_kernel("norm", K::Norm, false));
+  add_reduction(registry, {.name = "argmax", .single_dim = true, .nonempty = true},
+                "index (i64) of the first max along ReduceAttrs::dims[0] (empty: flattened)",
+                [](const device::Kernels& k) -> Kernel {
+                  return [&k](const KernelArgs& a) {
+                    const auto& attrs = a.attrs.get<ReduceAttrs>("argmax");
+                    const auto nd = a.inputs[0].dim();
+                    int dim = -1;
+                    if (!attrs.dims.empty() && nd > 0)
+                      dim = static_cast<int>(attrs.dims[0] < 0 ? attrs.dims[0] + nd : attrs.dims[0]);
+                    return k.argmax(a.inputs[0], dim, a.output_box.size);
+                  };
                 });
   add_softmax(registry, "softmax", false);
   add_softmax(registry, "log_softmax", true);

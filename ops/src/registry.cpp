@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 
 #include "dtensor/core/error.h"
@@ -8,22 +7,26 @@
 
 namespace dtensor {
 
-std::size_t OpAttrs::hash() const {
-  std::size_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
-  for (auto d : dims) mix(static_cast<std::uint64_t>(d));
-  mix(0xff);
-  for (auto d : ints) mix(static_cast<std::uint64_t>(d));
-  std::uint64_t bits;
-  static_assert(sizeof bits == sizeof scalar);
-  std::memcpy(&bits, &scalar, sizeof bits);
-  mix(bits);
-  mix(flag);
-  for (char c : text) mix(static_cast<unsigned char>(c));
-  mix(static_cast<std::uint64_t>(dtype));
-  mix(static_cast<std::uint64_t>(device));
-  return h;
+namespace {
+
+// The registry's expansion of an op's per-mesh-dim options.
+StrategyFn expanded(DimStrategyFn per_dim, bool prefer_kept) {
+  return [per_dim = std::move(per_dim), prefer_kept](const StrategyQuery& q) {
+    const std::vector<DimStrategy> options = per_dim(q);
+    std::vector<Strategy> cands = expand_to_mesh(options, q);
+    if (!prefer_kept) return cands;
+    auto kept = [&](const Strategy& s) {
+      int n = 0;
+      for (std::size_t i = 0; i < q.layouts.size() && i < s.inputs.size(); ++i) n += s.inputs[i] == q.layouts[i];
+      return n;
+    };
+    std::stable_sort(cands.begin(), cands.end(),
+                     [&](const Strategy& a, const Strategy& b) { return kept(a) > kept(b); });
+    return cands;
+  };
 }
+
+}  // namespace
 
 OpRegistry& OpRegistry::global() {
   static OpRegistry registry;
@@ -32,34 +35,41 @@ OpRegistry& OpRegistry::global() {
   return registry;
 }
 
-void OpRegistry::add(OpDef def) {
+const OpDef& OpRegistry::add(OpDef def) {
   if (def.name.empty()) throw ValueError("[ops] an op needs a name");
   if (contains(def.name)) throw ValueError(fmt::format("[ops] op '{}' is already registered", def.name));
-  if (!def.meta || !def.strategy)
-    throw ValueError(fmt::format("[ops] op '{}' needs a meta function and a strategy function", def.name));
-  defs_.push_back(std::make_unique<OpDef>(std::move(def)));
+  if (!def.meta || (!def.strategy && !def.dim_strategy))
+    throw ValueError(fmt::format(
+        "[ops] op '{}' needs a meta function and a strategy function (strategy or dim_strategy)", def.name));
+  if (def.strategy && def.dim_strategy)
+    throw ValueError(fmt::format("[ops] op '{}' gives both strategy and dim_strategy; expected one", def.name));
+  if (def.dim_strategy) def.strategy = expanded(std::move(def.dim_strategy), def.prefer_kept_layouts);
+  def.dim_strategy = nullptr;
+  std::string name = def.name;
+  auto [it, inserted] = defs_.emplace(std::move(name), std::make_unique<OpDef>(std::move(def)));
+  return *it->second;
 }
 
-bool OpRegistry::contains(std::string_view name) const {
-  return std::any_of(defs_.begin(), defs_.end(), [&](const auto& d) { return d->name == name; });
-}
+bool OpRegistry::contains(std::string_view name) const { return defs_.count(std::string(name)) != 0; }
 
 const OpDef& OpRegistry::get(std::string_view name) const {
-  for (const auto& d : defs_)
-    if (d->name == name) return *d;
+  if (auto it = defs_.find(std::string(name)); it != defs_.end()) return *it->second;
   std::vector<std::string> close;
-  for (const auto& d : defs_)
-    if (d->name.find(name.substr(0, 3)) != std::string::npos) close.push_back(d->name);
+  for (const auto& [n, d] : defs_)
+    if (n.find(name.substr(0, 3)) != std::string::npos) close.push_back(n);
+  std::sort(close.begin(), close.end());
   throw ValueError(fmt::format("[ops] unknown op '{}'{}", name,
                                close.empty() ? "" : fmt::format(": did you mean {}?", fmt::join(close, ", "))));
 }
 
 std::vector<std::string> OpRegistry::names() const {
   std::vector<std::string> out;
-  for (const auto& d : defs_) out.push_back(d->name);
+  for (const auto& [n, d] : defs_) out.push_back(n);
   std::sort(out.begin(), out.end());
   return out;
 }
+
+Op Op::find(std::string_view name) { return Op(OpRegistry::global().get(name)); }
 
 void register_builtin_ops(OpRegistry& registry) {
   register_pointwise_ops(registry);

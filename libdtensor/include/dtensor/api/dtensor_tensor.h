@@ -13,6 +13,10 @@
 
 namespace dtensor {
 
+namespace detail {
+struct DispatchAccess;  // functional.cpp
+}  // namespace detail
+
 class DTensor {
  public:
   /// Wraps this rank's shard. Without `global_shape` it is inferred from the
@@ -45,13 +49,10 @@ class DTensor {
   const CostModel& cost_model() const { return cost_; }
   DTensor with_cost_model(CostModel cost) const;
 
-  /// For the dispatcher: wraps a kernel's output without re-checking it
-  /// (dispatch already derived the layout and shapes).
-  static DTensor from_dispatch(Tensor local, const DeviceMesh& mesh, Layout layout, Shape global_shape, CostModel cost) {
-    return DTensor(std::move(local), mesh, std::move(layout), std::move(global_shape), std::move(cost));
-  }
-
  private:
+  // call_op (functional.cpp) wraps a kernel's output without re-checking it:
+  // dispatch already derived the layout and shapes.
+  friend struct detail::DispatchAccess;
   DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost);
   Tensor local_;
   DeviceMesh mesh_;

@@ -1,7 +1,9 @@
 #pragma once
 // Ops on DTensors and plain Tensors alike. Every op goes through one entry,
-// call_op, which looks the op up in the registry; on DTensors it propagates
-// shardings (dtensor/ops/dispatch.h), on Tensors it runs the kernel.
+// call_op, which takes the op by name (a hash lookup in the registry) or by
+// handle (an Op, or the OpDef that OpRegistry::add returned: no lookup); on
+// DTensors it propagates shardings (dtensor/ops/dispatch.h), on Tensors it
+// runs the kernel.
 #include <concepts>
 #include <initializer_list>
 #include <span>
@@ -26,6 +28,15 @@ inline DTensor call_op(std::string_view op, std::initializer_list<DTensor> input
   return call_op(op, std::span<const DTensor>(inputs.begin(), inputs.size()), attrs);
 }
 inline Tensor call_op(std::string_view op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs = {}) {
+  return call_op(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs);
+}
+/// The same through a handle to a registered op, without a lookup.
+DTensor call_op(Op op, std::span<const DTensor> inputs, const OpAttrs& attrs = {});
+Tensor call_op(Op op, std::span<const Tensor> inputs, const OpAttrs& attrs = {});
+inline DTensor call_op(Op op, std::initializer_list<DTensor> inputs, const OpAttrs& attrs = {}) {
+  return call_op(op, std::span<const DTensor>(inputs.begin(), inputs.size()), attrs);
+}
+inline Tensor call_op(Op op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs = {}) {
   return call_op(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs);
 }
 

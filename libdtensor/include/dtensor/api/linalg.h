@@ -39,14 +39,10 @@ inline DTensor linear(const DTensor& x, const DTensor& weight, const DTensor& bi
 /// (sum), "...ij,...jk->...ik" (broadcast batch dims). Without "->" the output
 /// is the "..." dims then the labels that appear once, alphabetically.
 inline Tensor einsum(const std::string& equation, std::span<const Tensor> inputs) {
-  OpAttrs attrs;
-  attrs.text = equation;
-  return call_op("einsum", inputs, attrs);
+  return call_op("einsum", inputs, EinsumAttrs{.equation = equation});
 }
 inline DTensor einsum(const std::string& equation, std::span<const DTensor> inputs) {
-  OpAttrs attrs;
-  attrs.text = equation;
-  return call_op("einsum", inputs, attrs);
+  return call_op("einsum", inputs, EinsumAttrs{.equation = equation});
 }
 inline Tensor einsum(const std::string& equation, std::initializer_list<Tensor> inputs) {
   return einsum(equation, std::span<const Tensor>(inputs.begin(), inputs.size()));

@@ -53,13 +53,9 @@ X cross_entropy(const X& logits, const X& targets) {
   if (targets.dim() != 1 || targets.shape()[0] != logits.shape()[0])
     throw ShapeError(fmt::format("[cross_entropy] targets of shape {}; expected [{}] to match logits {}",
                                  fmt::join(targets.shape(), "x"), logits.shape()[0], fmt::join(logits.shape(), "x")));
-  OpAttrs row_max;
-  row_max.dims = {1};
-  row_max.flag = true;
-  const X m = call_op("max", {logits}, row_max);
+  const X m = call_op("max", {logits}, ReduceAttrs{.dims = {1}, .keepdim = true});
   const X z = call_op("sub", {logits, m});
-  OpAttrs row_sum;
-  row_sum.dims = {1};
+  const ReduceAttrs row_sum{.dims = {1}};
   const X lse = call_op("log", {call_op("sum", {call_op("exp", {z})}, row_sum)});
   const X loss = call_op("sub", {lse, call_op("pick", {z, targets})});
   return call_op("mean", {loss});

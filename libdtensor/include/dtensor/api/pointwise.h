@@ -39,10 +39,12 @@ namespace dtensor {
 
 namespace pointwise_detail {
 template <class X>
-X call(std::string_view op, std::initializer_list<X> inputs, double scalar = 0) {
-  OpAttrs attrs;
-  attrs.scalar = scalar;
-  return call_op(op, inputs, attrs);
+X call(std::string_view op, std::initializer_list<X> inputs) {
+  return call_op(op, inputs);
+}
+template <class X>
+X call(std::string_view op, std::initializer_list<X> inputs, double scalar) {
+  return call_op(op, inputs, ScalarAttrs{.value = scalar});
 }
 }  // namespace pointwise_detail
 
@@ -54,23 +56,23 @@ X call(std::string_view op, std::initializer_list<X> inputs, double scalar = 0) 
 template <TensorOrDTensor X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
 /// |x|.
 template <TensorOrDTensor X> X abs(const X& x) { return pointwise_detail::call<X>("abs", {x}); }
-/// e^x (f32, f64).
+/// e^x (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X exp(const X& x) { return pointwise_detail::call<X>("exp", {x}); }
-/// Natural log (f32, f64).
+/// Natural log (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X log(const X& x) { return pointwise_detail::call<X>("log", {x}); }
-/// Square root (f32, f64).
+/// Square root (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X sqrt(const X& x) { return pointwise_detail::call<X>("sqrt", {x}); }
-/// 1/sqrt(x) (f32, f64).
+/// 1/sqrt(x) (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X rsqrt(const X& x) { return pointwise_detail::call<X>("rsqrt", {x}); }
-/// tanh (f32, f64).
+/// tanh (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X tanh(const X& x) { return pointwise_detail::call<X>("tanh", {x}); }
-/// 1/(1+e^-x) (f32, f64).
+/// 1/(1+e^-x) (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X sigmoid(const X& x) { return pointwise_detail::call<X>("sigmoid", {x}); }
 /// max(x, 0).
 template <TensorOrDTensor X> X relu(const X& x) { return pointwise_detail::call<X>("relu", {x}); }
-/// x * Phi(x), the exact erf form (f32, f64).
+/// x * Phi(x), the exact erf form (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X gelu(const X& x) { return pointwise_detail::call<X>("gelu", {x}); }
-/// x * sigmoid(x) (f32, f64).
+/// x * sigmoid(x) (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X silu(const X& x) { return pointwise_detail::call<X>("silu", {x}); }
 
 // ---- With a scalar ------------------------------------------------------------
@@ -78,18 +80,18 @@ template <TensorOrDTensor X> X silu(const X& x) { return pointwise_detail::call<
 template <TensorOrDTensor X> X add(const X& x, double s) { return pointwise_detail::call<X>("add_scalar", {x}, s); }
 /// x * s.
 template <TensorOrDTensor X> X mul(const X& x, double s) { return pointwise_detail::call<X>("mul_scalar", {x}, s); }
-/// x / s (f32, f64).
+/// x / s (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X div(const X& x, double s) { return pointwise_detail::call<X>("div_scalar", {x}, s); }
-/// x ^ s (f32, f64).
+/// x ^ s (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X pow(const X& x, double s) { return pointwise_detail::call<X>("pow_scalar", {x}, s); }
 
 // ---- Binary, broadcasting -------------------------------------------------------
 template <TensorOrDTensor X> X add(const X& a, const X& b) { return pointwise_detail::call<X>("add", {a, b}); }
 template <TensorOrDTensor X> X sub(const X& a, const X& b) { return pointwise_detail::call<X>("sub", {a, b}); }
 template <TensorOrDTensor X> X mul(const X& a, const X& b) { return pointwise_detail::call<X>("mul", {a, b}); }
-/// a / b (f32, f64).
+/// a / b (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X div(const X& a, const X& b) { return pointwise_detail::call<X>("div", {a, b}); }
-/// a ^ b (f32, f64).
+/// a ^ b (floating dtypes: f32, f64, bf16, f16).
 template <TensorOrDTensor X> X pow(const X& a, const X& b) { return pointwise_detail::call<X>("pow", {a, b}); }
 template <TensorOrDTensor X> X maximum(const X& a, const X& b) { return pointwise_detail::call<X>("maximum", {a, b}); }
 template <TensorOrDTensor X> X minimum(const X& a, const X& b) { return pointwise_detail::call<X>("minimum", {a, b}); }
@@ -121,7 +123,7 @@ template <TensorOrDTensor X> X operator-(double s, const X& x) { return add(neg(
 template <TensorOrDTensor X> X operator*(const X& x, double s) { return mul(x, s); }
 template <TensorOrDTensor X> X operator*(double s, const X& x) { return mul(x, s); }
 template <TensorOrDTensor X> X operator/(const X& x, double s) { return div(x, s); }
-/// s / x: two ops (pow_scalar -1, mul_scalar); f32, f64.
+/// s / x: two ops (pow_scalar -1, mul_scalar); f32, f64, bf16, f16.
 template <TensorOrDTensor X> X operator/(double s, const X& x) { return mul(pow(x, -1.0), s); }
 
 /// Compound assignment rebinds the handle (no in-place write, see above).

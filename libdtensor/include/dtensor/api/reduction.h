@@ -25,21 +25,17 @@ namespace dtensor {
 
 namespace detail {
 template <TensorOrDTensor X>
-X reduce_call(std::string_view op, const X& x, std::vector<std::int64_t> dims, bool keepdim, double scalar = 0) {
-  OpAttrs attrs;
-  attrs.dims = std::move(dims);
-  attrs.flag = keepdim;
-  attrs.scalar = scalar;
-  return call_op(op, {x}, attrs);
+X reduce_call(std::string_view op, const X& x, std::vector<std::int64_t> dims, bool keepdim, double p = 2) {
+  return call_op(op, {x}, ReduceAttrs{.dims = std::move(dims), .keepdim = keepdim, .p = p});
 }
 }  // namespace detail
 
-/// Sum over `dims` (empty: all dims); f32, f64, i64.
+/// Sum over `dims` (empty: all dims); f32, f64, bf16, f16, i64.
 template <TensorOrDTensor X>
 X sum(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("sum", x, std::move(dims), keepdim);
 }
-/// Mean over `dims` (empty: all dims); f32, f64 (DTypeError for i64, as PyTorch).
+/// Mean over `dims` (empty: all dims); f32, f64, bf16, f16 (DTypeError for i64, as PyTorch).
 template <TensorOrDTensor X>
 X mean(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("mean", x, std::move(dims), keepdim);
@@ -61,7 +57,7 @@ X argmax(const X& x, std::optional<std::int64_t> dim = std::nullopt, bool keepdi
   return detail::reduce_call("argmax", x, dim ? std::vector<std::int64_t>{*dim} : std::vector<std::int64_t>{}, keepdim);
 }
 /// p-norm over `dims` (empty: all dims): (sum |x|^p)^(1/p); p = inf gives
-/// max |x|, p = 0 the count of nonzeros. f32, f64.
+/// max |x|, p = 0 the count of nonzeros. f32, f64, bf16, f16.
 template <TensorOrDTensor X>
 X norm(const X& x, double p = 2, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
   return detail::reduce_call("norm", x, std::move(dims), keepdim, p);
@@ -70,25 +66,20 @@ X norm(const X& x, double p = 2, std::vector<std::int64_t> dims = {}, bool keepd
 /// exp(x) / sum(exp(x)) along `dim` (computed as exp(x - max)).
 template <TensorOrDTensor X>
 X softmax(const X& x, std::int64_t dim) {
-  OpAttrs attrs;
-  attrs.dims = {dim};
-  return call_op("softmax", {x}, attrs);
+  return call_op("softmax", {x}, DimAttrs{.dim = dim});
 }
 /// x - max - log(sum(exp(x - max))) along `dim`.
 template <TensorOrDTensor X>
 X log_softmax(const X& x, std::int64_t dim) {
-  OpAttrs attrs;
-  attrs.dims = {dim};
-  return call_op("log_softmax", {x}, attrs);
+  return call_op("log_softmax", {x}, DimAttrs{.dim = dim});
 }
 
 namespace detail {
 template <TensorOrDTensor X>
 X normalize_call(std::string_view op, const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight,
                  const std::optional<std::type_identity_t<X>>& bias, double eps) {
-  OpAttrs attrs;
-  attrs.ints = {normalized_ndim, weight.has_value(), bias.has_value()};
-  attrs.scalar = eps;
+  const NormAttrs attrs{
+      .normalized_ndim = normalized_ndim, .weight = weight.has_value(), .bias = bias.has_value(), .eps = eps};
   std::vector<X> inputs{x};
   if (weight) inputs.push_back(*weight);
   if (bias) inputs.push_back(*bias);

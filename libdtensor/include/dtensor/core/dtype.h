@@ -23,9 +23,6 @@ std::string_view dtype_name(DType dtype);
 /// Accepts the short names and "float32", "float64", "int64", "bfloat16",
 /// "float16". Throws ParseError naming the text otherwise.
 DType parse_dtype(std::string_view text);
-/// True for the dtypes the CPU kernels compute with natively (f32, f64,
-/// i64); bf16 and f16 are computed through f32.
-bool is_cpu_supported(DType dtype);
 bool is_floating(DType dtype);
 
 template <class T>

@@ -5,7 +5,6 @@
 // candidate, the same on every rank), redistribute and run the local kernel.
 // Decisions are cached per thread per (op, input metas and layouts, attrs,
 // mesh, cost model).
-#include <cstdio>
 #include <functional>
 #include <span>
 #include <string>
@@ -40,13 +39,6 @@ struct OpDecision {
   Strategy runner_up;
   double runner_up_cost = -1;
   int candidates = 0;
-  /// This rank's boxes of the inputs (in chosen.inputs) and of the output,
-  /// for the mesh coordinate they were computed at. Decisions are cached
-  /// per thread, i.e. per rank, so dispatch fills these once instead of on
-  /// every call.
-  mutable Shape boxes_coordinate;
-  mutable std::vector<Box> input_boxes;
-  mutable Box output_box;
 };
 
 /// Propagation only (cached). LayoutError naming the op and the layouts if

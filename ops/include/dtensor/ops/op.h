@@ -3,12 +3,13 @@
 // follows from its inputs, its sharding strategies and its local kernels per
 // device. Propagation (dispatch.h) prices every strategy with the planner's
 // cost model and runs the cheapest; a strategy never issues a collective.
-#include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,23 +18,9 @@
 #include "dtensor/core/placement.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
+#include "dtensor/ops/attrs.h"
 
 namespace dtensor {
-
-/// Everything about a call but its tensors: part of the propagation cache
-/// key. Each op documents which fields it reads.
-struct OpAttrs {
-  std::vector<std::int64_t> dims;  // reduction dims, a permutation, a target shape
-  std::vector<std::int64_t> ints;  // other integers (narrow start/length, split sizes, a seed)
-  double scalar = 0;               // a scalar operand or value (add_scalar, pow, full, eps)
-  bool flag = false;               // keepdim and the like
-  std::string text;                // an einsum equation
-  DType dtype = DType::Float32;    // a target dtype (to, factories)
-  Device device = Device::CPU;     // where a factory (no tensor inputs) allocates
-
-  bool operator==(const OpAttrs&) const = default;
-  std::size_t hash() const;
-};
 
 /// A tensor argument as propagation sees it: metadata only.
 struct TensorMeta {
@@ -77,23 +64,61 @@ struct KernelArgs {
   std::span<const Box> boxes;          // each input's box in its global tensor
   std::span<const Layout> layouts;     // the layouts the inputs are in
   const OpAttrs& attrs;
-  TensorMeta output;                   // global metadata of the output
+  TensorMeta output;                   // global metadata of the output (a CPU kernel sees a bf16/f16
+                                       // output in its compute dtype, f32)
   Box output_box;                      // this rank's box of the output
   Layout output_layout;
 };
 using Kernel = std::function<Tensor(const KernelArgs&)>;
+
+/// Strategies for one mesh dim: placements for each input and the output.
+struct DimStrategy {
+  std::vector<Placement> inputs;
+  Placement output;
+};
+/// Per-mesh-dim options, which the registry expands to the whole mesh (as
+/// PyTorch's register_single_dim_strategy): see expand_to_mesh.
+using DimStrategyFn = std::function<std::vector<DimStrategy>(const StrategyQuery&)>;
 
 struct OpDef {
   std::string name;
   /// Number of tensor inputs; -1 for any number (cat, stack, einsum).
   int num_inputs = 1;
   MetaFn meta;
+  /// The candidates over the whole mesh. An op may instead give
+  /// dim_strategy, the options of one mesh dim; OpRegistry::add then sets
+  /// strategy to their expansion (expand_to_mesh).
   StrategyFn strategy;
-  /// One kernel per Device (index by static_cast<int>(device)); empty where
-  /// the op has none yet.
-  std::array<Kernel, 2> kernels;
+  DimStrategyFn dim_strategy;
+  /// With dim_strategy: order the expanded candidates so that those keeping
+  /// more inputs in their current layouts come first (ties in cost go to the
+  /// earliest candidate). Stable otherwise.
+  bool prefer_kept_layouts = false;
+  /// The local kernel per device; an empty one means the op has none there,
+  /// which dispatch reports as UnsupportedError naming the op and the device.
+  Kernel cpu_kernel;
+  Kernel cuda_kernel;
   /// One line for people (explain mode, errors).
   std::string doc;
+
+  const Kernel& kernel(Device device) const { return device == Device::CUDA ? cuda_kernel : cpu_kernel; }
+};
+
+/// A handle to a registered op: calling through it (call_op(Op, ...) in
+/// dtensor/api/functional.h, dispatch) skips the lookup by name. Valid for
+/// the life of the process (the registry never removes an op).
+class Op {
+ public:
+  Op(const OpDef& def) : def_(&def) {}  // NOLINT: a registered OpDef is an Op
+  /// The registered op of that name (ValueError as OpRegistry::get).
+  static Op find(std::string_view name);
+  const OpDef& def() const { return *def_; }
+  const std::string& name() const { return def_->name; }
+  operator const OpDef&() const { return *def_; }  // NOLINT: usable wherever an OpDef is
+  bool operator==(const Op&) const = default;
+
+ private:
+  const OpDef* def_;
 };
 
 /// The registry. The library's own ops are registered on first use; users
@@ -101,25 +126,22 @@ struct OpDef {
 class OpRegistry {
  public:
   static OpRegistry& global();
-  /// ValueError if the name is taken or the definition lacks meta/strategy.
-  void add(OpDef def);
-  /// ValueError naming the op and listing close names if unknown.
+  /// ValueError if the name is taken or the definition lacks meta or a
+  /// strategy (strategy or dim_strategy). Returns the registered op, whose
+  /// address stays valid.
+  const OpDef& add(OpDef def);
+  /// A hash lookup; ValueError naming the op and listing close names if
+  /// unknown.
   const OpDef& get(std::string_view name) const;
   bool contains(std::string_view name) const;
   std::vector<std::string> names() const;
 
  private:
   OpRegistry() = default;
-  std::vector<std::unique_ptr<OpDef>> defs_;
+  std::unordered_map<std::string, std::unique_ptr<OpDef>> defs_;
 };
 
-// ---- Rules that derive strategies (used by the op families) ---------------
-
-/// Strategies for one mesh dim: placements for each input and the output.
-struct DimStrategy {
-  std::vector<Placement> inputs;
-  Placement output;
-};
+// ---- Expanding per-mesh-dim options --------------------------------------------
 
 /// Expands per-mesh-dim options to the whole mesh (every combination, one
 /// option per mesh dim), keeping those whose layouts are valid for the
