@@ -75,7 +75,7 @@ double traffic(Coll c, int n, double s) {
 struct Options {
   std::vector<int> ranks{2, 4, 8};
   std::size_t max_mib = 256;
-  int reps = 0;  // 0: by size
+  int reps = 0;       // 0: by size
   bool best = false;  // the fastest repetition instead of the median
 };
 
@@ -170,7 +170,8 @@ void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt,
           }
         }
         if (r == 0)
-          local.push_back({c, n, block * static_cast<std::size_t>(n), t.first, 2.0 * n * static_cast<double>(s) / t.second});
+          local.push_back(
+              {c, n, block * static_cast<std::size_t>(n), t.first, 2.0 * n * static_cast<double>(s) / t.second});
       }
     }
   });
@@ -180,8 +181,8 @@ void run_ranks(int n, const std::vector<std::size_t>& sizes, const Options& opt,
 void print(const std::vector<Row>& rows) {
   fmt::print("{:<15} {:>5} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>6}\n", "collective", "ranks", "size", "time_ms",
              "algbw", "busbw", "traffic", "memcpy", "eff");
-  fmt::print("{:<15} {:>5} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>6}\n", "", "", "MiB", "", "GB/s", "GB/s",
-             "GB/s", "GB/s", "");
+  fmt::print("{:<15} {:>5} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>6}\n", "", "", "MiB", "", "GB/s", "GB/s", "GB/s",
+             "GB/s", "");
   for (Coll c : kColls) {
     for (const Row& row : rows) {
       if (row.coll != c) continue;
@@ -189,8 +190,8 @@ void print(const std::vector<Row>& rows) {
       const double algbw = s / row.seconds / 1e9;
       const double traffic_bw = traffic(c, row.n, s) / row.seconds / 1e9;
       fmt::print("{:<15} {:>5} {:>9.0f} {:>10.3f} {:>9.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>6.2f}\n", name(c), row.n,
-                 s / (1 << 20), row.seconds * 1e3, algbw, algbw * bus_factor(c, row.n), traffic_bw,
-                 row.memcpy_bw / 1e9, traffic_bw / (row.memcpy_bw / 1e9));
+                 s / (1 << 20), row.seconds * 1e3, algbw, algbw * bus_factor(c, row.n), traffic_bw, row.memcpy_bw / 1e9,
+                 traffic_bw / (row.memcpy_bw / 1e9));
     }
   }
 }
@@ -227,7 +228,9 @@ int main(int argc, char** argv) {
     } else if (arg.starts_with("--reps=")) {
       opt.reps = std::atoi(std::string(arg.substr(7)).c_str());
     } else {
-      fmt::print(stderr, "[collectives] unknown argument '{}'; expected --quick, --ranks=2,4,8, --max-mib=N, --reps=N, --best, --variants (MPI)\n",
+      fmt::print(stderr,
+                 "[collectives] unknown argument '{}'; expected --quick, --ranks=2,4,8, --max-mib=N, --reps=N, --best, "
+                 "--variants (MPI)\n",
                  arg);
       return 2;
     }
@@ -241,9 +244,11 @@ int main(int argc, char** argv) {
 
   fmt::print("threads backend collectives ({} hardware threads)\n", std::thread::hardware_concurrency());
   fmt::print("S: all_gather output, reduce_scatter input, all_reduce buffer, all_to_all per-rank send; f32 sum\n");
-  fmt::print("algbw = S/t; busbw = algbw*(n-1)/n (all_gather, reduce_scatter, all_to_all), algbw*2(n-1)/n (all_reduce)\n");
-  fmt::print("traffic (bytes read+written by all ranks): all_gather (in place) 2(n-1)S; all_to_all 2nS; "
-             "reduce_scatter (n+1)S; all_reduce (3n-1)S\n");
+  fmt::print(
+      "algbw = S/t; busbw = algbw*(n-1)/n (all_gather, reduce_scatter, all_to_all), algbw*2(n-1)/n (all_reduce)\n");
+  fmt::print(
+      "traffic (bytes read+written by all ranks): all_gather (in place) 2(n-1)S; all_to_all 2nS; "
+      "reduce_scatter (n+1)S; all_reduce (3n-1)S\n");
   fmt::print("eff = traffic bandwidth / memcpy bandwidth of n threads each copying S bytes (2nS bytes moved)\n");
   fmt::print("times: {} of the repetitions, memcpy and collective alternating\n\n", opt.best ? "best" : "median");
   std::vector<Row> rows;

@@ -57,7 +57,8 @@ void check_mpi(int rc, std::string_view call) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw CommError(fmt::format("[collectives] {} failed: {}", call, std::string_view(text, static_cast<std::size_t>(len))));
+  throw CommError(
+      fmt::format("[collectives] {} failed: {}", call, std::string_view(text, static_cast<std::size_t>(len))));
 }
 
 // The backend's completion loop (mesh/mpi/mpi_communicator.cpp, wait/idle)
@@ -81,10 +82,10 @@ struct Buffer {
 
 // One collective at one size, in every variant, over the same buffers.
 struct Case {
-  std::function<void()> bare;                    // the blocking MPI call
-  std::function<void(MPI_Request&)> start;       // the backend's nonblocking call
-  std::function<void()> after_start = [] {};     // the backend's work between start and wait
-  std::function<void()> dtensor;                 // the communicator call
+  std::function<void()> bare;                 // the blocking MPI call
+  std::function<void(MPI_Request&)> start;    // the backend's nonblocking call
+  std::function<void()> after_start = [] {};  // the backend's work between start and wait
+  std::function<void()> dtensor;              // the communicator call
 };
 
 struct Row {
@@ -173,8 +174,7 @@ class Bench {
         for (std::size_t p = 0; p < n; ++p) offsets[p] = block * p;
         const std::size_t self = block * static_cast<std::size_t>(rank_);
         k.bare = [=, this, &send, &recv] {
-          check_mpi(MPI_Alltoall(send.get(), count, MPI_BYTE, recv.get(), count, MPI_BYTE, bare_comm_),
-                    "MPI_Alltoall");
+          check_mpi(MPI_Alltoall(send.get(), count, MPI_BYTE, recv.get(), count, MPI_BYTE, bare_comm_), "MPI_Alltoall");
         };
         k.start = [=, this, &send, &recv](MPI_Request& req) {
           check_mpi(MPI_Ialltoallv(send.get(), counts.data(), displs.data(), MPI_BYTE, recv.get(), counts.data(),
@@ -182,7 +182,9 @@ class Bench {
                     "MPI_Ialltoallv");
         };
         k.after_start = [=, &send, &recv] { std::memcpy(recv.get() + self, send.get() + self, block); };
-        k.dtensor = [=, this, &send, &recv] { comm_.all_to_all(send.get(), bytes, offsets, recv.get(), bytes, offsets); };
+        k.dtensor = [=, this, &send, &recv] {
+          comm_.all_to_all(send.get(), bytes, offsets, recv.get(), bytes, offsets);
+        };
         break;
       }
     }
@@ -217,7 +219,8 @@ class Bench {
       }
     }
     // The slowest rank decides when a collective is done.
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, bare_comm_),
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX,
+                            bare_comm_),
               "MPI_Allreduce");
     Row row{c, n_, total, {}};
     for (std::size_t v = 0; v < nv; ++v) {
@@ -278,13 +281,16 @@ int run_mpi_collectives(const MpiCollectivesOptions& options) {
     if (world->rank() == 0) {
       fmt::print("MPI backend collectives: {} processes on {}, dtensor communicator vs bare MPI on the same buffers\n",
                  world->size(), std::string_view(processor, static_cast<std::size_t>(processor_len)));
-      fmt::print("S: all_gather output (in place), reduce_scatter input, all_reduce buffer, all_to_all per-rank send; "
-                 "f32 sum\n");
+      fmt::print(
+          "S: all_gather output (in place), reduce_scatter input, all_reduce buffer, all_to_all per-rank send; "
+          "f32 sum\n");
       fmt::print("MPI: MPI_Allgather, MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Alltoall (blocking)\n");
       if (options.variants)
-        fmt::print("I+wait / I+poll: the backend's nonblocking call (Iallgatherv, Iallreduce, Ireduce_scatter, "
-                   "Ialltoallv) completed by MPI_Wait / by an MPI_Test+sched_yield loop (the backend's first design)\n");
-      fmt::print("bus bandwidth = S/t * (n-1)/n (all_gather, reduce_scatter, all_to_all), S/t * 2(n-1)/n (all_reduce)\n");
+        fmt::print(
+            "I+wait / I+poll: the backend's nonblocking call (Iallgatherv, Iallreduce, Ireduce_scatter, "
+            "Ialltoallv) completed by MPI_Wait / by an MPI_Test+sched_yield loop (the backend's first design)\n");
+      fmt::print(
+          "bus bandwidth = S/t * (n-1)/n (all_gather, reduce_scatter, all_to_all), S/t * 2(n-1)/n (all_reduce)\n");
       fmt::print("times: {} of the repetitions, slowest rank, variants alternating in rotating order\n\n",
                  options.best ? "best" : "median");
     }

@@ -58,7 +58,13 @@ int main() {
       }
       DTensor probe = call_op(op_name, std::span<const DTensor>(args));
       OpAttrs attrs;
-      KernelArgs kargs{locals, metas, boxes, layouts, attrs, {probe.shape(), probe.dtype()}, probe.local_box(),
+      KernelArgs kargs{locals,
+                       metas,
+                       boxes,
+                       layouts,
+                       attrs,
+                       {probe.shape(), probe.dtype()},
+                       probe.local_box(),
                        probe.placements()};
       double kernel = per_call_ns(reps, [&] { Tensor t = op.cpu_kernel(kargs); });
       double hit = per_call_ns(reps, [&] { DTensor t = call_op(op_name, std::span<const DTensor>(args)); });
@@ -84,5 +90,6 @@ int main() {
   for (auto& r : rows)
     fmt::print("{:<58} {:>10.0f} {:>10.0f} {:>12.0f} {:>10.2f} {:>12.1f}\n", r.name, r.kernel_ns, r.hit_ns,
                r.hit_ns - r.kernel_ns, r.hit_ns / r.kernel_ns, r.miss_ns / 1e3 - r.kernel_ns / 1e3);
-  fmt::print("goal: overhead under 2 us on a hit and under 50 us on a miss (PyTorch DTensor: ~24-90 us hit, ~1 ms miss)\n");
+  fmt::print(
+      "goal: overhead under 2 us on a hit and under 50 us on a miss (PyTorch DTensor: ~24-90 us hit, ~1 ms miss)\n");
 }

@@ -73,15 +73,16 @@ MatmulRow time_matmul(DType dtype, std::int64_t n, int reps) {
         check_cublas(cublasSetStream(handle, cuda::stream()), "cublasSetStream");
         // The library's handle settings (ops/cuda/gemm_cublas.cpp): 16-bit
         // inputs reduce in f32 all the way, so both sides run the same math.
-        check_cublas(cublasSetMathMode(handle, static_cast<cublasMath_t>(
-                                                   CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+        check_cublas(cublasSetMathMode(handle,
+                                       static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                 CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
                      "cublasSetMathMode");
         const float one_f = 1, zero_f = 0;
         const int ni = static_cast<int>(n);
         const double t_cublas = median_seconds(reps, [&] {
           // Row-major C = A B is column-major C^T = B^T A^T: swap operands.
-          check_cublas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &one_f, b.data(), cuda_type(dtype), ni,
-                                    a.data(), cuda_type(dtype), ni, &zero_f, c.data(), cuda_type(dtype), ni,
+          check_cublas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &one_f, b.data(), cuda_type(dtype),
+                                    ni, a.data(), cuda_type(dtype), ni, &zero_f, c.data(), cuda_type(dtype), ni,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                        "cublasGemmEx");
         });
@@ -103,8 +104,8 @@ MatmulRow time_matmul(DType dtype, std::int64_t n, int reps) {
         DeviceMesh mesh(comm, {4});
         const DTensor da = DTensor::from_local(Tensor::randn({n / 4, n}, dtype, 3, Device::CUDA), mesh,
                                                Layout::parse("S(0)"), Shape{n, n});
-        const DTensor db = DTensor::from_local(Tensor::randn({n, n}, dtype, 4, Device::CUDA), mesh,
-                                               Layout::replicated(1));
+        const DTensor db =
+            DTensor::from_local(Tensor::randn({n, n}, dtype, 4, Device::CUDA), mesh, Layout::replicated(1));
         per_rank[comm.rank()] = median_seconds(reps, [&] {
           comm.barrier();
           (void)matmul(da, db);
@@ -134,17 +135,17 @@ DispatchRow time_dispatch(int calls) {
         const DTensor dx = DTensor::from_local(x, mesh, Layout::replicated(1));
         const DTensor dy = DTensor::from_local(y, mesh, Layout::replicated(1));
         auto per_call = [&](auto&& fn) {
-          return median_seconds(5, [&] {
-                   for (int i = 0; i < calls; ++i) fn();
-                 }) /
+          return median_seconds(5,
+                                [&] {
+                                  for (int i = 0; i < calls; ++i) fn();
+                                }) /
                  calls * 1e6;
         };
         (void)add(dx, dy);  // fills the propagation cache: every timed call hits
         row.dtensor_us = per_call([&] { (void)add(dx, dy); });
         row.tensor_us = per_call([&] { (void)add(x, y); });
-        row.bare_us = per_call([&] {
-          bare_add(x.data_as<float>(), y.data_as<float>(), z.data_as<float>(), n, cuda::stream());
-        });
+        row.bare_us =
+            per_call([&] { bare_add(x.data_as<float>(), y.data_as<float>(), z.data_as<float>(), n, cuda::stream()); });
       },
       one);
   return row;
@@ -171,8 +172,8 @@ std::vector<CollectiveRow> time_collectives(std::size_t bytes_per_rank, int reps
         if (r == 0) {
           // A plain device-to-device copy of one rank's buffer, alone.
           const double t = median_seconds(reps, [&] {
-            DTENSOR_CUDA_CHECK(cudaMemcpyAsync(recv.data(), send.data(), bytes_per_rank, cudaMemcpyDeviceToDevice,
-                                               cuda::stream()));
+            DTENSOR_CUDA_CHECK(
+                cudaMemcpyAsync(recv.data(), send.data(), bytes_per_rank, cudaMemcpyDeviceToDevice, cuda::stream()));
           });
           memcpy_gbs = static_cast<double>(bytes_per_rank) / t * 1e-9;
         }

@@ -104,8 +104,8 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--ranks" || arg.starts_with("--ranks=")) {
       if (arg == "--ranks") ++i;  // launch() checks it against the job's size
     } else {
-      throw ValueError(fmt::format("[matmul] unknown argument '{}': expected --n=N[,N...], --quick, --reps=R, --block=NB",
-                                   arg));
+      throw ValueError(
+          fmt::format("[matmul] unknown argument '{}': expected --n=N[,N...], --quick, --reps=R, --block=NB", arg));
     }
   }
   return opt;
@@ -161,7 +161,8 @@ class Pdgemm {
     c_.resize(local);
     for (int lj = 0; lj < cols_; ++lj)
       for (int li = 0; li < rows_; ++li) {
-        const std::size_t at = static_cast<std::size_t>(lj) * static_cast<std::size_t>(lld) + static_cast<std::size_t>(li);
+        const std::size_t at =
+            static_cast<std::size_t>(lj) * static_cast<std::size_t>(lld) + static_cast<std::size_t>(li);
         a_[at] = element(1, global_row(li), global_col(lj), n_);
         b_[at] = element(2, global_row(li), global_col(lj), n_);
       }
@@ -184,7 +185,11 @@ class Pdgemm {
   double check() const {
     double worst = 0;
     const std::int64_t n = n_;
-    const std::int64_t probes[][2] = {{0, 0}, {n - 1, n - 1}, {n / 2, 17 % n}, {n / 3, n - 2 > 0 ? n - 2 : 0}, {1 % n, n / 2}};
+    const std::int64_t probes[][2] = {{0, 0},
+                                      {n - 1, n - 1},
+                                      {n / 2, 17 % n},
+                                      {n / 3, n - 2 > 0 ? n - 2 : 0},
+                                      {1 % n, n / 2}};
     for (const auto& p : probes) {
       const int li = local_index(p[0], myrow_, nprow_), lj = local_index(p[1], mycol_, npcol_);
       if (li < 0 || lj < 0) continue;
@@ -198,8 +203,12 @@ class Pdgemm {
   }
 
  private:
-  std::int64_t global_row(int li) const { return (static_cast<std::int64_t>(li / nb_) * nprow_ + myrow_) * nb_ + li % nb_; }
-  std::int64_t global_col(int lj) const { return (static_cast<std::int64_t>(lj / nb_) * npcol_ + mycol_) * nb_ + lj % nb_; }
+  std::int64_t global_row(int li) const {
+    return (static_cast<std::int64_t>(li / nb_) * nprow_ + myrow_) * nb_ + li % nb_;
+  }
+  std::int64_t global_col(int lj) const {
+    return (static_cast<std::int64_t>(lj / nb_) * npcol_ + mycol_) * nb_ + lj % nb_;
+  }
   // The local index of global index g on process coordinate `me`, or -1.
   int local_index(std::int64_t g, int me, int procs) const {
     const std::int64_t block = g / nb_;
@@ -351,20 +360,22 @@ void bench_size(Communicator& world, std::int64_t n, const Options& opt) {
   fmt::print("{:<42} {:>9} {:>9} {:>9} {:>9}\n", "variant", "GFLOP/s", "/pdgemm", "/BLAS 1t",
              fmt::format("/BLAS {}t", p));
   for (std::size_t v = 0; v < nv; ++v)
-    fmt::print("{:<42} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f}\n", variants[v].label, gflops[v], gflops[v] / gflops[kPdgemm],
-               gflops[v] / gflops[kPdgemm + 1], gflops[v] / gflops[kPdgemm + 2]);
-  fmt::print("goal DTensor S(0) @ S(0) >= pdgemm: {}; largest relative errors (Freivalds / sampled entries): {:.1e}, "
-             "{:.1e}, {:.1e}, {:.1e}\n\n",
-             gflops[0] >= gflops[kPdgemm] ? "yes" : "MISS", errors[0], errors[1], errors[2], errors[3]);
+    fmt::print("{:<42} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f}\n", variants[v].label, gflops[v],
+               gflops[v] / gflops[kPdgemm], gflops[v] / gflops[kPdgemm + 1], gflops[v] / gflops[kPdgemm + 2]);
+  fmt::print(
+      "goal DTensor S(0) @ S(0) >= pdgemm: {}; largest relative errors (Freivalds / sampled entries): {:.1e}, "
+      "{:.1e}, {:.1e}, {:.1e}\n\n",
+      gflops[0] >= gflops[kPdgemm] ? "yes" : "MISS", errors[0], errors[1], errors[2], errors[3]);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (launch_backend() != "mpi") {
-    fmt::print("matmul compares DTensor with ScaLAPACK's pdgemm on the processes of an MPI job; run it with\n"
-               "  mpirun -np 2 {}\n",
-               argv[0]);
+    fmt::print(
+        "matmul compares DTensor with ScaLAPACK's pdgemm on the processes of an MPI job; run it with\n"
+        "  mpirun -np 2 {}\n",
+        argv[0]);
     return 0;
   }
   Options opt;

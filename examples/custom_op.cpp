@@ -49,34 +49,37 @@ Op register_softclip() {
 int main(int argc, char** argv) {
   const Op softclip = register_softclip();
   std::atomic<std::int64_t> verdict{0};  // thread ranks all store the same value
-  const int rc = launch(argc, argv, [&](Communicator& world) {
-    std::int64_t failures = 0;
-    DeviceMesh mesh(world, {2, 2});
-    Tensor full = Tensor::rand({6, 5}, DType::Float64, 7);
-    Tensor expected = call_op("softclip", {full});  // by name, on a plain tensor
-    for (const char* text : {"S(0),S(1)", "R,S(0)", "P(sum),R"}) {
-      DTensor x = text == std::string("P(sum),R")
-                      ? DTensor::from_local(world.rank() < 2 ? full : Tensor::zeros({6, 5}, DType::Float64), mesh,
-                                            Layout::parse(text), full.shape())
-                      : distribute_tensor(world.rank() == 0 ? full : Tensor(), mesh, Layout::parse(text));
-      std::vector<std::string> lines;
-      DTensor y = [&] {
-        ExplainScope explain([&](const std::string& line) { lines.push_back(line); });
-        return call_op(softclip, {x});  // by handle
-      }();
-      Tensor got = y.full_tensor();
-      if (world.rank() == 0) {
-        for (auto& l : lines) fmt::print("{}\n", l);
-        if (!allclose(got, expected, 1e-12)) {
-          fmt::print("  WRONG result for {}\n", text);
-          ++failures;
-        }
-      }
-    }
-    world.all_reduce(&failures, &failures, 1, DType::Int64, ReduceOp::Sum);
-    if (world.rank() == 0)
-      fmt::print("{}\n", failures ? "softclip FAILED" : "softclip matches the unsharded op on every layout");
-    verdict.store(failures);
-  }, {.default_ranks = 4});
+  const int rc =
+      launch(argc, argv,
+             [&](Communicator& world) {
+               std::int64_t failures = 0;
+               DeviceMesh mesh(world, {2, 2});
+               Tensor full = Tensor::rand({6, 5}, DType::Float64, 7);
+               Tensor expected = call_op("softclip", {full});  // by name, on a plain tensor
+               for (const char* text : {"S(0),S(1)", "R,S(0)", "P(sum),R"}) {
+                 DTensor x = text == std::string("P(sum),R")
+                                 ? DTensor::from_local(world.rank() < 2 ? full : Tensor::zeros({6, 5}, DType::Float64),
+                                                       mesh, Layout::parse(text), full.shape())
+                                 : distribute_tensor(world.rank() == 0 ? full : Tensor(), mesh, Layout::parse(text));
+                 std::vector<std::string> lines;
+                 DTensor y = [&] {
+                   ExplainScope explain([&](const std::string& line) { lines.push_back(line); });
+                   return call_op(softclip, {x});  // by handle
+                 }();
+                 Tensor got = y.full_tensor();
+                 if (world.rank() == 0) {
+                   for (auto& l : lines) fmt::print("{}\n", l);
+                   if (!allclose(got, expected, 1e-12)) {
+                     fmt::print("  WRONG result for {}\n", text);
+                     ++failures;
+                   }
+                 }
+               }
+               world.all_reduce(&failures, &failures, 1, DType::Int64, ReduceOp::Sum);
+               if (world.rank() == 0)
+                 fmt::print("{}\n", failures ? "softclip FAILED" : "softclip matches the unsharded op on every layout");
+               verdict.store(failures);
+             },
+             {.default_ranks = 4});
   return rc != 0 ? rc : (verdict.load() ? 1 : 0);
 }

@@ -43,8 +43,9 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", ranks, "thread ranks, even (the mesh is 2 x ranks/2); under mpirun the job's processes")
       ->check(CLI::Range(2, 64));
   std::string device = "cpu";  // read by launch(); declared here for --help
-  app.add_option("--device", device, "where the ranks keep their shards: cpu, or cuda (thread ranks share one GPU; "
-                                     "under mpirun, one GPU per process over NCCL)")
+  app.add_option("--device", device,
+                 "where the ranks keep their shards: cpu, or cuda (thread ranks share one GPU; "
+                 "under mpirun, one GPU per process over NCCL)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
   const Shape shape{12, 10};  // 12 rows over 2, 10 columns over 4: uneven on purpose
@@ -59,101 +60,108 @@ int main(int argc, char** argv) {
 
   LaunchOptions options;
   options.default_ranks = 8;
-  const int rc = launch(argc, argv, [&](Communicator& comm) {
-      if (comm.size() % 2)
-        throw ValueError(fmt::format("the demo's mesh is 2 x n: expected an even number of ranks, got {}", comm.size()));
-      const Shape mesh_shape{2, comm.size() / 2};
-      DeviceMesh mesh(comm, mesh_shape, {"dp", "tp"});
-      const bool lead = comm.rank() == 0;
-      std::int64_t failures = 0;
-      Tensor full = Tensor::arange(shape, DType::Float32);
-      if (lead) {
-        fmt::print("dtensor demo: {} ranks as a {} mesh ({}), a {} float32 tensor holding 0..{}\n\n", comm.size(),
-                   fmt::join(mesh_shape, "x"), fmt::join(mesh.dim_names(), ","), fmt::join(shape, "x"), full.numel() - 1);
-        fmt::print("1. distribute_tensor from rank 0 as S(0),S(1): rows over dp, columns over tp\n");
-        print_layout(mesh_shape, shape, Layout::parse("S(0),S(1)"));
-      }
-      DTensor x = distribute_tensor(lead ? full : Tensor(), mesh, Layout::parse("S(0),S(1)"));
-      int n = 2;
-      for (const Step& step : steps) {
-        Layout to = Layout::parse(step.to);
-        const Plan& plan = x.plan_to(to);
-        CommStats before = comm.stats();
-        DTensor y = x.redistribute(to);
-        const std::uint64_t mine = (comm.stats() - before).recv_bytes;
-        if (!equal(y.to_local(), slice_box(full, y.local_box()))) {
-          failures++;
-          fmt::print("  rank {}: WRONG shard after {} -> {}\n", comm.rank(), x.placements(), to);
-        }
-        // Every rank's count, for the busiest (ranks may be processes: no
-        // shared memory, so they are gathered like any data).
-        std::vector<std::uint64_t> recv(static_cast<std::size_t>(comm.size()));
-        comm.all_gather_host(&mine, recv.data(), sizeof mine);
+  const int rc = launch(
+      argc, argv,
+      [&](Communicator& comm) {
+        if (comm.size() % 2)
+          throw ValueError(
+              fmt::format("the demo's mesh is 2 x n: expected an even number of ranks, got {}", comm.size()));
+        const Shape mesh_shape{2, comm.size() / 2};
+        DeviceMesh mesh(comm, mesh_shape, {"dp", "tp"});
+        const bool lead = comm.rank() == 0;
+        std::int64_t failures = 0;
+        Tensor full = Tensor::arange(shape, DType::Float32);
         if (lead) {
-          fmt::print("\n{}. {}: {} -> {}\n", n, step.title, x.placements(), to);
-          fmt::print("{}\n", plan);
-          std::uint64_t busiest = *std::max_element(recv.begin(), recv.end());
-          fmt::print("  measured: the busiest rank received {} bytes (plan said {}); every shard checked\n", busiest,
-                     plan.max_recv_bytes());
-          print_layout(mesh_shape, shape, to);
+          fmt::print("dtensor demo: {} ranks as a {} mesh ({}), a {} float32 tensor holding 0..{}\n\n", comm.size(),
+                     fmt::join(mesh_shape, "x"), fmt::join(mesh.dim_names(), ","), fmt::join(shape, "x"),
+                     full.numel() - 1);
+          fmt::print("1. distribute_tensor from rank 0 as S(0),S(1): rows over dp, columns over tp\n");
+          print_layout(mesh_shape, shape, Layout::parse("S(0),S(1)"));
         }
-        x = y;
+        DTensor x = distribute_tensor(lead ? full : Tensor(), mesh, Layout::parse("S(0),S(1)"));
+        int n = 2;
+        for (const Step& step : steps) {
+          Layout to = Layout::parse(step.to);
+          const Plan& plan = x.plan_to(to);
+          CommStats before = comm.stats();
+          DTensor y = x.redistribute(to);
+          const std::uint64_t mine = (comm.stats() - before).recv_bytes;
+          if (!equal(y.to_local(), slice_box(full, y.local_box()))) {
+            failures++;
+            fmt::print("  rank {}: WRONG shard after {} -> {}\n", comm.rank(), x.placements(), to);
+          }
+          // Every rank's count, for the busiest (ranks may be processes: no
+          // shared memory, so they are gathered like any data).
+          std::vector<std::uint64_t> recv(static_cast<std::size_t>(comm.size()));
+          comm.all_gather_host(&mine, recv.data(), sizeof mine);
+          if (lead) {
+            fmt::print("\n{}. {}: {} -> {}\n", n, step.title, x.placements(), to);
+            fmt::print("{}\n", plan);
+            std::uint64_t busiest = *std::max_element(recv.begin(), recv.end());
+            fmt::print("  measured: the busiest rank received {} bytes (plan said {}); every shard checked\n", busiest,
+                       plan.max_recv_bytes());
+            print_layout(mesh_shape, shape, to);
+          }
+          x = y;
+          ++n;
+        }
+        // A Partial tensor: every rank holds ones; the sum over tp is its size.
+        DTensor p = DTensor::from_local(Tensor::ones({3, 5}, DType::Float32, mesh.device()), mesh,
+                                        Layout::parse("R,P(sum)"), Shape{3, 5});
+        Tensor reduced = p.full_tensor();
+        if (lead) {
+          fmt::print("\n{}. a Partial(sum) over tp of ones, reduced: every element is {} (expected {})\n", n,
+                     reduced.get({0, 0}), mesh_shape[1]);
+          fmt::print("{}\n", p.plan_to(Layout::replicated(2)));
+        }
+        if (reduced.get({2, 4}) != static_cast<double>(mesh_shape[1])) failures++;
         ++n;
-      }
-      // A Partial tensor: every rank holds ones; the sum over tp is its size.
-      DTensor p = DTensor::from_local(Tensor::ones({3, 5}, DType::Float32, mesh.device()), mesh, Layout::parse("R,P(sum)"),
-                                       Shape{3, 5});
-      Tensor reduced = p.full_tensor();
-      if (lead) {
-        fmt::print("\n{}. a Partial(sum) over tp of ones, reduced: every element is {} (expected {})\n", n,
-                   reduced.get({0, 0}), mesh_shape[1]);
-        fmt::print("{}\n", p.plan_to(Layout::replicated(2)));
-      }
-      if (reduced.get({2, 4}) != static_cast<double>(mesh_shape[1])) failures++;
-      ++n;
-      // A Megatron MLP: data parallel over dp, tensor parallel over tp. Only
-      // the weights are placed by hand; propagation finds the rest.
-      Tensor x_full = Tensor::rand({8, 8}, DType::Float64, 11);
-      Tensor w1_full = Tensor::rand({16, 8}, DType::Float64, 12);  // [ffn, hidden]: column-parallel
-      Tensor w2_full = Tensor::rand({8, 16}, DType::Float64, 13);  // [hidden, ffn]: row-parallel
-      DTensor xs = distribute_tensor(lead ? x_full : Tensor(), mesh, Layout::parse("S(0),R"));
-      DTensor w1 = distribute_tensor(lead ? w1_full : Tensor(), mesh, Layout::parse("R,S(0)"));
-      DTensor w2 = distribute_tensor(lead ? w2_full : Tensor(), mesh, Layout::parse("R,S(1)"));
-      if (lead)
-        fmt::print("\n{}. a Megatron MLP, y = gelu(x W1^T) W2^T: x {} over dp, W1 {} (column-parallel), W2 {} (row-parallel)\n",
-                   n, xs.placements(), w1.placements(), w2.placements());
-      CommCounter counter(mesh);
-      std::vector<std::string> explained;
-      auto explain_sink = [&](const std::string& line) { explained.push_back(line); };
-      DTensor y = [&] {
-        std::optional<ExplainScope> explain;
-        if (lead) explain.emplace(explain_sink);
-        DTensor h = call_op("gelu", {call_op("linear", {xs, w1})});
-        return call_op("linear", {h, w2});
-      }();
-      DTensor y_out = y.redistribute(xs.placements());  // the output wanted back in x's layout
-      CommStats used = counter.counts();
-      Tensor y_full = y_out.full_tensor();
-      Tensor y_ref = call_op("linear", {call_op("gelu", {call_op("linear", {x_full, w1_full})}), w2_full});
-      if (!allclose(y_full, y_ref, 1e-9, 1e-9)) failures++;
-      if (lead) {
-        for (auto& line : explained) fmt::print("  {}\n", line);
-        fmt::print("  y is {} until needed; back to {}: {}\n", y.placements(), y_out.placements(), used);
-        fmt::print("  (Megatron's forward: exactly one all_reduce, on tp; result {})\n",
-                   allclose(y_full, y_ref, 1e-9, 1e-9) ? "matches the unsharded MLP" : "WRONG");
-      }
-      // One verdict for the whole job, on every rank.
-      std::vector<std::int64_t> all_failures(static_cast<std::size_t>(comm.size()));
-      comm.all_gather_host(&failures, all_failures.data(), sizeof failures);
-      failures = std::accumulate(all_failures.begin(), all_failures.end(), std::int64_t{0});
-      if (lead) {
-        if (failures)
-          fmt::print("\n{} check(s) FAILED\n", failures);
-        else
-          fmt::print("\nall shards matched the unsharded tensor\n");
-      }
-      failures_seen.store(failures);
-    }, options);
+        // A Megatron MLP: data parallel over dp, tensor parallel over tp. Only
+        // the weights are placed by hand; propagation finds the rest.
+        Tensor x_full = Tensor::rand({8, 8}, DType::Float64, 11);
+        Tensor w1_full = Tensor::rand({16, 8}, DType::Float64, 12);  // [ffn, hidden]: column-parallel
+        Tensor w2_full = Tensor::rand({8, 16}, DType::Float64, 13);  // [hidden, ffn]: row-parallel
+        DTensor xs = distribute_tensor(lead ? x_full : Tensor(), mesh, Layout::parse("S(0),R"));
+        DTensor w1 = distribute_tensor(lead ? w1_full : Tensor(), mesh, Layout::parse("R,S(0)"));
+        DTensor w2 = distribute_tensor(lead ? w2_full : Tensor(), mesh, Layout::parse("R,S(1)"));
+        if (lead)
+          fmt::print(
+              "\n{}. a Megatron MLP, y = gelu(x W1^T) W2^T: x {} over dp, W1 {} (column-parallel), W2 {} "
+              "(row-parallel)\n",
+              n, xs.placements(), w1.placements(), w2.placements());
+        CommCounter counter(mesh);
+        std::vector<std::string> explained;
+        auto explain_sink = [&](const std::string& line) { explained.push_back(line); };
+        DTensor y = [&] {
+          std::optional<ExplainScope> explain;
+          if (lead) explain.emplace(explain_sink);
+          DTensor h = call_op("gelu", {call_op("linear", {xs, w1})});
+          return call_op("linear", {h, w2});
+        }();
+        DTensor y_out = y.redistribute(xs.placements());  // the output wanted back in x's layout
+        CommStats used = counter.counts();
+        Tensor y_full = y_out.full_tensor();
+        Tensor y_ref = call_op("linear", {call_op("gelu", {call_op("linear", {x_full, w1_full})}), w2_full});
+        if (!allclose(y_full, y_ref, 1e-9, 1e-9)) failures++;
+        if (lead) {
+          for (auto& line : explained) fmt::print("  {}\n", line);
+          fmt::print("  y is {} until needed; back to {}: {}\n", y.placements(), y_out.placements(), used);
+          fmt::print("  (Megatron's forward: exactly one all_reduce, on tp; result {})\n",
+                     allclose(y_full, y_ref, 1e-9, 1e-9) ? "matches the unsharded MLP" : "WRONG");
+        }
+        // One verdict for the whole job, on every rank.
+        std::vector<std::int64_t> all_failures(static_cast<std::size_t>(comm.size()));
+        comm.all_gather_host(&failures, all_failures.data(), sizeof failures);
+        failures = std::accumulate(all_failures.begin(), all_failures.end(), std::int64_t{0});
+        if (lead) {
+          if (failures)
+            fmt::print("\n{} check(s) FAILED\n", failures);
+          else
+            fmt::print("\nall shards matched the unsharded tensor\n");
+        }
+        failures_seen.store(failures);
+      },
+      options);
   if (rc != 0) return rc;
   return failures_seen ? 1 : 0;
 }

@@ -6,11 +6,14 @@
 using namespace dtensor;
 
 int main(int argc, char** argv) {
-  return launch(argc, argv, [](Communicator& world) {  // one call per rank
-    DeviceMesh mesh(world, {2, 4}, {"dp", "tp"});
-    Tensor full = world.rank() == 0 ? Tensor::rand({64, 128}, DType::Float32, /*seed=*/1) : Tensor();
-    DTensor x = distribute_tensor(full, mesh, Layout::parse("S(0),S(1)"));  // rows over dp, columns over tp
-    DTensor y = x.redistribute(Layout::parse("R,S(0)"));                    // the planner picks the steps
-    if (world.rank() == 0) fmt::print("{}\n{}\n", y, x.plan_to(Layout::parse("R,S(0)")));
-  }, {.default_ranks = 8});
+  return launch(argc, argv,
+                [](Communicator& world) {  // one call per rank
+                  DeviceMesh mesh(world, {2, 4}, {"dp", "tp"});
+                  Tensor full = world.rank() == 0 ? Tensor::rand({64, 128}, DType::Float32, /*seed=*/1) : Tensor();
+                  DTensor x =
+                      distribute_tensor(full, mesh, Layout::parse("S(0),S(1)"));  // rows over dp, columns over tp
+                  DTensor y = x.redistribute(Layout::parse("R,S(0)"));            // the planner picks the steps
+                  if (world.rank() == 0) fmt::print("{}\n{}\n", y, x.plan_to(Layout::parse("R,S(0)")));
+                },
+                {.default_ranks = 8});
 }

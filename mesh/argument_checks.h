@@ -34,8 +34,8 @@ struct ArgumentChecks {
   /// `what` is "send to" or "recv from".
   void peer(std::string_view what, int peer_rank) const {
     if (peer_rank < 0 || peer_rank >= size)
-      throw ValueError(fmt::format("[{}] {} rank {} on rank {}: expected a rank in [0, {})", backend, what, peer_rank,
-                                   rank, size));
+      throw ValueError(
+          fmt::format("[{}] {} rank {} on rank {}: expected a rank in [0, {})", backend, what, peer_rank, rank, size));
   }
   /// all_to_all: four lists of one entry per rank, and this rank sends
   /// itself exactly what it expects from itself.
@@ -48,8 +48,8 @@ struct ArgumentChecks {
     entries(kind, "recv_offsets", recv_offsets.size());
     const auto r = static_cast<std::size_t>(rank);
     if (send_bytes[r] != recv_bytes[r])
-      throw ValueError(fmt::format("[{}] all_to_all on rank {}: sends {} bytes to itself but expects {}", backend,
-                                   rank, send_bytes[r], recv_bytes[r]));
+      throw ValueError(fmt::format("[{}] all_to_all on rank {}: sends {} bytes to itself but expects {}", backend, rank,
+                                   send_bytes[r], recv_bytes[r]));
   }
 };
 

@@ -84,7 +84,8 @@ void Communicator::all_gather_host(const void* send, void* recv, std::size_t byt
 fmt::format_context::iterator fmt::formatter<dtensor::CommStats>::format(const dtensor::CommStats& s,
                                                                          fmt::format_context& ctx) const {
   auto out = fmt::format_to(ctx.out(), "{} collective{}, {} received", s.data_collectives(),
-                            s.data_collectives() == 1 ? "" : "s", dtensor::human_bytes(static_cast<std::int64_t>(s.recv_bytes)));
+                            s.data_collectives() == 1 ? "" : "s",
+                            dtensor::human_bytes(static_cast<std::int64_t>(s.recv_bytes)));
   const char* sep = ": ";
   for (int k = 0; k < dtensor::kNumCollectiveKinds; ++k) {
     if (s.calls[k] == 0) continue;

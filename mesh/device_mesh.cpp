@@ -72,8 +72,8 @@ struct DeviceMesh::State {
       check_dim(dims[i], where);
       if (std::find(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(i), dims[i]) !=
           dims.begin() + static_cast<std::ptrdiff_t>(i))
-        throw MeshError(fmt::format("[mesh] {}: mesh dim {} is listed twice in [{}]", where, dims[i],
-                                    fmt::join(dims, ", ")));
+        throw MeshError(
+            fmt::format("[mesh] {}: mesh dim {} is listed twice in [{}]", where, dims[i], fmt::join(dims, ", ")));
       out.push_back(root_dims[static_cast<std::size_t>(dims[i])]);
     }
     return out;
@@ -106,8 +106,8 @@ DeviceMesh::DeviceMesh(Communicator& world, Shape shape, std::vector<std::string
                                     fmt::join(dim_names, ",")));
       for (std::size_t e = 0; e < d; ++e)
         if (dim_names[e] == dim_names[d])
-          throw MeshError(fmt::format("[mesh] dim name '{}' is repeated in ({}); expected distinct names",
-                                      dim_names[d], fmt::join(dim_names, ",")));
+          throw MeshError(fmt::format("[mesh] dim name '{}' is repeated in ({}); expected distinct names", dim_names[d],
+                                      fmt::join(dim_names, ",")));
     }
   }
 
@@ -145,8 +145,8 @@ int DeviceMesh::dim_index(std::string_view name) const {
   for (std::size_t d = 0; d < names.size(); ++d)
     if (names[d] == name) return static_cast<int>(d);
   if (names.empty())
-    throw MeshError(fmt::format("[mesh] no dim named '{}': the mesh {} has no dim names", name,
-                                shape_text(state_->shape)));
+    throw MeshError(
+        fmt::format("[mesh] no dim named '{}': the mesh {} has no dim names", name, shape_text(state_->shape)));
   throw MeshError(fmt::format("[mesh] no dim named '{}'; the mesh has dims {}", name, fmt::join(names, ",")));
 }
 
@@ -215,6 +215,5 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
 fmt::format_context::iterator fmt::formatter<dtensor::DeviceMesh>::format(const dtensor::DeviceMesh& m,
                                                                           fmt::format_context& ctx) const {
   if (m.dim_names().empty()) return fmt::format_to(ctx.out(), "DeviceMesh({})", fmt::join(m.shape(), "x"));
-  return fmt::format_to(ctx.out(), "DeviceMesh({}, dims={})", fmt::join(m.shape(), "x"),
-                        fmt::join(m.dim_names(), ","));
+  return fmt::format_to(ctx.out(), "DeviceMesh({}, dims={})", fmt::join(m.shape(), "x"), fmt::join(m.dim_names(), ","));
 }

@@ -78,7 +78,8 @@ int run_mpi(std::optional<std::string> ranks_flag, Device device, const std::fun
   std::unique_ptr<Communicator> world;
   try {
     // On GPUs, NCCL over one GPU per process, bootstrapped over MPI.
-    world = device == Device::CUDA ? nccl_world(NcclOptions{timeout_of(options)}) : mpi_world(MpiOptions{timeout_of(options)});
+    world = device == Device::CUDA ? nccl_world(NcclOptions{timeout_of(options)})
+                                   : mpi_world(MpiOptions{timeout_of(options)});
   } catch (const std::exception& e) {
     fmt::print(stderr, "dtensor: cannot start {}: {}\n", device == Device::CUDA ? "NCCL" : "MPI", e.what());
     return 2;

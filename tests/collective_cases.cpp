@@ -95,21 +95,20 @@ void all_reduce_values_and_bytes(const Engine& engine) {
                 comm.all_reduce(send.data(), out, count, dtype, op);
                 const CommStats diff = comm.stats() - before;
                 const auto got = (in_place ? send : recv).template download<T>(0, count);
-                const std::string what = fmt::format("all_reduce count {} {} {} in_place {} seed {}", count, dtype,
-                                                     op, in_place, case_seed);
+                const std::string what =
+                    fmt::format("all_reduce count {} {} {} in_place {} seed {}", count, dtype, op, in_place, case_seed);
                 for (std::size_t i = 0; i < count; ++i) {
                   const T want = reduce_expected<T>(op, n, case_seed, i);
                   if (!same_value(got[i], want)) {
-                    failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, shown(got[i]),
-                                                   shown(want)));
+                    failures.add(rank,
+                                 fmt::format("{}: element {} is {}, expected {}", what, i, shown(got[i]), shown(want)));
                     break;
                   }
                 }
                 const std::size_t seg = seg_size(count, n, rank);
                 const std::uint64_t bytes = ((n - 1) * seg + (count - seg)) * sizeof(T);
                 EXPECT_R(diff.recv_bytes == bytes, "{}: recv_bytes {} expected {}", what, diff.recv_bytes, bytes);
-                EXPECT_R(diff.count(CollectiveKind::AllReduce) == 1 && diff.data_collectives() == 1, "{}: calls",
-                         what);
+                EXPECT_R(diff.count(CollectiveKind::AllReduce) == 1 && diff.data_collectives() == 1, "{}: calls", what);
               });
             }
           }
@@ -214,8 +213,8 @@ void reduce_scatter_values_and_bytes(const Engine& engine) {
                 for (std::size_t i = 0; i < mine; ++i) {
                   const T want = reduce_expected<T>(op, n, case_seed, my_off + i);
                   if (!same_value(got[i], want)) {
-                    failures.add(rank, fmt::format("{}: element {} is {}, expected {}", what, i, shown(got[i]),
-                                                   shown(want)));
+                    failures.add(rank,
+                                 fmt::format("{}: element {} is {}, expected {}", what, i, shown(got[i]), shown(want)));
                     break;
                   }
                 }

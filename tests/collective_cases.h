@@ -74,11 +74,11 @@ void split_groups_and_shared_stats(const Engine& engine);
 
 /// X(name) for every case above: each test file instantiates the list with
 /// its own test-case macro.
-#define COLLECTIVE_CASES(X)                  \
-  X(all_reduce_values_and_bytes)             \
-  X(all_gather_uneven_equal_and_in_place)    \
-  X(reduce_scatter_values_and_bytes)         \
-  X(all_to_all_broadcast_scatter_barrier)    \
-  X(send_recv_tags_and_size_mismatch)        \
-  X(argument_checks)                         \
+#define COLLECTIVE_CASES(X)               \
+  X(all_reduce_values_and_bytes)          \
+  X(all_gather_uneven_equal_and_in_place) \
+  X(reduce_scatter_values_and_bytes)      \
+  X(all_to_all_broadcast_scatter_barrier) \
+  X(send_recv_tags_and_size_mismatch)     \
+  X(argument_checks)                      \
   X(split_groups_and_shared_stats)

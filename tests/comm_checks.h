@@ -65,15 +65,16 @@ class Failures {
   std::vector<std::vector<std::string>> per_rank_;
 };
 
-#define EXPECT_R(cond, ...)                                                                          \
-  do {                                                                                               \
+#define EXPECT_R(cond, ...)                                                                                            \
+  do {                                                                                                                 \
     if (!(cond)) failures.add(rank, fmt::format("{}:{}: {}: ", __FILE__, __LINE__, #cond) + fmt::format(__VA_ARGS__)); \
   } while (0)
 
 // Small integers: sums are exact in every dtype and any order, so results
 // compare bitwise.
 inline double value(std::uint64_t seed, int rank, std::size_t i) {
-  return static_cast<double>(static_cast<std::int64_t>((seed * 7919 + static_cast<std::uint64_t>(rank) * 131 + i * 31) % 19) - 9);
+  return static_cast<double>(
+      static_cast<std::int64_t>((seed * 7919 + static_cast<std::uint64_t>(rank) * 131 + i * 31) % 19) - 9);
 }
 
 template <class T>
@@ -106,11 +107,13 @@ T reduce_expected(ReduceOp op, int n, std::uint64_t seed, std::size_t i) {
 }
 
 inline std::size_t seg_size(std::size_t count, int n, int r) {
-  return count / static_cast<std::size_t>(n) + (static_cast<std::size_t>(r) < count % static_cast<std::size_t>(n) ? 1 : 0);
+  return count / static_cast<std::size_t>(n) +
+         (static_cast<std::size_t>(r) < count % static_cast<std::size_t>(n) ? 1 : 0);
 }
 
-
-inline bool contains(std::string_view text, std::string_view needle) { return text.find(needle) != std::string_view::npos; }
+inline bool contains(std::string_view text, std::string_view needle) {
+  return text.find(needle) != std::string_view::npos;
+}
 
 inline std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int n, std::size_t max) {
   std::vector<std::size_t> v(static_cast<std::size_t>(n));

@@ -23,7 +23,8 @@ OpSample sample(std::vector<Tensor> inputs, std::string equation = {}) {
   if (!equation.empty()) s.attrs = EinsumAttrs{.equation = std::move(equation)};
   // f32 products of Partial addends (integers up to 512, tests/support.h)
   // lose more digits than the f64 samples.
-  const bool f32 = std::any_of(s.inputs.begin(), s.inputs.end(), [](const Tensor& t) { return t.dtype() == DType::Float32; });
+  const bool f32 =
+      std::any_of(s.inputs.begin(), s.inputs.end(), [](const Tensor& t) { return t.dtype() == DType::Float32; });
   s.rtol = s.atol = f32 ? 2e-3 : 1e-9;
   return s;
 }
@@ -68,12 +69,13 @@ const RegisterSamples bmm_samples("bmm", [](std::mt19937_64&) {
 });
 
 const RegisterSamples linear_samples("linear", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 7}, 61, DType::Float32), u({3, 7}, 62, DType::Float32)}), sample({u({2, 3, 4}, 63), u({5, 4}, 64)}),
-                               sample({u({4}, 65), u({3, 4}, 66)})};
+  return std::vector<OpSample>{sample({u({5, 7}, 61, DType::Float32), u({3, 7}, 62, DType::Float32)}),
+                               sample({u({2, 3, 4}, 63), u({5, 4}, 64)}), sample({u({4}, 65), u({3, 4}, 66)})};
 });
 
 const RegisterSamples linear_bias_samples("linear_bias", [](std::mt19937_64&) {
-  return std::vector<OpSample>{sample({u({5, 7}, 71, DType::Float32), u({3, 7}, 72, DType::Float32), u({3}, 73, DType::Float32)}),
+  return std::vector<OpSample>{sample({u({5, 7}, 71, DType::Float32), u({3, 7}, 72, DType::Float32),
+                                       u({3}, 73, DType::Float32)}),
                                sample({u({2, 5, 4}, 74), u({6, 4}, 75), u({6}, 76)})};
 });
 
@@ -112,8 +114,8 @@ BOOST_AUTO_TEST_CASE(known_values) {
                    Tensor::from_vector<float>({6, 13, 15, 49}, {2, 2})));
   BOOST_TEST(equal(einsum("ij->ji", {a}), Tensor::from_vector<float>({0, 3, 1, 4, 2, 5}, {3, 2})));
   BOOST_TEST(equal(einsum("ij->", {a}), Tensor::from_vector<float>({15}, {})));
-  BOOST_TEST(equal(einsum("ii->i", {Tensor::arange({3, 3}, DType::Float32)}),
-                   Tensor::from_vector<float>({0, 4, 8}, {3})));
+  BOOST_TEST(
+      equal(einsum("ii->i", {Tensor::arange({3, 3}, DType::Float32)}), Tensor::from_vector<float>({0, 4, 8}, {3})));
   BOOST_TEST(equal(einsum("ii", {Tensor::arange({3, 3}, DType::Float32)}), Tensor::from_vector<float>({12}, {})));
   Tensor ai = Tensor::arange({2, 3}, DType::Int64);
   BOOST_TEST(equal(matmul(ai, Tensor::arange({3, 2}, DType::Int64)),
@@ -166,15 +168,19 @@ BOOST_AUTO_TEST_CASE(shape_errors_name_the_op_and_the_shapes) {
     }
     return std::string("no error");
   };
-  BOOST_TEST(message([] { matmul(Tensor::zeros({3, 4}), Tensor::zeros({5, 6})); }) ==
-             "[matmul] shapes 3x4 and 5x6: the contracted dims differ (4 vs 5)");
+  BOOST_TEST(message([] {
+               matmul(Tensor::zeros({3, 4}), Tensor::zeros({5, 6}));
+             }) == "[matmul] shapes 3x4 and 5x6: the contracted dims differ (4 vs 5)");
   BOOST_TEST(message([] { linear(Tensor::zeros({3, 4}), Tensor::zeros({5, 6})); }).starts_with("[linear] expects x"));
-  BOOST_TEST(message([] { linear(Tensor::zeros({3, 4}), Tensor::zeros({5, 4}), Tensor::zeros({4})); })
-                 .starts_with("[linear_bias] bias of shape 4"));
-  BOOST_TEST(message([] { einsum("ij,jk->ik", {Tensor::zeros({3, 4}), Tensor::zeros({5, 6})}); })
-                 .starts_with("[einsum] dim 'j' has sizes 4 and 5"));
-  BOOST_TEST(message([] { einsum("ij,jk->iz", {Tensor::zeros({3, 4}), Tensor::zeros({4, 6})}); }) ==
-             "[einsum] equation 'ij,jk->iz': output label 'z' is in no operand");
+  BOOST_TEST(message([] {
+               linear(Tensor::zeros({3, 4}), Tensor::zeros({5, 4}), Tensor::zeros({4}));
+             }).starts_with("[linear_bias] bias of shape 4"));
+  BOOST_TEST(message([] {
+               einsum("ij,jk->ik", {Tensor::zeros({3, 4}), Tensor::zeros({5, 6})});
+             }).starts_with("[einsum] dim 'j' has sizes 4 and 5"));
+  BOOST_TEST(message([] {
+               einsum("ij,jk->iz", {Tensor::zeros({3, 4}), Tensor::zeros({4, 6})});
+             }) == "[einsum] equation 'ij,jk->iz': output label 'z' is in no operand");
   BOOST_TEST(message([] { bmm(Tensor::zeros({2, 3, 4}), Tensor::zeros({3, 4, 5})); }).starts_with("[bmm] expects"));
 }
 

@@ -72,8 +72,8 @@ BOOST_AUTO_TEST_SUITE(nn)
 BOOST_AUTO_TEST_CASE(known_values_on_plain_tensors) {
   Tensor table = Tensor::arange({4, 3}, DType::Float64);  // row r = [3r, 3r+1, 3r+2]
   Tensor idx = Tensor::from_vector<std::int64_t>({2, 0, 2, 3}, {2, 2});
-  BOOST_TEST(equal(embedding(idx, table),
-                   Tensor::from_vector<double>({6, 7, 8, 0, 1, 2, 6, 7, 8, 9, 10, 11}, {2, 2, 3})));
+  BOOST_TEST(
+      equal(embedding(idx, table), Tensor::from_vector<double>({6, 7, 8, 0, 1, 2, 6, 7, 8, 9, 10, 11}, {2, 2, 3})));
   Tensor logits = Tensor::arange({2, 3}, DType::Float64);
   Tensor targets = Tensor::from_vector<std::int64_t>({1, 2}, {2});
   BOOST_TEST(equal(pick(logits, targets), Tensor::from_vector<double>({1, 5}, {2})));

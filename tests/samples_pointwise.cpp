@@ -35,7 +35,8 @@ Tensor grid(const Shape& shape, DType dtype, std::uint64_t seed, double k = 2) {
   Tensor out = Tensor::empty(shape, dtype);
   visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
-    for (std::int64_t i = 0; i < t.numel(); ++i) out.data_as<T>()[i] = static_cast<T>(std::floor(t.data_as<double>()[i]));
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      out.data_as<T>()[i] = static_cast<T>(std::floor(t.data_as<double>()[i]));
   });
   return out;
 }
@@ -140,7 +141,8 @@ void on_mesh(const Shape& mesh_shape, const std::function<void(const DeviceMesh&
 
 DTensor shard_of(const Tensor& full, const DeviceMesh& mesh, const Layout& layout) {
   Layout l = validate_layout(layout, mesh.shape(), full.shape());
-  return DTensor::from_local(testing::source_shard(full, mesh.shape(), l, mesh.coordinate(), 11), mesh, l, full.shape());
+  return DTensor::from_local(testing::source_shard(full, mesh.shape(), l, mesh.coordinate(), 11), mesh, l,
+                             full.shape());
 }
 
 }  // namespace
@@ -309,7 +311,8 @@ BOOST_AUTO_TEST_CASE(in_place_ops_write_into_shared_storage_and_keep_the_layout)
     sub_(x, y);
     Tensor got = x.full_tensor();
     std::lock_guard lock(mu);
-    if (!(x.placements() == Layout::parse("S(0),S(1)"))) failures.push_back(fmt::format("layout became {}", x.placements()));
+    if (!(x.placements() == Layout::parse("S(0),S(1)")))
+      failures.push_back(fmt::format("layout became {}", x.placements()));
     if (!equal(local, x.to_local())) failures.push_back("the rank's shard was not updated in place");
     if (!equal(got, x_full - y_full)) failures.push_back("wrong values");
   });

@@ -143,7 +143,8 @@ BOOST_AUTO_TEST_CASE(known_values_on_plain_tensors) {
   Tensor sm = softmax(x, 1);
   const double z = 1 + std::exp(1.0) + std::exp(2.0);
   BOOST_TEST(allclose(sm, Tensor::from_vector<double>({1 / z, std::exp(1.0) / z, std::exp(2.0) / z, 1 / z,
-                                                       std::exp(1.0) / z, std::exp(2.0) / z}, {2, 3})));
+                                                       std::exp(1.0) / z, std::exp(2.0) / z},
+                                                      {2, 3})));
   BOOST_TEST(allclose(log_softmax(x, -1), Tensor::from_vector<double>({-std::log(z), 1 - std::log(z), 2 - std::log(z),
                                                                        -std::log(z), 1 - std::log(z), 2 - std::log(z)},
                                                                       {2, 3})));

@@ -45,9 +45,9 @@ const RegisterSamples permute_samples("permute", [](std::mt19937_64&) {
 });
 const RegisterSamples reshape_samples("reshape", [](std::mt19937_64&) {
   return std::vector<OpSample>{
-      sample({u({6, 5}, 4)}, shape_attrs({30})),          // flatten: S(0) stays only where rows line up
-      sample({u({4, 6}, 5)}, shape_attrs({8, 3})),        // split 6 -> 2x3 and merge 4*2
-      sample({u({5, 1, 3}, 6)}, shape_attrs({-1, 5})),    // merges and splits across a singleton
+      sample({u({6, 5}, 4)}, shape_attrs({30})),        // flatten: S(0) stays only where rows line up
+      sample({u({4, 6}, 5)}, shape_attrs({8, 3})),      // split 6 -> 2x3 and merge 4*2
+      sample({u({5, 1, 3}, 6)}, shape_attrs({-1, 5})),  // merges and splits across a singleton
       sample({u({9, 2}, 7, DType::Int64)}, shape_attrs({3, 3, 2})),
       sample({u({0, 3}, 31)}, shape_attrs({3, 0})),  // zero sizes
   };
@@ -113,8 +113,8 @@ BOOST_AUTO_TEST_CASE(known_values) {
   BOOST_TEST(equal(reshape(a, {-1}), Tensor::arange({6}, DType::Float64)));
   BOOST_TEST(equal(narrow(a, 1, 1, 2), Tensor::from_vector<double>({1, 2, 4, 5}, {2, 2})));
   BOOST_TEST(equal(cat({a, a}, 0), Tensor::from_vector<double>({0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}, {4, 3})));
-  BOOST_TEST(equal(stack({a, a}, 2).view({12}),
-                   Tensor::from_vector<double>({0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5}, {12})));
+  BOOST_TEST(
+      equal(stack({a, a}, 2).view({12}), Tensor::from_vector<double>({0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5}, {12})));
   BOOST_TEST(equal(expand(reshape(a, {2, 1, 3}), {2, 2, 3}),
                    Tensor::from_vector<double>({0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5}, {2, 2, 3})));
   BOOST_TEST((squeeze(unsqueeze(a, 0)).shape() == Shape{2, 3}));
@@ -158,8 +158,8 @@ BOOST_AUTO_TEST_CASE(view_rule_keeps_shards_where_the_boxes_line_up) {
   };
   const std::vector<Case> cases = {
       {"reshape", {{8, 6}}, {"S(0)"}, shape_attrs({48}), {4}, "S(0)", false},
-      {"reshape", {{7, 6}}, {"S(0)"}, shape_attrs({42}), {4}, "R", true},  // uneven rows do not line up
-      {"reshape", {{6, 4}}, {"S(1)"}, shape_attrs({6, 2, 2}), {2}, "S(1)", false},      // split, leftmost piece divides
+      {"reshape", {{7, 6}}, {"S(0)"}, shape_attrs({42}), {4}, "R", true},           // uneven rows do not line up
+      {"reshape", {{6, 4}}, {"S(1)"}, shape_attrs({6, 2, 2}), {2}, "S(1)", false},  // split, leftmost piece divides
       // 2 rows of 3 do not split 4 ways: moved to rows (all_to_all beats all_gather)
       {"reshape", {{6, 6}}, {"S(1)"}, shape_attrs({6, 2, 3}), {4}, "S(0)", true},
       {"reshape", {{2, 5, 3}}, {"R,S(2)"}, shape_attrs({10, 3}), {2, 2}, "R,S(1)", false},
@@ -188,7 +188,8 @@ BOOST_AUTO_TEST_CASE(view_rule_keeps_shards_where_the_boxes_line_up) {
     const OpDecision& d = decide(OpRegistry::global().get(c.op), c.mesh, metas, layouts, c.attrs, CostModel{});
     bool moved = false;
     for (auto* p : d.input_plans) moved = moved || p != nullptr;
-    const std::string what = fmt::format("{} of {} on mesh {}", c.op, fmt::join(c.layouts, " | "), fmt::join(c.mesh, "x"));
+    const std::string what =
+        fmt::format("{} of {} on mesh {}", c.op, fmt::join(c.layouts, " | "), fmt::join(c.mesh, "x"));
     BOOST_TEST(moved == c.moves, what << ": moved " << moved);
     if (std::string_view(c.op) == "to" && c.attrs.get<ToAttrs>("to").dtype == DType::Int64)
       BOOST_TEST(!d.chosen.output.has_partial(), what << " gave " << fmt::format("{}", d.chosen.output));
@@ -207,10 +208,10 @@ BOOST_AUTO_TEST_CASE(views_of_nested_shard_orders_match_the_full_tensor) {
     OpAttrs attrs;
   };
   const std::vector<Case> cases = {
-      {"reshape", {8, 6}, shape_attrs({48})},         {"reshape", {4, 6, 2}, shape_attrs({24, 2})},
-      {"reshape", {12, 2}, shape_attrs({4, 3, 2})},   {"transpose", {6, 5, 4}, transpose_attrs(0, 2)},
-      {"unsqueeze", {6, 4}, dim_attrs(1)},        {"narrow", {9, 8}, narrow_attrs(1, 1, 5)},
-      {"flatten", {4, 3, 5}, flatten_attrs(0, 1)},    {"expand", {8, 1}, shape_attrs({8, 3})},
+      {"reshape", {8, 6}, shape_attrs({48})},       {"reshape", {4, 6, 2}, shape_attrs({24, 2})},
+      {"reshape", {12, 2}, shape_attrs({4, 3, 2})}, {"transpose", {6, 5, 4}, transpose_attrs(0, 2)},
+      {"unsqueeze", {6, 4}, dim_attrs(1)},          {"narrow", {9, 8}, narrow_attrs(1, 1, 5)},
+      {"flatten", {4, 3, 5}, flatten_attrs(0, 1)},  {"expand", {8, 1}, shape_attrs({8, 3})},
   };
   std::mt19937_64 rng(99);
   for (const Shape& mesh_shape : {Shape{2, 2}, Shape{2, 3}}) {
@@ -223,7 +224,8 @@ BOOST_AUTO_TEST_CASE(views_of_nested_shard_orders_match_the_full_tensor) {
         const Case& k = cases[c];
         const Tensor a = testing::integer_tensor(k.shape, DType::Float64, 50 + c);
         const Layout l = validate_layout(layout, mesh_shape, k.shape);
-        DTensor x = DTensor::from_local(testing::source_shard(a, mesh_shape, l, mesh.coordinate(), 7), mesh, l, k.shape);
+        DTensor x =
+            DTensor::from_local(testing::source_shard(a, mesh_shape, l, mesh.coordinate(), 7), mesh, l, k.shape);
         DTensor y = call_op(k.op, {x}, k.attrs);
         Tensor got = y.full_tensor();
         if (mesh.rank() == 0 && !equal(got, call_op(k.op, {a}, k.attrs)))

@@ -58,8 +58,8 @@ void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn, st
   }
   Communicator& world = mpi_test_world();
   if (world.size() != ranks)
-    throw ValueError(fmt::format("run_ranks({}) under an MPI job of {} processes: expected equal sizes", ranks,
-                                 world.size()));
+    throw ValueError(
+        fmt::format("run_ranks({}) under an MPI job of {} processes: expected equal sizes", ranks, world.size()));
   try {
     fn(world);
   } catch (const std::exception& e) {
@@ -147,9 +147,12 @@ Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int
   std::vector<Placement> ps;
   for (int m = 0; m < mesh_nd; ++m) {
     int pick = static_cast<int>(rng() % 8);
-    if (pick < partial_odds) ps.push_back(Partial{op});
-    else if (nd > 0 && pick < partial_odds + 4) ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
-    else ps.push_back(Replicate{});
+    if (pick < partial_odds)
+      ps.push_back(Partial{op});
+    else if (nd > 0 && pick < partial_odds + 4)
+      ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
+    else
+      ps.push_back(Replicate{});
   }
   if (rng() % 2 == 0) return Layout(ps);
   std::vector<std::pair<std::int64_t, std::vector<int>>> order;

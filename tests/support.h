@@ -58,7 +58,8 @@ std::vector<Shape> backend_meshes(const std::vector<Shape>& thread_meshes);
 /// the job's size). On threads a failing rank surfaces as RankFailed; under
 /// MPI a rank that throws prints the test case and its error and aborts the
 /// job, since its peers could not otherwise be released.
-void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn, std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000));
+void run_ranks(int ranks, const std::function<void(Communicator& world)>& fn,
+               std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000));
 /// Whether this rank should write results meant for the main thread into
 /// shared variables: under threads only rank 0 (the others would race),
 /// under MPI every process (each has its own copy).

@@ -71,7 +71,8 @@ void check_normalize_levels(const std::vector<std::int64_t>& dims, const std::ve
       const bool was_outer = before[o] < before[m] || (before[o] == before[m] && o < m);
       if (o != m) BOOST_TEST((after[o] < after[m]) == was_outer, "order of mesh dims " << o << " and " << m);
     }
-    BOOST_TEST((after[m] >= 0 && after[m] < c), "level " << after[m] << " of mesh dim " << m << " outside 0.." << c - 1);
+    BOOST_TEST((after[m] >= 0 && after[m] < c),
+               "level " << after[m] << " of mesh dim " << m << " outside 0.." << c - 1);
   }
 }
 
@@ -129,7 +130,8 @@ void check_layout_problem(const std::vector<Placement>& ps, const Shape& mesh, c
 // the layout at its coordinates, over all mesh dims and over the mesh dims of
 // size > 1 only (as the planner reduces a request).
 void check_rank_boxes(const Shape& mesh, const Shape& shape, const Layout& l) {
-  const int ranks = static_cast<int>(numel(mesh)), M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  const int ranks = static_cast<int>(numel(mesh)), M = static_cast<int>(mesh.size()),
+            nd = static_cast<int>(shape.size());
   RankBoxes all, reduced;
   fill_rank_boxes(all, compact(l), shape, ranks, mesh, [&](int r, int m) { return unravel_index(r, mesh)[m]; });
   std::vector<int> big;

@@ -32,9 +32,9 @@ comm_test::Engine host_engine(int n) {
 
 BOOST_AUTO_TEST_SUITE(collectives)
 
-#define HOST_COLLECTIVE_CASE(name) \
+#define HOST_COLLECTIVE_CASE(name)                                                 \
   BOOST_DATA_TEST_CASE(name, bdata::make(host_collectives::runnable_sizes()), n) { \
-    comm_test::name(host_collectives::host_engine(n));                            \
+    comm_test::name(host_collectives::host_engine(n));                             \
   }
 COLLECTIVE_CASES(HOST_COLLECTIVE_CASE)
 

@@ -240,9 +240,9 @@ struct MeshCase {
 };
 
 std::vector<MeshCase> mesh_cases() {
-  return {{1, {1}},       {1, {1, 1}},    {2, {2}},       {2, {1, 2}},    {2, {2, 1}},       {3, {3}},
-          {3, {1, 3}},    {4, {4}},       {4, {2, 2}},    {4, {1, 4}},    {6, {2, 3}},       {6, {3, 2}},
-          {6, {1, 2, 3}}, {8, {8}},       {8, {2, 4}},    {8, {2, 2, 2}}, {8, {2, 2, 2, 1}}, {8, {1, 2, 2, 2}}};
+  return {{1, {1}},       {1, {1, 1}}, {2, {2}},    {2, {1, 2}},    {2, {2, 1}},       {3, {3}},
+          {3, {1, 3}},    {4, {4}},    {4, {2, 2}}, {4, {1, 4}},    {6, {2, 3}},       {6, {3, 2}},
+          {6, {1, 2, 3}}, {8, {8}},    {8, {2, 4}}, {8, {2, 2, 2}}, {8, {2, 2, 2, 1}}, {8, {1, 2, 2, 2}}};
 }
 
 }  // namespace mesh_test
@@ -266,8 +266,7 @@ BOOST_AUTO_TEST_CASE(layout_groups_and_submeshes) {
         const Shape coord = unravel_index(rank, shape);
         EXPECT_R(mesh.rank() == rank && mesh.coordinate() == coord, "coordinate");
         EXPECT_R(mesh.size() == n && mesh.ndim() == ndim && &mesh.comm() == &world, "size");
-        for (int p = 0; p < n; ++p)
-          EXPECT_R(mesh.rank_of(mesh.coordinate_of(p)) == p, "round trip {}", p);
+        for (int p = 0; p < n; ++p) EXPECT_R(mesh.rank_of(mesh.coordinate_of(p)) == p, "round trip {}", p);
         const std::int64_t me = rank;
         for (const auto& dims : subsets) {
           // Expected members: vary `dims` (first listed most significant).
@@ -291,8 +290,8 @@ BOOST_AUTO_TEST_CASE(layout_groups_and_submeshes) {
                    g.size(), g.rank());
           std::vector<std::int64_t> got(static_cast<std::size_t>(g.size()));
           g.all_gather(&me, got.data(), sizeof(me));
-          EXPECT_R(got == expected, "group_comm({}) members {} expected {}", fmt::join(dims, ","),
-                   fmt::join(got, ","), fmt::join(expected, ","));
+          EXPECT_R(got == expected, "group_comm({}) members {} expected {}", fmt::join(dims, ","), fmt::join(got, ","),
+                   fmt::join(expected, ","));
           if (dims.size() == 1) EXPECT_R(&mesh.dim_comm(dims[0]) == &g, "dim_comm is group_comm of one dim");
           if (!dims.empty()) {
             std::vector<std::string> sub_names;

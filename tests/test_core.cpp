@@ -14,11 +14,11 @@
 using namespace dtensor;
 using dtensor::testing::check_throws;
 
-
 BOOST_AUTO_TEST_SUITE(placements)
 
 BOOST_AUTO_TEST_CASE(print_and_parse_round_trip) {
-  for (std::string text : {"S(0),R,P(sum)", "R", "P(max),S(1)", "S(0),S(0)", "S(0)[1],S(0)[0]", "P(avg),P(avg),R,S(2)"}) {
+  for (std::string text :
+       {"S(0),R,P(sum)", "R", "P(max),S(1)", "S(0),S(0)", "S(0)[1],S(0)[0]", "P(avg),P(avg),R,S(2)"}) {
     BOOST_TEST_CONTEXT("text " << text) { BOOST_TEST(fmt::format("{}", Layout::parse(text)) == text); }
   }
   BOOST_TEST(fmt::format("{}", Layout::parse("Shard(dim=1), Replicate(), Partial(min)")) == "S(1),R,P(min)");
@@ -34,8 +34,11 @@ BOOST_AUTO_TEST_CASE(parse_errors_name_the_text) {
   check_throws<ParseError>([] { Layout::parse(""); }, "empty");
   check_throws<ParseError>([] { Layout::parse("S(0)[1],S(0)[1]"); }, "nesting levels");
   check_throws<ParseError>([] { Layout::parse("R[0]"); }, "only a shard");
-  check_throws<LayoutError>([] { Layout({Shard{0}, Shard{0}}, std::vector<std::pair<std::int64_t, std::vector<int>>>{{0, {1}}}); },
-                            "split order [1]");
+  check_throws<LayoutError>(
+      [] {
+        Layout({Shard{0}, Shard{0}}, std::vector<std::pair<std::int64_t, std::vector<int>>>{{0, {1}}});
+      },
+      "split order [1]");
 }
 
 BOOST_AUTO_TEST_CASE(equality_and_hash_agree) {
@@ -115,7 +118,8 @@ BOOST_AUTO_TEST_CASE(shards_tile_the_tensor, *boost::unit_test::timeout(60)) {
     for (auto& m : mesh) m = 1 + rng() % 3;
     for (auto& s : shape) s = rng() % 8;
     std::vector<Placement> ps;
-    for (int m = 0; m < mesh_nd; ++m) ps.push_back(rng() % 2 ? Placement(Shard{static_cast<std::int64_t>(rng() % nd)}) : Replicate{});
+    for (int m = 0; m < mesh_nd; ++m)
+      ps.push_back(rng() % 2 ? Placement(Shard{static_cast<std::int64_t>(rng() % nd)}) : Replicate{});
     Layout l(ps);
     BOOST_TEST_CONTEXT("seed " << seed << " iter " << iter << " mesh " << fmt::format("{}", mesh) << " shape "
                                << fmt::format("{}", shape) << " layout " << fmt::format("{}", l)) {
@@ -146,7 +150,8 @@ BOOST_AUTO_TEST_CASE(box_subtract_is_exact) {
       a.offset[d] = rng() % 4, a.size[d] = rng() % 4;
       b.offset[d] = rng() % 4, b.size[d] = rng() % 4;
     }
-    BOOST_TEST_CONTEXT("seed " << seed << " iter " << iter << " a " << fmt::format("{}", a) << " b " << fmt::format("{}", b)) {
+    BOOST_TEST_CONTEXT("seed " << seed << " iter " << iter << " a " << fmt::format("{}", a) << " b "
+                               << fmt::format("{}", b)) {
       auto pieces = subtract(a, b);
       std::int64_t total = 0;
       for (auto& p : pieces) {
@@ -183,7 +188,8 @@ BOOST_AUTO_TEST_CASE(basics) {
   check_throws<ShapeError>([] { Tensor::zeros({2, -1}); }, "-1");
   // 16-bit floats are stored on the CPU and read back as doubles.
   BOOST_TEST(Tensor::ones({2}, DType::BFloat16).get({1}) == 1.0);
-  check_throws<DTypeError>([] { Tensor::ones({2}, DType::BFloat16).data_as<float>(); }, "data_as<f32> on a bf16 tensor");
+  check_throws<DTypeError>([] { Tensor::ones({2}, DType::BFloat16).data_as<float>(); },
+                           "data_as<f32> on a bf16 tensor");
   BOOST_TEST(fmt::format("{}", Tensor::arange({3}, DType::Int64)) == "Tensor(3, i64, [0, 1, 2])");
 }
 

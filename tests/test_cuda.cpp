@@ -153,13 +153,13 @@ BOOST_AUTO_TEST_CASE(bfloat16_rounds_to_nearest_even_and_keeps_nans) {
 BOOST_AUTO_TEST_CASE(float16_rounds_to_nearest_even_with_subnormals_and_overflow) {
   BOOST_TEST(float16(1.0f).bits == 0x3c00);
   BOOST_TEST(float16(-2.0f).bits == 0xc000);
-  BOOST_TEST(float16(65504.0f).bits == 0x7bff);  // the largest half
-  BOOST_TEST(float16(65519.0f).bits == 0x7bff);  // below the rounding point
-  BOOST_TEST(float16(65520.0f).bits == 0x7c00);  // rounds to inf
-  BOOST_TEST(float16(std::ldexp(1.0f, -24)).bits == 0x0001);  // smallest subnormal
-  BOOST_TEST(float16(std::ldexp(1.0f, -25)).bits == 0x0000);  // a tie: to even (zero)
-  BOOST_TEST(float16(std::ldexp(3.0f, -25)).bits == 0x0002);  // 1.5 ulps: to even (2)
-  BOOST_TEST(float16(std::ldexp(1.0f, -14)).bits == 0x0400);  // smallest normal
+  BOOST_TEST(float16(65504.0f).bits == 0x7bff);                      // the largest half
+  BOOST_TEST(float16(65519.0f).bits == 0x7bff);                      // below the rounding point
+  BOOST_TEST(float16(65520.0f).bits == 0x7c00);                      // rounds to inf
+  BOOST_TEST(float16(std::ldexp(1.0f, -24)).bits == 0x0001);         // smallest subnormal
+  BOOST_TEST(float16(std::ldexp(1.0f, -25)).bits == 0x0000);         // a tie: to even (zero)
+  BOOST_TEST(float16(std::ldexp(3.0f, -25)).bits == 0x0002);         // 1.5 ulps: to even (2)
+  BOOST_TEST(float16(std::ldexp(1.0f, -14)).bits == 0x0400);         // smallest normal
   BOOST_TEST(float16(1.0f + std::ldexp(1.0f, -11)).bits == 0x3c00);  // tie to even
   BOOST_TEST(float16(1.0f + std::ldexp(3.0f, -11)).bits == 0x3c02);
   BOOST_TEST((float16(std::nanf("")).bits & 0x7c00) == 0x7c00);
@@ -180,8 +180,10 @@ BOOST_AUTO_TEST_CASE(conversion_and_seeded_values_are_the_f32_ones_rounded) {
   for (DType d : {DType::BFloat16, DType::Float16}) {
     const Tensor h = Tensor::rand({5, 7}, d, 42);
     BOOST_TEST(equal(h, f.to(d)), "rand in " << dtype_name(d));
-    BOOST_TEST(equal(Tensor::randn({3, 4}, d, 7), Tensor::randn({3, 4}, DType::Float32, 7).to(d)), "randn in " << dtype_name(d));
-    BOOST_TEST(allclose(h.to(DType::Float32), f, d == DType::BFloat16 ? 4e-3 : 5e-4, 0), "round trip in " << dtype_name(d));
+    BOOST_TEST(equal(Tensor::randn({3, 4}, d, 7), Tensor::randn({3, 4}, DType::Float32, 7).to(d)),
+               "randn in " << dtype_name(d));
+    BOOST_TEST(allclose(h.to(DType::Float32), f, d == DType::BFloat16 ? 4e-3 : 5e-4, 0),
+               "round trip in " << dtype_name(d));
     BOOST_TEST(h.get({1, 2}) == f.to(d).get({1, 2}));
   }
   Tensor t = Tensor::zeros({2}, DType::BFloat16);
@@ -213,8 +215,8 @@ BOOST_AUTO_TEST_CASE(a_sharded_bf16_matmul_reduces_its_partial_sum_in_bf16) {
     const DTensor c = matmul(da, db);
     const Tensor full = c.full_tensor();
     if (testing::reports_results(comm) && !allclose(full.to(DType::Float32), want, 1e-2, 1.0))
-      failures.push_back(fmt::format("bf16 matmul over 4 ranks: max |diff| {}",
-                                     max_abs_diff(full.to(DType::Float32), want)));
+      failures.push_back(
+          fmt::format("bf16 matmul over 4 ranks: max |diff| {}", max_abs_diff(full.to(DType::Float32), want)));
   });
   testing::check_no_failures(failures);
 }
@@ -241,7 +243,9 @@ BOOST_AUTO_TEST_CASE(asking_for_a_cuda_tensor_names_what_is_missing) {
   }
   ThreadsOptions options;
   options.device = Device::CUDA;
-  BOOST_CHECK_THROW(run_threads(2, [](Communicator&) {}, options), Error);
+  BOOST_CHECK_THROW(run_threads(
+                        2, [](Communicator&) {}, options),
+                    Error);
   BOOST_TEST(cuda::allocator_stats().device_allocations == 0u);
 }
 
@@ -281,7 +285,8 @@ BOOST_AUTO_TEST_CASE(device_box_copies_match_the_host_ones) {
     const Tensor host = Tensor::arange(shape, DType::Float64);
     const Tensor dev = host.to(Device::CUDA);
     BOOST_TEST_REQUIRE(equal(slice_box(dev, box).to(Device::CPU), slice_box(host, box)),
-                       "trial " << trial << " shape " << fmt::format("{}", fmt::join(shape, "x")) << " box " << fmt::format("{}", box));
+                       "trial " << trial << " shape " << fmt::format("{}", fmt::join(shape, "x")) << " box "
+                                << fmt::format("{}", box));
   }
 }
 
@@ -311,8 +316,8 @@ BOOST_AUTO_TEST_CASE(simulated_gpu_ranks_run_collectives_and_redistributions) {
             const DTensor y = x.redistribute(Layout::parse(to));
             const Tensor got = y.full_tensor().to(Device::CPU);
             if (testing::reports_results(comm) && !equal(got, full))
-              failures.push_back(fmt::format("{} -> {} on simulated GPU ranks: max |diff| {}", from, to,
-                                             max_abs_diff(got, full)));
+              failures.push_back(
+                  fmt::format("{} -> {} on simulated GPU ranks: max |diff| {}", from, to, max_abs_diff(got, full)));
           }
         }
         // A Partial(sum) made by a sharded matmul, reduced on the device.
@@ -322,7 +327,8 @@ BOOST_AUTO_TEST_CASE(simulated_gpu_ranks_run_collectives_and_redistributions) {
                                  distribute_tensor(b, mesh, Layout::parse("R,S(0)")));
         const Tensor got = c.full_tensor().to(Device::CPU);
         if (testing::reports_results(comm) && !allclose(got, matmul(a, b), 0, 0))
-          failures.push_back(fmt::format("matmul over simulated GPU ranks: max |diff| {}", max_abs_diff(got, matmul(a, b))));
+          failures.push_back(
+              fmt::format("matmul over simulated GPU ranks: max |diff| {}", max_abs_diff(got, matmul(a, b))));
       },
       options);
   testing::check_no_failures(failures);

@@ -84,7 +84,8 @@ BOOST_DATA_TEST_CASE(each_op_in_bf16_and_f16_is_the_f32_op_rounded_once, utf::da
       try {
         got = call_op(op, std::span<const Tensor>(narrow), s.attrs);
       } catch (const std::exception& e) {
-        BOOST_ERROR("op " << op << " sample " << si << " (seed " << seed << ") in " << dtype_name(d) << ": " << e.what());
+        BOOST_ERROR("op " << op << " sample " << si << " (seed " << seed << ") in " << dtype_name(d) << ": "
+                          << e.what());
         continue;
       }
       const std::vector<Tensor> wide = as_dtype(narrow, DType::Float32);
@@ -95,8 +96,8 @@ BOOST_DATA_TEST_CASE(each_op_in_bf16_and_f16_is_the_f32_op_rounded_once, utf::da
       // op names its own output dtype, as `to` does).
       const DType want_dtype = want32.dtype() == DType::Float32 && op != "to" ? d : want32.dtype();
       BOOST_TEST((got.dtype() == want_dtype), "op " << op << " sample " << si << " in " << dtype_name(d) << " gave "
-                                                     << dtype_name(got.dtype()) << ", expected "
-                                                     << dtype_name(want_dtype));
+                                                    << dtype_name(got.dtype()) << ", expected "
+                                                    << dtype_name(want_dtype));
       const Tensor want = want32.to(want_dtype);
       BOOST_TEST(equal(got, want), "op " << op << " sample " << si << " (seed " << seed << ") in " << dtype_name(d)
                                          << ": max |diff| " << max_abs_diff(got, want));
@@ -141,8 +142,7 @@ BOOST_DATA_TEST_CASE(each_op_on_cuda_matches_the_cpu, utf::data::make(registered
   }
 }
 
-BOOST_DATA_TEST_CASE(each_op_sharded_over_simulated_gpu_ranks_matches_the_cpu, utf::data::make(registered_ops()),
-                     op) {
+BOOST_DATA_TEST_CASE(each_op_sharded_over_simulated_gpu_ranks_matches_the_cpu, utf::data::make(registered_ops()), op) {
   std::uint64_t seed = 0;
   const auto samples = samples_of(op, seed);
   const Shape mesh_shape{2, 2};
@@ -158,9 +158,9 @@ BOOST_DATA_TEST_CASE(each_op_sharded_over_simulated_gpu_ranks_matches_the_cpu, u
       for (std::size_t i = 0; i < s.inputs.size(); ++i) {
         const bool fixed =
             std::find(s.fixed_inputs.begin(), s.fixed_inputs.end(), static_cast<int>(i)) != s.fixed_inputs.end();
-        combo.push_back(fixed ? Layout::replicated(2)
-                              : testing::random_layout(rng, 2, s.inputs[i].dim(), ReduceOp::Sum,
-                                                       s.allow_partial ? 2 : 0));
+        combo.push_back(
+            fixed ? Layout::replicated(2)
+                  : testing::random_layout(rng, 2, s.inputs[i].dim(), ReduceOp::Sum, s.allow_partial ? 2 : 0));
       }
       combos.push_back(std::move(combo));
     }

@@ -185,4 +185,3 @@ BOOST_AUTO_TEST_SUITE(simulated_gpu_ranks, *utf::precondition(testing::needs_gpu
 Engine suite_engine() { return simulated_engine(); }
 COLLECTIVE_CASES(DEVICE_COLLECTIVE_CASE)
 BOOST_AUTO_TEST_SUITE_END()
-

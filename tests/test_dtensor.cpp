@@ -47,24 +47,25 @@ Moved redistribute_and_count(const Shape& mesh_shape, const Shape& shape, const 
     DeviceMesh mesh(comm, mesh_shape);
     Tensor full = testing::integer_tensor(shape, dtype, seed);
     Layout f = validate_layout(lf, mesh_shape, shape);
-    DTensor src = DTensor::from_local(testing::source_shard(full, mesh_shape, f, mesh.coordinate(), seed), mesh, f, shape);
+    DTensor src =
+        DTensor::from_local(testing::source_shard(full, mesh_shape, f, mesh.coordinate(), seed), mesh, f, shape);
     CommStats before = comm.stats();
     DTensor dst = src.redistribute(lt);
     moved.per_rank[comm.rank()] = comm.stats() - before;
     if (!lt.has_partial()) {
       if (!equal(dst.to_local(), slice_box(full, dst.local_box())))
-        log.add(fmt::format("rank {}: {} -> {} on {} gives a wrong shard", comm.rank(), from, to, fmt::join(shape, "x")));
+        log.add(
+            fmt::format("rank {}: {} -> {} on {} gives a wrong shard", comm.rank(), from, to, fmt::join(shape, "x")));
     } else if (!equal(dst.full_tensor(), full)) {
-      log.add(fmt::format("rank {}: {} -> {} on {} reduces to a wrong tensor", comm.rank(), from, to, fmt::join(shape, "x")));
+      log.add(fmt::format("rank {}: {} -> {} on {} reduces to a wrong tensor", comm.rank(), from, to,
+                          fmt::join(shape, "x")));
     }
   });
   moved.failures = std::move(log.failures);
   return moved;
 }
 
-void expect_ok(const Moved& m) {
-  testing::check_no_failures(m.failures);
-}
+void expect_ok(const Moved& m) { testing::check_no_failures(m.failures); }
 
 }  // namespace dtensor_suite
 using namespace dtensor_suite;
@@ -200,7 +201,8 @@ BOOST_AUTO_TEST_CASE(exhaustive_four_by_two, *boost::unit_test::timeout(300)) {
     DeviceMesh mesh(comm, mesh_shape);
     Tensor full = testing::integer_tensor(shape, DType::Float64, 5);
     for (auto& [from, to] : pairs) {
-      DTensor src = DTensor::from_local(testing::source_shard(full, mesh_shape, from, mesh.coordinate(), 5), mesh, from, shape);
+      DTensor src =
+          DTensor::from_local(testing::source_shard(full, mesh_shape, from, mesh.coordinate(), 5), mesh, from, shape);
       DTensor dst = src.redistribute(to);
       if (!equal(dst.to_local(), slice_box(full, dst.local_box())))
         log.add(fmt::format("rank {}: {} -> {} gives a wrong shard", comm.rank(), from, to));
@@ -238,7 +240,8 @@ BOOST_AUTO_TEST_CASE(distribute_and_gather_back) {
       // A rank receives only its own shard.
       std::uint64_t header = sizeof(std::int64_t) * 4;
       if (comm.rank() != 2 && moved.recv_bytes > static_cast<std::uint64_t>(box.numel()) * 8 + header)
-        log.add(fmt::format("rank {} received {} bytes for a {}-element shard", comm.rank(), moved.recv_bytes, box.numel()));
+        log.add(fmt::format("rank {} received {} bytes for a {}-element shard", comm.rank(), moved.recv_bytes,
+                            box.numel()));
       if (!equal(t.full_tensor(), full)) log.add(fmt::format("rank {}: {} does not gather back", comm.rank(), text));
       DTensor again = DTensor::from_local(t.to_local(), mesh, t.placements());  // infer the global shape
       if (again.shape() != full.shape())
@@ -262,9 +265,15 @@ BOOST_AUTO_TEST_CASE(errors_name_the_bad_value) {
       return "no error";
     };
     if (comm.rank() != 0) return;  // errors below are raised before any collective
-    messages[0] = catch_msg([&] { DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(2)"), Shape{8, 4}); });
-    messages[1] = catch_msg([&] { DTensor::from_local(Tensor::zeros({3, 4}), mesh, Layout::parse("S(0)"), Shape{8, 4}); });
-    messages[2] = catch_msg([&] { DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(0),R"), Shape{8, 4}); });
+    messages[0] = catch_msg([&] {
+      DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(2)"), Shape{8, 4});
+    });
+    messages[1] = catch_msg([&] {
+      DTensor::from_local(Tensor::zeros({3, 4}), mesh, Layout::parse("S(0)"), Shape{8, 4});
+    });
+    messages[2] = catch_msg([&] {
+      DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(0),R"), Shape{8, 4});
+    });
   });
   BOOST_TEST(messages[0].find("Shard(2)") != std::string::npos, messages[0]);
   BOOST_TEST(messages[1].find("3x4") != std::string::npos, messages[1]);

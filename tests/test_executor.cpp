@@ -164,7 +164,6 @@ std::vector<std::string> run_case(const ExecCase& c) {
   return failures;
 }
 
-
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(executor)
@@ -183,7 +182,8 @@ BOOST_AUTO_TEST_CASE(known_cases_on_two_by_four) {
 }
 
 BOOST_AUTO_TEST_CASE(random_cases) {
-  const std::vector<Shape> meshes = {{1}, {2}, {3}, {4}, {6}, {8}, {2, 2}, {2, 3}, {1, 4}, {2, 4}, {4, 2}, {2, 2, 2}, {2, 1, 3}};
+  const std::vector<Shape> meshes = {{1},    {2},    {3},    {4},    {6},       {8},      {2, 2},
+                                     {2, 3}, {1, 4}, {2, 4}, {4, 2}, {2, 2, 2}, {2, 1, 3}};
   const std::int64_t sizes[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 13};
   const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
   std::mt19937_64 rng(99);

@@ -12,7 +12,6 @@
 
 using namespace dtensor;
 
-
 namespace op_harness {
 
 constexpr std::size_t kMaxCombos = 160;
@@ -89,7 +88,8 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
       // Every combination of input layouts (sampled, seeded, past kMaxCombos).
       std::vector<std::vector<Layout>> options;
       for (std::size_t i = 0; i < s.inputs.size(); ++i) {
-        bool fixed = std::find(s.fixed_inputs.begin(), s.fixed_inputs.end(), static_cast<int>(i)) != s.fixed_inputs.end();
+        bool fixed =
+            std::find(s.fixed_inputs.begin(), s.fixed_inputs.end(), static_cast<int>(i)) != s.fixed_inputs.end();
         options.push_back(fixed ? std::vector<Layout>{Layout::replicated(static_cast<int>(mesh_shape.size()))}
                                 : layout_options(mesh_shape, s.inputs[i], s.allow_partial));
       }
@@ -123,14 +123,16 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
             std::vector<DTensor> args;
             for (std::size_t i = 0; i < combo.size(); ++i) {
               Layout l = validate_layout(combo[i], mesh_shape, s.inputs[i].shape());
-              args.push_back(DTensor::from_local(testing::source_shard(s.inputs[i], mesh_shape, l, mesh.coordinate(), seed + i),
-                                                 mesh, l, s.inputs[i].shape()));
+              args.push_back(
+                  DTensor::from_local(testing::source_shard(s.inputs[i], mesh_shape, l, mesh.coordinate(), seed + i),
+                                      mesh, l, s.inputs[i].shape()));
             }
             DTensor y = call_op(op, std::span<const DTensor>(args), s.attrs);
             Tensor got = y.full_tensor();
             if (testing::reports_results(comm) && !allclose(got, expected, s.rtol, s.atol))
-              failures.push_back(fmt::format("{}: result {} differs from the unsharded op (max |diff| {}), output layout {}",
-                                             current, fmt::join(got.shape(), "x"), max_abs_diff(got, expected), y.placements()));
+              failures.push_back(
+                  fmt::format("{}: result {} differs from the unsharded op (max |diff| {}), output layout {}", current,
+                              fmt::join(got.shape(), "x"), max_abs_diff(got, expected), y.placements()));
           }
         });
       } catch (const std::exception& e) {

@@ -279,9 +279,12 @@ BOOST_AUTO_TEST_CASE(random_non_partial_sources_reach_the_bound) {
     std::vector<Placement> ps;
     for (int m = 0; m < mesh_nd; ++m) {
       int pick = static_cast<int>(rng() % 6);
-      if (partial && pick == 0) ps.push_back(Partial{ReduceOp::Sum});
-      else if (nd > 0 && pick < 4) ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
-      else ps.push_back(Replicate{});
+      if (partial && pick == 0)
+        ps.push_back(Partial{ReduceOp::Sum});
+      else if (nd > 0 && pick < 4)
+        ps.push_back(Shard{static_cast<std::int64_t>(rng() % nd)});
+      else
+        ps.push_back(Replicate{});
     }
     std::vector<std::pair<std::int64_t, std::vector<int>>> order;
     Layout l(ps);
@@ -356,8 +359,12 @@ BOOST_AUTO_TEST_CASE(bad_requests_name_the_bad_value) {
                             "Shard(-3) on mesh dim 0: the tensor has 2 dims");
   expect_error<LayoutError>(PlanRequest{{2, 2, 2}, {4}, DType::Float32, Layout::parse("R,R"), Layout::parse("R,R,R")},
                             "has 2 placements: the mesh [2,2,2] has 3 dims");
-  expect_error<LayoutError>(
-      PlanRequest{{2, 2}, {4}, DType::Float32, Layout::parse("P(sum),P(max)"), Layout::parse("R,R")}, "mixes P(sum) and P(max)");
+  expect_error<LayoutError>(PlanRequest{{2, 2},
+                                        {4},
+                                        DType::Float32,
+                                        Layout::parse("P(sum),P(max)"),
+                                        Layout::parse("R,R")},
+                            "mixes P(sum) and P(max)");
   expect_error<ShapeError>(PlanRequest{{2}, {4, -1}, DType::Float32, Layout::parse("R"), Layout::parse("S(0)")},
                            "size -1 of dim 1 is negative");
   expect_error<ShapeError>(PlanRequest{{2, 0}, {4}, DType::Float32, Layout::parse("R,R"), Layout::parse("S(0),R")},
@@ -378,7 +385,10 @@ BOOST_AUTO_TEST_SUITE(plan_cache)
 
 BOOST_AUTO_TEST_CASE(hits_are_cheap_and_misses_fast) {
   clear_plan_cache();
-  PlanRequest req{{2, 2, 2}, {64, 64, 64}, DType::Float32, Layout::parse("S(0),S(1),S(2)"),
+  PlanRequest req{{2, 2, 2},
+                  {64, 64, 64},
+                  DType::Float32,
+                  Layout::parse("S(0),S(1),S(2)"),
                   Layout::parse("S(2),S(1),S(0)")};
   const Plan& first = cached_plan(req);
   BOOST_TEST(plan_cache_stats().misses == 1u);
@@ -476,7 +486,10 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
       case 0: break;
       case 1: cost.links = {inter_node_link()}; break;
       case 2: cost.links = {LinkParams{1e-6, 5e9}, LinkParams{0.2e-6, 200e9}}; break;
-      default: cost.base_latency_s = 1e-6; cost.local_copy_Bps = 5e9; break;
+      default:
+        cost.base_latency_s = 1e-6;
+        cost.local_copy_Bps = 5e9;
+        break;
     }
     const DType dtype = rng() % 4 == 0 ? DType::Int64 : DType::Float32;
     const std::string what = fmt::format("case {} (seed {}): mesh {} shape [{}] {} {} -> {} ({})", i, seed,
@@ -511,9 +524,10 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
     if (from != to) ++by_kind[from.has_partial() ? 2 : *fast < cost.base_latency_s ? 0 : 1];
     BOOST_TEST(*fast == planned, what << fmt::format(": closed form {:.17g}, planner {:.17g}", *fast, planned));
   }
-  BOOST_TEST_MESSAGE(fmt::format("closed form applied to {} of {} moves (local {}, collective {}, all_reduce {}); "
-                                 "a lower bound to {}",
-                                 applied, cases, by_kind[0], by_kind[1], by_kind[2], bounded));
+  BOOST_TEST_MESSAGE(
+      fmt::format("closed form applied to {} of {} moves (local {}, collective {}, all_reduce {}); "
+                  "a lower bound to {}",
+                  applied, cases, by_kind[0], by_kind[1], by_kind[2], bounded));
   BOOST_TEST(bounded > cases / 4);
   BOOST_TEST(all_reduce_steps > 20);
   // The rules must cover a good share of the moves, each rule some.
@@ -528,13 +542,13 @@ BOOST_AUTO_TEST_CASE(apply_to_the_common_moves) {
     return closed_form_seconds(mesh, shape, DType::Float32, Layout::parse(from), Layout::parse(to), cost);
   };
   BOOST_TEST(fast("S(0),R", "S(0),R").value_or(-1) == 0.0);
-  BOOST_TEST(fast("S(0),R", "R,R").has_value());       // all_gather
-  BOOST_TEST(fast("S(0),R", "S(1),R").has_value());    // all_to_all
-  BOOST_TEST(fast("R,R", "S(0),S(1)").has_value());    // local slices
-  BOOST_TEST(fast("P(sum),R", "R,R").has_value());     // all_reduce
-  BOOST_TEST(fast("S(0),R", "S(0),P(sum)").has_value());  // zero-fill
+  BOOST_TEST(fast("S(0),R", "R,R").has_value());                  // all_gather
+  BOOST_TEST(fast("S(0),R", "S(1),R").has_value());               // all_to_all
+  BOOST_TEST(fast("R,R", "S(0),S(1)").has_value());               // local slices
+  BOOST_TEST(fast("P(sum),R", "R,R").has_value());                // all_reduce
+  BOOST_TEST(fast("S(0),R", "S(0),P(sum)").has_value());          // zero-fill
   BOOST_TEST(fast("S(0),R", "S(0),P(max)").value_or(-1) == 0.0);  // relabel
-  BOOST_TEST(!fast("S(0),S(0)", "R,S(0)").has_value());  // not innermost: the planner decides
+  BOOST_TEST(!fast("S(0),S(0)", "R,S(0)").has_value());           // not innermost: the planner decides
 }
 
 BOOST_AUTO_TEST_SUITE_END()

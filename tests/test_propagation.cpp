@@ -116,13 +116,11 @@ const testing::RegisterSamples twice_samples("test_twice", [](std::mt19937_64& r
 });
 // test_impossible has no valid strategy on any mesh, so the harness cannot
 // run it; its samples list is empty on purpose and the op is checked below.
-const testing::RegisterSamples impossible_samples("test_impossible", [](std::mt19937_64&) {
-  return std::vector<testing::OpSample>{};
-});
+const testing::RegisterSamples impossible_samples("test_impossible",
+                                                  [](std::mt19937_64&) { return std::vector<testing::OpSample>{}; });
 // test_gpu_only has no CPU kernel: checked below, not by the harness.
-const testing::RegisterSamples gpu_only_samples("test_gpu_only", [](std::mt19937_64&) {
-  return std::vector<testing::OpSample>{};
-});
+const testing::RegisterSamples gpu_only_samples("test_gpu_only",
+                                                [](std::mt19937_64&) { return std::vector<testing::OpSample>{}; });
 const testing::RegisterSamples scale_samples("test_scale", [](std::mt19937_64& rng) {
   scale();
   testing::OpSample sample;
@@ -145,12 +143,14 @@ BOOST_AUTO_TEST_CASE(linear_op_keeps_partial_and_shards_without_communication) {
     Tensor full = testing::integer_tensor({6, 5}, DType::Float64, 3);
     for (const char* text : {"S(0),S(1)", "P(sum),S(0)", "R,R", "S(1),P(sum)"}) {
       Layout l = Layout::parse(text);
-      DTensor x = DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 3), mesh, l, full.shape());
+      DTensor x =
+          DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 3), mesh, l, full.shape());
       CommCounter counter(mesh);
       DTensor y = call_op("test_twice", {x});
       std::lock_guard lock(mu);
       if (!(y.placements() == l)) failures.push_back(fmt::format("{} became {}", text, y.placements()));
-      if (counter.counts().data_collectives() != 0) failures.push_back(fmt::format("{} communicated: {}", text, counter.counts()));
+      if (counter.counts().data_collectives() != 0)
+        failures.push_back(fmt::format("{} communicated: {}", text, counter.counts()));
     }
   });
   testing::check_no_failures(failures);
@@ -169,8 +169,10 @@ BOOST_AUTO_TEST_CASE(matmul_counts_the_reduction_a_partial_output_owes) {
   run_threads(2, [&](Communicator& comm) {
     DeviceMesh mesh(comm, {2});
     const Layout rows = Layout::parse("S(0)");
-    DTensor A = DTensor::from_local(slice_box(a, local_box(mesh.shape(), a.shape(), rows, mesh.coordinate())), mesh, rows, a.shape());
-    DTensor B = DTensor::from_local(slice_box(b, local_box(mesh.shape(), b.shape(), rows, mesh.coordinate())), mesh, rows, b.shape());
+    DTensor A = DTensor::from_local(slice_box(a, local_box(mesh.shape(), a.shape(), rows, mesh.coordinate())), mesh,
+                                    rows, a.shape());
+    DTensor B = DTensor::from_local(slice_box(b, local_box(mesh.shape(), b.shape(), rows, mesh.coordinate())), mesh,
+                                    rows, b.shape());
     CommCounter counter(mesh);
     DTensor C = call_op("matmul", {A, B});
     const CommStats c = counter.counts();
@@ -195,7 +197,8 @@ BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
     Tensor full = testing::integer_tensor({9, 4}, DType::Float64, 5);
     for (const char* text : {"S(0)[1],S(0)[0]", "S(1)[1],S(1)[0]"}) {
       Layout l = Layout::parse(text);
-      DTensor x = DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 5), mesh, l, full.shape());
+      DTensor x =
+          DTensor::from_local(testing::source_shard(full, {2, 2}, l, mesh.coordinate(), 5), mesh, l, full.shape());
       Tensor w_full = testing::integer_tensor({4, 3}, DType::Float64, 6);
       DTensor w = DTensor::from_local(w_full, mesh, Layout::parse("R,R"), w_full.shape());
       CommCounter counter(mesh);
@@ -207,7 +210,8 @@ BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
       Tensor expect = slice_box(full, local_box(Shape{2, 2}, full.shape(), l, mesh.coordinate()));
       std::lock_guard lock(mu);
       for (const DTensor* y : {&twice_x, &sum}) {
-        if (!(y->placements() == l)) failures.push_back(fmt::format("{} became {}", text, y->placements()));
+        if (!(y->placements() == l))
+          failures.push_back(fmt::format("{} became {}", text, y->placements()));
         else if (!allclose(y->to_local(), mul(expect, 2.0)))
           failures.push_back(fmt::format("{}: wrong values on rank {}", text, comm.rank()));
       }
@@ -326,12 +330,16 @@ BOOST_AUTO_TEST_CASE(a_handle_calls_the_op_without_a_lookup) {
 
 BOOST_AUTO_TEST_CASE(a_device_without_a_kernel_is_a_typed_error_naming_op_and_device) {
   gpu_only();
-  testing::check_throws<UnsupportedError>([] { call_op("test_gpu_only", {Tensor::ones({2, 3})}); },
-                                          "[test_gpu_only] has no cpu kernel");
+  testing::check_throws<UnsupportedError>(
+      [] {
+        call_op("test_gpu_only", {Tensor::ones({2, 3})});
+      },
+      "[test_gpu_only] has no cpu kernel");
   run_threads(2, [&](Communicator& comm) {
     DeviceMesh mesh(comm, {2});
     DTensor x = DTensor::from_local(Tensor::ones({2, 3}), mesh, Layout::parse("R"), Shape{2, 3});
-    testing::check_throws<UnsupportedError>([&] { call_op("test_gpu_only", {x}); }, "[test_gpu_only] has no cpu kernel");
+    testing::check_throws<UnsupportedError>([&] { call_op("test_gpu_only", {x}); },
+                                            "[test_gpu_only] has no cpu kernel");
   });
   // A CPU-only build has no CUDA kernel for any op (its CUDA table is null);
   // a CUDA build has one for every built-in op.
@@ -377,7 +385,11 @@ BOOST_AUTO_TEST_CASE(typed_attributes_compare_hash_and_name_the_expected_struct)
   BOOST_TEST(a.get<ReduceAttrs>("sum").keepdim);
   BOOST_TEST(OpAttrs{}.get<ReduceAttrs>("sum").dims.empty());  // none given: the defaults
   BOOST_TEST(d.get_if<ReduceAttrs>() == nullptr);
-  testing::check_throws<ValueError>([&] { call_op("sum", {Tensor::ones({2, 3})}, d); }, "[sum] got attributes of type DimsAttrs; expected ReduceAttrs");
+  testing::check_throws<ValueError>(
+      [&] {
+        call_op("sum", {Tensor::ones({2, 3})}, d);
+      },
+      "[sum] got attributes of type DimsAttrs; expected ReduceAttrs");
   // A custom op's own struct: decisions are cached per value.
   scale();
   clear_propagation_cache();
@@ -391,7 +403,8 @@ BOOST_AUTO_TEST_CASE(typed_attributes_compare_hash_and_name_the_expected_struct)
     BOOST_TEST(stats.misses == 2u);
     BOOST_TEST(stats.hits == 1u);
     BOOST_TEST(equal(z.full_tensor(), Tensor::full({2, 3}, 3.0, DType::Float64)));
-    testing::check_throws<ValueError>([&] { call_op("test_scale", {x}, ReduceAttrs{}); }, "[test_scale] got attributes of type ReduceAttrs; expected ScaleAttrs");
+    testing::check_throws<ValueError>([&] { call_op("test_scale", {x}, ReduceAttrs{}); },
+                                      "[test_scale] got attributes of type ReduceAttrs; expected ScaleAttrs");
   });
 }
 

@@ -18,8 +18,8 @@ namespace random_programs {
 struct Step {
   std::string op;
   OpAttrs attrs;
-  int operand = -1;      // index into operands, for binary ops
-  Layout reshard;        // used when op == "redistribute"
+  int operand = -1;  // index into operands, for binary ops
+  Layout reshard;    // used when op == "redistribute"
 };
 
 struct Program {
@@ -47,7 +47,8 @@ Program make_program(std::uint64_t seed, const Shape& mesh) {
   const int mnd = static_cast<int>(mesh.size());
   p.start = random_matrix_layout(rng, mnd, false);
   const int length = 10 + static_cast<int>(rng() % 21);
-  static const char* unary[] = {"neg", "relu", "tanh", "sigmoid", "abs", "transpose", "softmax", "mul_scalar", "add_scalar"};
+  static const char* unary[] = {"neg",       "relu",    "tanh",       "sigmoid",   "abs",
+                                "transpose", "softmax", "mul_scalar", "add_scalar"};
   static const char* binary[] = {"add", "sub", "mul", "maximum", "minimum", "matmul"};
   for (int i = 0; i < length; ++i) {
     Step s;
@@ -76,9 +77,12 @@ Program make_program(std::uint64_t seed, const Shape& mesh) {
 std::string describe(const Program& p) {
   std::string out = fmt::format("seed {} mesh {} n {} start {}:", p.seed, fmt::join(p.mesh, "x"), p.n, p.start);
   for (const Step& s : p.steps) {
-    if (s.op == "redistribute") out += fmt::format(" ->[{}]", s.reshard);
-    else if (s.operand >= 0) out += fmt::format(" {}(x, [{}])", s.op, p.operand_layouts[s.operand]);
-    else out += fmt::format(" {}", s.op);
+    if (s.op == "redistribute")
+      out += fmt::format(" ->[{}]", s.reshard);
+    else if (s.operand >= 0)
+      out += fmt::format(" {}(x, [{}])", s.op, p.operand_layouts[s.operand]);
+    else
+      out += fmt::format(" {}", s.op);
   }
   return out;
 }
@@ -110,16 +114,16 @@ BOOST_DATA_TEST_CASE(random_chains_match_the_unsharded_chain, boost::unit_test::
     try {
       testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
         DeviceMesh mesh(comm, mesh_shape);
-        DTensor x = DTensor::from_local(slice_box(x0, local_box(mesh_shape, x0.shape(), p.start, mesh.coordinate())), mesh,
-                                        p.start, x0.shape());
+        DTensor x = DTensor::from_local(slice_box(x0, local_box(mesh_shape, x0.shape(), p.start, mesh.coordinate())),
+                                        mesh, p.start, x0.shape());
         for (const Step& s : p.steps) {
           if (s.op == "redistribute") {
             x = x.redistribute(s.reshard);
           } else if (s.operand >= 0) {
             const Tensor& b = p.operands[s.operand];
             const Layout& bl = p.operand_layouts[s.operand];
-            DTensor y = DTensor::from_local(testing::source_shard(b, mesh_shape, bl, mesh.coordinate(), p.seed + 7), mesh,
-                                            bl, b.shape());
+            DTensor y = DTensor::from_local(testing::source_shard(b, mesh_shape, bl, mesh.coordinate(), p.seed + 7),
+                                            mesh, bl, b.shape());
             x = call_op(s.op, {x, y}, s.attrs);
           } else {
             x = call_op(s.op, {x}, s.attrs);

@@ -141,8 +141,8 @@ BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::make(testin
               const std::int64_t limit = std::max(largest(plan.from), largest(plan.to));
               for (const PlanStep& step : plan.steps)
                 if (largest(step.to) > limit)
-                  log.add(fmt::format("{}: step {} -> {} holds {} elements on one rank, more than {}", c.describe(mesh_shape),
-                                      step.from, step.to, largest(step.to), limit));
+                  log.add(fmt::format("{}: step {} -> {} holds {} elements on one rank, more than {}",
+                                      c.describe(mesh_shape), step.from, step.to, largest(step.to), limit));
             }
             CommStats before = comm.stats();
             DTensor dst = src.redistribute(c.to);
@@ -188,7 +188,8 @@ BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::make(testin
       if (!c.from.has_partial()) {
         std::int64_t bound = 0;
         for (std::int64_t r = 0; r < world; ++r)
-          bound = std::max(bound, testing::lower_bound_elements(mesh_shape, c.shape, validate_layout(c.from, mesh_shape, c.shape),
+          bound = std::max(bound, testing::lower_bound_elements(mesh_shape, c.shape,
+                                                                validate_layout(c.from, mesh_shape, c.shape),
                                                                 validate_layout(c.to, mesh_shape, c.shape),
                                                                 unravel_index(r, mesh_shape)));
         BOOST_TEST(busiest == bound * static_cast<std::int64_t>(itemsize(c.dtype)),

@@ -85,8 +85,8 @@ Shape parse_mesh(const Options& o) {
     throw UsageError(fmt::format("--mesh '{}': {} dims; a mesh has 1 to {} dims", o.mesh, mesh.size(), kMaxMeshDims));
   for (std::size_t m = 0; m < mesh.size(); ++m)
     if (mesh[m] < 1)
-      throw UsageError(fmt::format("--mesh '{}': mesh dim {} has size {}; every mesh dim needs at least 1 rank",
-                                   o.mesh, m, mesh[m]));
+      throw UsageError(fmt::format("--mesh '{}': mesh dim {} has size {}; every mesh dim needs at least 1 rank", o.mesh,
+                                   m, mesh[m]));
   std::int64_t ranks = 1;
   for (std::int64_t size : mesh) {
     ranks *= size;
@@ -133,9 +133,8 @@ Layout parse_layout(std::string_view option, const std::string& text, const Shap
   try {
     return validate_layout(layout, mesh, shape);
   } catch (const dtensor::Error& e) {
-    throw UsageError(fmt::format("{} '{}' does not fit --mesh {} --shape {}: {}", option, text,
-                                 fmt::join(mesh, "x"), shape.empty() ? "''" : fmt::format("{}", fmt::join(shape, ",")),
-                                 bare(e.what())));
+    throw UsageError(fmt::format("{} '{}' does not fit --mesh {} --shape {}: {}", option, text, fmt::join(mesh, "x"),
+                                 shape.empty() ? "''" : fmt::format("{}", fmt::join(shape, ",")), bare(e.what())));
   }
 }
 
@@ -163,8 +162,8 @@ nlohmann::ordered_json plan_json(const Plan& plan) {
   j["to"] = layout_text(plan.to);
   j["steps"] = nlohmann::ordered_json::array();
   for (const PlanStep& s : plan.steps)
-    j["steps"].push_back({{"op", std::string(step_name(s.kind))}, {"mesh_dims", s.mesh_dims},
-                          {"recv_bytes", s.max_recv_bytes()}});
+    j["steps"].push_back(
+        {{"op", std::string(step_name(s.kind))}, {"mesh_dims", s.mesh_dims}, {"recv_bytes", s.max_recv_bytes()}});
   j["recv_bytes"] = plan.max_recv_bytes();
   j["est_seconds"] = plan.est_seconds;
   return j;
@@ -297,10 +296,10 @@ int report(const Options& o, const Plan& plan, const CostModel& cost, const std:
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{
-      "Shows how dtensor redistributes a sharded tensor from one layout to another: the steps the planner picks, "
-      "why, their bytes and time, and which rank holds which block before and after.",
-      "dtensor-plan"};
+  CLI::App
+      app{"Shows how dtensor redistributes a sharded tensor from one layout to another: the steps the planner picks, "
+          "why, their bytes and time, and which rank holds which block before and after.",
+          "dtensor-plan"};
   app.add_option("--mesh", o.mesh, "mesh shape, 1 to 4 dims, e.g. 2x4")->required();
   app.add_option("--shape", o.shape, "global tensor shape, e.g. 64,128 (sizes may be 0)")->required();
   app.add_option("--dtype", o.dtype, "element type: f32, f64 or i64")->capture_default_str();
@@ -333,20 +332,25 @@ int main(int argc, char** argv) {
     std::atomic<int> status{0};
     LaunchOptions options;
     options.default_ranks = static_cast<int>(numel(p.plan.mesh_shape));
-    const int launched = launch(argc, argv, [&](Communicator& world) {
-      std::optional<cli::RunResult> run;
-      std::string run_error;
-      try {
-        run = cli::run_plan(p.plan, o.seed, world);
-      } catch (const dtensor::Error& e) {
-        if (world.size() == numel(p.plan.mesh_shape)) throw;  // a failure mid-run: launch reports it
-        run_error = e.what();
-        run = cli::RunResult{};
-        run->problems.push_back(fmt::format("the run failed: {}", run_error));
-      }
-      if (world.rank() == 0) status.store(report(o, p.plan, p.cost, run, run_error));
-      else if (!run->verified) status.store(kExitVerifyFailed);
-    }, options);
+    const int launched = launch(
+        argc, argv,
+        [&](Communicator& world) {
+          std::optional<cli::RunResult> run;
+          std::string run_error;
+          try {
+            run = cli::run_plan(p.plan, o.seed, world);
+          } catch (const dtensor::Error& e) {
+            if (world.size() == numel(p.plan.mesh_shape)) throw;  // a failure mid-run: launch reports it
+            run_error = e.what();
+            run = cli::RunResult{};
+            run->problems.push_back(fmt::format("the run failed: {}", run_error));
+          }
+          if (world.rank() == 0)
+            status.store(report(o, p.plan, p.cost, run, run_error));
+          else if (!run->verified)
+            status.store(kExitVerifyFailed);
+        },
+        options);
     return launched != 0 ? launched : status.load();
   } catch (const UsageError& e) {
     fmt::print(stderr, "dtensor-plan: {}\n", e.what());

@@ -85,7 +85,8 @@ std::string shard_summary(const std::vector<RankBox>& boxes, std::size_t itemsiz
   auto by_numel = [](const RankBox& a, const RankBox& b) { return a.box.numel() < b.box.numel(); };
   const auto [lo, hi] = std::minmax_element(boxes.begin(), boxes.end(), by_numel);
   auto one = [&](const RankBox& b) {
-    return fmt::format("{} ({})", size_text(b.box.size), human_bytes(b.box.numel() * static_cast<std::int64_t>(itemsize)));
+    return fmt::format("{} ({})", size_text(b.box.size),
+                       human_bytes(b.box.numel() * static_cast<std::int64_t>(itemsize)));
   };
   bool same = std::all_of(boxes.begin(), boxes.end(), [&](const RankBox& b) { return b.box.size == lo->box.size; });
   if (same) return fmt::format("every rank holds a {} shard", one(*lo));
@@ -104,14 +105,16 @@ std::vector<std::string> legend(const Shape& mesh_shape, const Layout& layout,
   if (labelled && (!reps.empty() || !parts.empty()))
     lines.push_back("where several ranks hold a block, it shows the lowest of them");
   if (!reps.empty())
-    lines.push_back(fmt::format("R: replicated over {}: each block is also held by the ranks that differ from it "
-                                "only there",
-                                dims_text(reps)));
+    lines.push_back(
+        fmt::format("R: replicated over {}: each block is also held by the ranks that differ from it "
+                    "only there",
+                    dims_text(reps)));
   if (!parts.empty()) {
     ReduceOp op = std::get<Partial>(layout[parts.front()]).op;
-    lines.push_back(fmt::format("P({}): values are partial over {}: each element is {} of the values its holders "
-                                "hold (no single rank has it)",
-                                op, dims_text(parts), reduce_words(op)));
+    lines.push_back(
+        fmt::format("P({}): values are partial over {}: each element is {} of the values its holders "
+                    "hold (no single rank has it)",
+                    op, dims_text(parts), reduce_words(op)));
   }
   if (!reps.empty() || !parts.empty()) {
     std::vector<std::string> entries;
@@ -216,12 +219,13 @@ std::string explain_placements(const Shape& mesh_shape, const Shape& global_shap
       std::vector<int> order = layout.split_order(s->dim);
       const int level = layout.level(m);
       if (level == 0)
-        what = fmt::format("S({}) splits tensor dim {} (size {}) into {} chunk{}", s->dim, s->dim,
-                           global_shape[s->dim], k, k == 1 ? "" : "s");
+        what = fmt::format("S({}) splits tensor dim {} (size {}) into {} chunk{}", s->dim, s->dim, global_shape[s->dim],
+                           k, k == 1 ? "" : "s");
       else
-        what = fmt::format("S({}) splits each piece that mesh dim {} made of tensor dim {} again into {} chunk{} "
-                           "(nesting level {})",
-                           s->dim, order[level - 1], s->dim, k, k == 1 ? "" : "s", level);
+        what = fmt::format(
+            "S({}) splits each piece that mesh dim {} made of tensor dim {} again into {} chunk{} "
+            "(nesting level {})",
+            s->dim, order[level - 1], s->dim, k, k == 1 ? "" : "s", level);
     } else if (is_replicate(layout[m])) {
       what = k == 1 ? "R: a single rank, nothing to copy" : fmt::format("R: its {} ranks hold copies", k);
     } else {
@@ -233,8 +237,8 @@ std::string explain_placements(const Shape& mesh_shape, const Shape& global_shap
   return out;
 }
 
-std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize,
-                        const Layout& layout, const std::string& indent) {
+std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize, const Layout& layout,
+                        const std::string& indent) {
   const std::vector<RankBox> boxes = rank_boxes(mesh_shape, global_shape, layout);
   std::string out = fmt::format("{}{}\n", indent, shard_summary(boxes, itemsize));
   const int nd = static_cast<int>(global_shape.size());
@@ -251,8 +255,8 @@ std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std:
   const int ncols = static_cast<int>(cols.size());
   const int nrows = static_cast<int>(rows.size());
   if (ncols * (label_width + 1) + 1 > kMaxCols + 32 || nrows > kMaxRows)
-    return out + table(mesh_shape, layout, boxes, indent,
-                       fmt::format("{}x{} blocks are too many to draw; ", nrows, ncols));
+    return out +
+           table(mesh_shape, layout, boxes, indent, fmt::format("{}x{} blocks are too many to draw; ", nrows, ncols));
 
   // Characters are about twice as tall as wide: keep the tensor's aspect.
   int width = kMaxCols, height = 1;

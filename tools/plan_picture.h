@@ -22,7 +22,7 @@ std::string explain_placements(const Shape& mesh_shape, const Shape& global_shap
 /// boxes for tensors of other ranks (or grids too dense to draw). `layout`
 /// must be validated against the mesh and shape. Every line starts with
 /// `indent` and ends with '\n'.
-std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize,
-                        const Layout& layout, const std::string& indent);
+std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize, const Layout& layout,
+                        const std::string& indent);
 
 }  // namespace dtensor::cli

@@ -79,8 +79,10 @@ Tensor make_source(const Plan& plan, std::uint64_t seed, const Shape& coord) {
   if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
     if (!fp && op == ReduceOp::Avg) return local;
     auto share = [&](T value, T r) -> T {
-      if constexpr (fp) return value * (r / static_cast<T>(2 * K));
-      else return r;
+      if constexpr (fp)
+        return value * (r / static_cast<T>(2 * K));
+      else
+        return r;
     };
     if (k > 0) {
       const Tensor r = stream(stream_seed(seed, static_cast<std::uint64_t>(k)));
@@ -139,7 +141,8 @@ void check_results(const Plan& plan, std::uint64_t seed, const std::vector<Tenso
     const Tensor& got = results[static_cast<std::size_t>(r)];
     if (!got.defined() || got.shape() != want.size || got.dtype() != plan.dtype)
       res.problems.push_back(fmt::format("rank {} {}: got a {} {} shard, expected {} {} for box {}", r,
-                                         coord_text(coord), got.defined() ? fmt::format("{}", fmt::join(got.shape(), "x")) : "undefined",
+                                         coord_text(coord),
+                                         got.defined() ? fmt::format("{}", fmt::join(got.shape(), "x")) : "undefined",
                                          got.dtype(), fmt::join(want.size, "x"), plan.dtype, want));
   }
   if (!res.problems.empty()) return;
@@ -169,27 +172,32 @@ void check_results(const Plan& plan, std::uint64_t seed, const std::vector<Tenso
       group.push_back(pr);
       const std::vector<double> v = as_doubles(results[static_cast<std::size_t>(pr)]);
       for (std::size_t i = 0; i < got.size(); ++i) {
-        if (op == ReduceOp::Max) got[i] = std::max(got[i], v[i]);
-        else if (op == ReduceOp::Min) got[i] = std::min(got[i], v[i]);
-        else got[i] += v[i];
+        if (op == ReduceOp::Max)
+          got[i] = std::max(got[i], v[i]);
+        else if (op == ReduceOp::Min)
+          got[i] = std::min(got[i], v[i]);
+        else
+          got[i] += v[i];
       }
     }
     if (op == ReduceOp::Avg && K > 1)
-      for (double& g : got) g = is_floating(plan.dtype) ? g / static_cast<double>(K) : std::trunc(g / static_cast<double>(K));
+      for (double& g : got)
+        g = is_floating(plan.dtype) ? g / static_cast<double>(K) : std::trunc(g / static_cast<double>(K));
 
     std::int64_t bad = 0, first = -1;
     for (std::size_t i = 0; i < got.size(); ++i) {
-      const bool ok = res.tolerant ? std::abs(got[i] - expected[i]) <= 1e-6 + 1e-6 * std::abs(expected[i])
-                                   : got[i] == expected[i];
+      const bool ok =
+          res.tolerant ? std::abs(got[i] - expected[i]) <= 1e-6 + 1e-6 * std::abs(expected[i]) : got[i] == expected[i];
       if (!ok && bad++ == 0) first = static_cast<std::int64_t>(i);
     }
     if (bad == 0) continue;
     Shape index = unravel_index(first, want.size);
     for (std::size_t d = 0; d < index.size(); ++d) index[d] += want.offset[d];
-    res.problems.push_back(fmt::format("{} {} {}: {} of {} elements differ; element [{}] is {}, expected {}",
-                                       group.size() == 1 ? "rank" : "ranks",
-                                       group.size() == 1 ? std::to_string(r) : fmt::format("{{{}}}", fmt::join(group, ",")),
-                                       want, bad, got.size(), fmt::join(index, ","), got[first], expected[first]));
+    res.problems.push_back(
+        fmt::format("{} {} {}: {} of {} elements differ; element [{}] is {}, expected {}",
+                    group.size() == 1 ? "rank" : "ranks",
+                    group.size() == 1 ? std::to_string(r) : fmt::format("{{{}}}", fmt::join(group, ",")), want, bad,
+                    got.size(), fmt::join(index, ","), got[first], expected[first]));
   }
 }
 
@@ -203,9 +211,8 @@ RunResult run_plan(const Plan& plan, std::uint64_t seed, Communicator& world) {
   RunResult res;
   res.backend = std::string(world.backend());
   DeviceMesh mesh(world, plan.mesh_shape);
-  Tensor local = visit_dtype(plan.dtype, [&](auto zero) {
-    return make_source<decltype(zero)>(plan, seed, mesh.coordinate());
-  });
+  Tensor local =
+      visit_dtype(plan.dtype, [&](auto zero) { return make_source<decltype(zero)>(plan, seed, mesh.coordinate()); });
   world.barrier();
   const CommStats before = world.stats();
   Tensor out = execute_plan(plan, mesh, local);
@@ -223,8 +230,10 @@ RunResult run_plan(const Plan& plan, std::uint64_t seed, Communicator& world) {
     std::int64_t dims[8];
   };
   if (world.rank() != 0) {
-    Header h{out.defined() ? 1 : 0, out.defined() ? static_cast<std::int64_t>(out.shape().size()) : 0,
-             static_cast<std::int64_t>(out.defined() ? out.dtype() : plan.dtype), {}};
+    Header h{out.defined() ? 1 : 0,
+             out.defined() ? static_cast<std::int64_t>(out.shape().size()) : 0,
+             static_cast<std::int64_t>(out.defined() ? out.dtype() : plan.dtype),
+             {}};
     for (std::size_t d = 0; d < static_cast<std::size_t>(h.ndim) && d < 8; ++d) h.dims[d] = out.shape()[d];
     world.send(&h, sizeof h, 0, kHeaderTag);
     world.send(out.defined() ? out.data() : nullptr, out.defined() ? out.nbytes() : 0, 0, kDataTag);
@@ -252,6 +261,5 @@ RunResult run_plan(const Plan& plan, std::uint64_t seed, Communicator& world) {
   res.verified = verified == 1;
   return res;
 }
-
 
 }  // namespace dtensor::cli

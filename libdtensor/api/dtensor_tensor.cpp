@@ -25,19 +25,22 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shap
       global_shape_(std::move(global_shape)),
       cost_(std::move(cost)) {}
 
-DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements, std::optional<Shape> global_shape) {
+DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
+                            std::optional<Shape> global_shape) {
   if (!local.defined()) throw ValueError("[from_local] the local tensor is undefined");
   if (local.device() != mesh.device())
-    throw ValueError(fmt::format("[from_local] the local tensor is on {} but the mesh keeps its shards on {}; move it "
-                                 "with to({})",
-                                 local.device(), mesh.device(), mesh.device()));
+    throw ValueError(
+        fmt::format("[from_local] the local tensor is on {} but the mesh keeps its shards on {}; move it "
+                    "with to({})",
+                    local.device(), mesh.device(), mesh.device()));
   const int nd = local.dim();
   Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
   Shape global;
   if (global_shape) {
     if (static_cast<int>(global_shape->size()) != nd)
       throw ShapeError(fmt::format("[from_local] global shape {} has {} dims, the local tensor {} has {}",
-                                   fmt::join(*global_shape, "x"), global_shape->size(), fmt::join(local.shape(), "x"), nd));
+                                   fmt::join(*global_shape, "x"), global_shape->size(), fmt::join(local.shape(), "x"),
+                                   nd));
     global = *global_shape;
   } else {
     // Every rank learns every local shape, sums the leaves of each sharded
@@ -61,12 +64,14 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
     }
     for (int r = 0; r < n; ++r) {
       Box b = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate_of(r));
-      Shape got(all.begin() + static_cast<std::ptrdiff_t>(r) * nd, all.begin() + static_cast<std::ptrdiff_t>(r + 1) * nd);
+      Shape got(all.begin() + static_cast<std::ptrdiff_t>(r) * nd,
+                all.begin() + static_cast<std::ptrdiff_t>(r + 1) * nd);
       if (b.size != got)
-        throw ShapeError(fmt::format(
-            "[from_local] rank {} holds a {} shard, but {} of a {} tensor gives it {}: pass global_shape or "
-            "shards that follow torch.chunk",
-            r, fmt::join(got, "x"), layout, fmt::join(global, "x"), fmt::join(b.size, "x")));
+        throw ShapeError(
+            fmt::
+                format("[from_local] rank {} holds a {} shard, but {} of a {} tensor gives it {}: pass global_shape or "
+                       "shards that follow torch.chunk",
+                       r, fmt::join(got, "x"), layout, fmt::join(global, "x"), fmt::join(b.size, "x")));
     }
     return DTensor(std::move(local), mesh, std::move(layout), std::move(global), CostModel{});
   }
@@ -81,8 +86,12 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
 Box DTensor::local_box() const { return dtensor::local_box(mesh_.shape(), global_shape_, layout_, mesh_.coordinate()); }
 
 const Plan& DTensor::plan_to(const Layout& placements) const {
-  PlanRequest request{mesh_.shape(), global_shape_, local_.dtype(), layout_,
-                      validate_layout(placements, mesh_.shape(), global_shape_), cost_};
+  PlanRequest request{mesh_.shape(),
+                      global_shape_,
+                      local_.dtype(),
+                      layout_,
+                      validate_layout(placements, mesh_.shape(), global_shape_),
+                      cost_};
   return cached_plan(request);
 }
 
@@ -102,7 +111,8 @@ DTensor DTensor::with_cost_model(CostModel cost) const {
 DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layout& placements, int src_rank) {
   Communicator& comm = mesh.comm();
   if (src_rank < 0 || src_rank >= comm.size())
-    throw ValueError(fmt::format("[distribute_tensor] src_rank {} is not a rank of a mesh of {}", src_rank, comm.size()));
+    throw ValueError(
+        fmt::format("[distribute_tensor] src_rank {} is not a rank of a mesh of {}", src_rank, comm.size()));
   const bool is_src = comm.rank() == src_rank;
   if (is_src && !full.defined()) throw ValueError("[distribute_tensor] the source rank passed an undefined tensor");
   // The source tells everyone the shape and dtype, so other ranks need not

@@ -23,8 +23,7 @@ Tensor call_op(std::string_view name, std::span<const Tensor> inputs, const OpAt
 DTensor call_op(Op handle, std::span<const DTensor> inputs, const OpAttrs& attrs) {
   const OpDef& op = handle.def();
   const std::string& name = op.name;
-  if (inputs.empty())
-    throw ValueError(fmt::format("[{}] needs at least one DTensor input to know its mesh", name));
+  if (inputs.empty()) throw ValueError(fmt::format("[{}] needs at least one DTensor input to know its mesh", name));
   const DeviceMesh& mesh = inputs[0].mesh();
   constexpr std::size_t kInline = 4;
   std::array<ShardedTensor, kInline> inline_args;

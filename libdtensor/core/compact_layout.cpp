@@ -58,8 +58,8 @@ CompactLayout compact(const Layout& layout, std::span<const int> mesh_dims) {
     const int m = mesh_dims[i];
     const Placement& p = layout[m];
     if (const auto* s = std::get_if<Shard>(&p))
-      c[i] = CompactPlacement{CompactPlacement::kShard, ReduceOp::Sum, static_cast<std::int32_t>(s->dim),
-                              layout.level(m)};
+      c[i] =
+          CompactPlacement{CompactPlacement::kShard, ReduceOp::Sum, static_cast<std::int32_t>(s->dim), layout.level(m)};
     if (const auto* q = std::get_if<Partial>(&p)) c[i] = CompactPlacement{CompactPlacement::kPar, q->op, -1, -1};
   }
   normalize(c);
@@ -78,8 +78,8 @@ std::uint64_t state_key(const CompactLayout& l) {
     std::uint64_t code = 0;
     if (l[m].kind == CompactPlacement::kPar) code = 1 + static_cast<std::uint64_t>(l[m].op);
     if (l[m].kind == CompactPlacement::kShard)
-      code = kKeyShardBase + static_cast<std::uint64_t>(l[m].dim) * kMaxMeshDims +
-             static_cast<std::uint64_t>(l[m].level);
+      code =
+          kKeyShardBase + static_cast<std::uint64_t>(l[m].dim) * kMaxMeshDims + static_cast<std::uint64_t>(l[m].level);
     key |= code << (kKeyBitsPerDim * m);
   }
   return key;
@@ -100,8 +100,10 @@ std::optional<LayoutProblem> layout_problem(std::span<const Placement> placement
   for (std::size_t m = 0; m < placements.size(); ++m)
     if (const auto* q = std::get_if<Partial>(&placements[m])) {
       if (first && first->op != q->op)
-        return LayoutProblem{
-            .kind = Kind::MixedPartial, .mesh_dim = static_cast<int>(m), .first_op = first->op, .second_op = q->op};
+        return LayoutProblem{.kind = Kind::MixedPartial,
+                             .mesh_dim = static_cast<int>(m),
+                             .first_op = first->op,
+                             .second_op = q->op};
       first = q;
     }
   return std::nullopt;

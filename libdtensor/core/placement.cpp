@@ -109,9 +109,9 @@ Layout::Layout(std::vector<Placement> placements,
     std::vector<int> given = mesh_dims;
     std::sort(given.begin(), given.end());
     if (given != expected)
-      throw LayoutError(fmt::format(
-          "[layout] split order [{}] for tensor dim {}: expected exactly the mesh dims that shard it, [{}]",
-          fmt::join(mesh_dims, ","), dim, fmt::join(expected, ",")));
+      throw LayoutError(
+          fmt::format("[layout] split order [{}] for tensor dim {}: expected exactly the mesh dims that shard it, [{}]",
+                      fmt::join(mesh_dims, ","), dim, fmt::join(expected, ",")));
     for (std::size_t i = 0; i < mesh_dims.size(); ++i) levels_[mesh_dims[i]] = static_cast<int>(i);
   }
 }
@@ -145,7 +145,8 @@ Layout Layout::parse(std::string_view text) {
       auto open = part.rfind('[');
       std::int64_t v = 0;
       if (open == std::string_view::npos || !parse_int(part.substr(open + 1, part.size() - open - 2), v) || v < 0)
-        throw ParseError(fmt::format("[placement] '{}' in '{}': a nesting level is written S(d)[k] with k >= 0", part, text));
+        throw ParseError(
+            fmt::format("[placement] '{}' in '{}': a nesting level is written S(d)[k] with k >= 0", part, text));
       level = static_cast<int>(v);
       part = trim(part.substr(0, open));
       any_level = true;
@@ -168,13 +169,15 @@ Layout Layout::parse(std::string_view text) {
     for (std::size_t o = 0; o < placements.size(); ++o)
       if (is_shard(placements[o], dim)) {
         if (given_levels[o] < 0)
-          throw ParseError(fmt::format("[placement] '{}': give a nesting level to every shard of dim {} or to none", text, dim));
+          throw ParseError(
+              fmt::format("[placement] '{}': give a nesting level to every shard of dim {} or to none", text, dim));
         by_level.emplace_back(given_levels[o], static_cast<int>(o));
       }
     std::sort(by_level.begin(), by_level.end());
     for (std::size_t i = 0; i < by_level.size(); ++i)
       if (by_level[i].first != static_cast<int>(i))
-        throw ParseError(fmt::format("[placement] '{}': the nesting levels of dim {} must be 0..{}", text, dim, by_level.size() - 1));
+        throw ParseError(fmt::format("[placement] '{}': the nesting levels of dim {} must be 0..{}", text, dim,
+                                     by_level.size() - 1));
     std::vector<int> mesh_dims;
     for (auto& [lvl, m] : by_level) mesh_dims.push_back(m);
     order.emplace_back(dim, std::move(mesh_dims));

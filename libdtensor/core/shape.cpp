@@ -50,8 +50,8 @@ Shape parse_shape(std::string_view text) {
 void check_shape(std::span<const std::int64_t> shape, std::string_view what) {
   for (std::size_t d = 0; d < shape.size(); ++d)
     if (shape[d] < 0)
-      throw ShapeError(fmt::format("[{}] size {} of dim {} in shape {} is negative", what, shape[d], d,
-                                   fmt::join(shape, "x")));
+      throw ShapeError(
+          fmt::format("[{}] size {} of dim {} in shape {} is negative", what, shape[d], d, fmt::join(shape, "x")));
 }
 
 Shape unravel_index(std::int64_t index, std::span<const std::int64_t> shape) {

@@ -77,7 +77,8 @@ void for_each_row(const Shape& src_shape, const Shape& src_off, const Shape& dst
 
 void check_box(const Shape& shape, const Box& box, std::string_view what) {
   if (box.ndim() != static_cast<int>(shape.size()) || static_cast<int>(box.offset.size()) != box.ndim())
-    throw ShapeError(fmt::format("[tensor] {}: box {} has {} dims, the tensor {}", what, box, box.ndim(), shape.size()));
+    throw ShapeError(
+        fmt::format("[tensor] {}: box {} has {} dims, the tensor {}", what, box, box.ndim(), shape.size()));
   for (int d = 0; d < box.ndim(); ++d)
     if (box.size[d] < 0 || (box.size[d] > 0 && (box.offset[d] < 0 || box.offset[d] + box.size[d] > shape[d])))
       throw ShapeError(fmt::format("[tensor] {}: box {} does not fit shape {}", what, box, fmt::join(shape, "x")));
@@ -309,7 +310,9 @@ void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const st
   const std::byte* s = src.bytes();
   std::byte* d = dst.bytes();
   for_each_row(src.shape(), box.offset, dst.shape(), dbox.offset, box.size,
-               [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(d + dof * is, s + so * is, n * is); });
+               [&](std::int64_t so, std::int64_t dof, std::int64_t n) {
+                 std::memcpy(d + dof * is, s + so * is, n * is);
+               });
 }
 
 void copy_into(const Tensor& src, Tensor& dst) {
@@ -335,7 +338,9 @@ void pack_box(const Tensor& src, const Box& box, std::byte* out) {
     return;
   }
   for_each_row(src.shape(), box.offset, box.size, zero, box.size,
-               [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(out + dof * is, s + so * is, n * is); });
+               [&](std::int64_t so, std::int64_t dof, std::int64_t n) {
+                 std::memcpy(out + dof * is, s + so * is, n * is);
+               });
 }
 
 void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
@@ -348,7 +353,9 @@ void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
     return;
   }
   for_each_row(box.size, zero, dst.shape(), box.offset, box.size,
-               [&](std::int64_t so, std::int64_t dof, std::int64_t n) { std::memcpy(d + dof * is, in + so * is, n * is); });
+               [&](std::int64_t so, std::int64_t dof, std::int64_t n) {
+                 std::memcpy(d + dof * is, in + so * is, n * is);
+               });
 }
 
 void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
@@ -391,8 +398,7 @@ void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> 
         case DType::Int64:
           reinterpret_cast<std::int64_t*>(base)[li + k] = static_cast<std::int64_t>(r.v[0] % 2000) - 1000;
           break;
-        default:
-          visit_dtype(dtype, [](auto) {});  // throws DTypeError naming the dtype
+        default: visit_dtype(dtype, [](auto) {});  // throws DTypeError naming the dtype
       }
     }
   });

@@ -227,8 +227,8 @@ class MpiCommunicator final : public Communicator {
           },
           [&](MPI_Request* req) {
             return equal ? MPI_Iallgather(in, counts[r], MPI_BYTE, recv, counts[0], MPI_BYTE, comm_, req)
-                         : MPI_Iallgatherv(in, counts[r], MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE,
-                                           comm_, req);
+                         : MPI_Iallgatherv(in, counts[r], MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE, comm_,
+                                           req);
           });
     } else {
       copy_bytes(static_cast<std::byte*>(recv) + displs[r], send, recv_bytes[r]);
@@ -334,8 +334,8 @@ class MpiCommunicator final : public Communicator {
         check(kind, MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_));
       }
     } else {
-      copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r],
-                 static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
+      copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r],
+                 recv_bytes[r]);
     }
     stats_->record(kind, received);
   }
@@ -413,9 +413,10 @@ class MpiCommunicator final : public Communicator {
     check(kind, MPI_Irecv(mismatch ? scratch_.data() : buf, got, MPI_BYTE, src, tag, comm_, &req));
     wait(kind, req);
     if (mismatch)
-      throw CommError(fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
-                                  "matching send has {} bytes",
-                                  rank_, size_, src, tag, bytes, got));
+      throw CommError(
+          fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
+                      "matching send has {} bytes",
+                      rank_, size_, src, tag, bytes, got));
     stats_->record(kind, bytes);
   }
 

@@ -134,12 +134,13 @@ std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int>
   if (devices.empty()) throw ValueError("[nccl] nccl_local_group: no devices given; expected at least one");
   for (std::size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] < 0 || devices[i] >= count)
-      throw ValueError(fmt::format("[nccl] nccl_local_group: device {} is not one of the {} visible devices",
-                                   devices[i], count));
+      throw ValueError(
+          fmt::format("[nccl] nccl_local_group: device {} is not one of the {} visible devices", devices[i], count));
     for (std::size_t j = 0; j < i; ++j)
       if (devices[j] == devices[i])
-        throw ValueError(fmt::format(
-            "[nccl] nccl_local_group: device {} is listed twice; NCCL takes one rank per device", devices[i]));
+        throw ValueError(
+            fmt::format("[nccl] nccl_local_group: device {} is listed twice; NCCL takes one rank per device",
+                        devices[i]));
   }
   const int n = static_cast<int>(devices.size());
   // The group sets each device in turn with the runtime call (nothing in a

@@ -251,8 +251,8 @@ class NcclCommunicator final : public Communicator {
     std::size_t received = 0;
     for (int p = 0; p < size_; ++p)
       if (p != rank_) received += recv_bytes[static_cast<std::size_t>(p)];
-    const bool any = std::any_of(send_bytes.begin(), send_bytes.end(), [](std::size_t b) { return b > 0; }) ||
-                     received > 0;
+    const bool any =
+        std::any_of(send_bytes.begin(), send_bytes.end(), [](std::size_t b) { return b > 0; }) || received > 0;
     if (size_ > 1 && any) {
       grouped(kind, [&](Issue& issue) {
         for (int k = 1; k < size_; ++k) {
@@ -469,8 +469,8 @@ class NcclCommunicator final : public Communicator {
   // makes the communicator's device current; returns the caller's stream.
   cudaStream_t enter(CollectiveKind kind) {
     if (comm_ == nullptr)
-      throw CommError(fmt::format("[nccl] {} on rank {} of {}: the communicator is unusable: {}",
-                                  collective_name(kind), rank_, size_, broken_msg_));
+      throw CommError(fmt::format("[nccl] {} on rank {} of {}: the communicator is unusable: {}", collective_name(kind),
+                                  rank_, size_, broken_msg_));
     if (cuda::current_device() != device_) cuda::set_device(device_);
     return cuda::stream();
   }
@@ -523,9 +523,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   CommError size_mismatch(int src, int tag, std::size_t want, std::size_t got) const {
-    return CommError(fmt::format("[nccl] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
-                                 "matching send has {} bytes",
-                                 rank_, size_, src, tag, want, got));
+    return CommError(
+        fmt::format("[nccl] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
+                    "matching send has {} bytes",
+                    rank_, size_, src, tag, want, got));
   }
 
   void copy_async(CollectiveKind kind, void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
@@ -570,7 +571,7 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   std::string broken_msg_;
   std::shared_ptr<std::byte[]> ctl_;
-  Header header_;  // the outgoing header, copied from here
+  Header header_;                                             // the outgoing header, copied from here
   std::map<std::pair<int, int>, std::deque<Stashed>> stash_;  // (src, tag)
   std::vector<std::size_t> offsets_;
 };

@@ -7,10 +7,11 @@
 namespace dtensor {
 namespace {
 [[noreturn]] void unavailable(std::string_view what) {
-  throw UnsupportedError(fmt::format(
-      "[nccl] {} needs NCCL, and this build has none (configure with -Dcuda=enabled where nvcc and NCCL are "
-      "installed)",
-      what));
+  throw UnsupportedError(
+      fmt::
+          format("[nccl] {} needs NCCL, and this build has none (configure with -Dcuda=enabled where nvcc and NCCL are "
+                 "installed)",
+                 what));
 }
 }  // namespace
 

@@ -51,7 +51,9 @@ using namespace threads_detail;
 class ThreadsCommunicator final : public Communicator {
  public:
   ThreadsCommunicator(std::shared_ptr<World> world, std::shared_ptr<Group> group, int rank)
-      : world_(std::move(world)), group_(std::move(group)), rank_(rank),
+      : world_(std::move(world)),
+        group_(std::move(group)),
+        rank_(rank),
         world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]),
         stats_(&world_->stats[static_cast<std::size_t>(world_rank_)]) {}
 
@@ -96,8 +98,7 @@ class ThreadsCommunicator final : public Communicator {
       const int p = (rank_ + k) % n;
       const auto sp = even_split(static_cast<std::int64_t>(count), n, p);
       const std::size_t off = static_cast<std::size_t>(sp.offset) * isz;
-      move_bytes(static_cast<std::byte*>(recv) + off,
-                 static_cast<const std::byte*>(group_->slot(p, seq).recv) + off,
+      move_bytes(static_cast<std::byte*>(recv) + off, static_cast<const std::byte*>(group_->slot(p, seq).recv) + off,
                  static_cast<std::size_t>(sp.size) * isz);
     }
     wait_phase(kind, deadline);
@@ -289,9 +290,10 @@ class ThreadsCommunicator final : public Communicator {
       }
     }
     if (m.data.size() != bytes)
-      throw CommError(fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but "
-                                  "the matching send has {} bytes",
-                                  rank_, size(), src, tag, bytes, m.data.size()));
+      throw CommError(
+          fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but "
+                      "the matching send has {} bytes",
+                      rank_, size(), src, tag, bytes, m.data.size()));
     if (on_gpu())
       cuda::copy(buf, Device::CUDA, m.data.data(), Device::CPU, bytes);
     else
@@ -518,9 +520,10 @@ class ThreadsCommunicator final : public Communicator {
     const int n = g.n;
     auto d = [&](int p) -> const Descriptor& { return const_cast<Group&>(g).slot(p, seq).desc; };
     auto mismatch = [&](int a, int b, std::string_view why) {
-      return fmt::format("[threads] collective mismatch in a group of {} (seen on rank {}): rank {} called {} but rank "
-                         "{} called {}{}",
-                         n, rank_, a, describe(d(a), n), b, describe(d(b), n), why);
+      return fmt::format(
+          "[threads] collective mismatch in a group of {} (seen on rank {}): rank {} called {} but rank "
+          "{} called {}{}",
+          n, rank_, a, describe(d(a), n), b, describe(d(b), n), why);
     };
     const Descriptor& d0 = d(0);
     for (int p = 1; p < n; ++p) {
@@ -567,8 +570,7 @@ class ThreadsCommunicator final : public Communicator {
 }  // namespace
 
 void run_threads(int world_size, const std::function<void(Communicator& world)>& fn, ThreadsOptions options) {
-  if (world_size < 1)
-    throw ValueError(fmt::format("[run_threads] world_size {}; expected at least 1", world_size));
+  if (world_size < 1) throw ValueError(fmt::format("[run_threads] world_size {}; expected at least 1", world_size));
   std::vector<int> ranks(static_cast<std::size_t>(world_size));
   for (int r = 0; r < world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
   if (options.device == Device::CUDA) {

@@ -44,8 +44,7 @@ std::string sizes_text(const std::size_t* v, int n) {
 std::string describe(const Descriptor& d, int n) {
   const auto name = collective_name(d.kind);
   switch (d.kind) {
-    case CollectiveKind::AllReduce:
-      return fmt::format("{}(count={}, dtype={}, op={})", name, d.count, d.dtype, d.op);
+    case CollectiveKind::AllReduce: return fmt::format("{}(count={}, dtype={}, op={})", name, d.count, d.dtype, d.op);
     case CollectiveKind::AllGather: return fmt::format("{}(recv_bytes={})", name, sizes_text(d.v0, n));
     case CollectiveKind::ReduceScatter:
       return fmt::format("{}(counts={}, dtype={}, op={})", name, sizes_text(d.v0, n), d.dtype, d.op);
@@ -57,9 +56,7 @@ std::string describe(const Descriptor& d, int n) {
   }
 }
 
-bool same_sizes(const std::size_t* a, const std::size_t* b, int n) {
-  return n == 0 || std::equal(a, a + n, b);
-}
+bool same_sizes(const std::size_t* a, const std::size_t* b, int n) { return n == 0 || std::equal(a, a + n, b); }
 
 std::size_t prefix(std::span<const std::size_t> v, int i) {
   std::size_t s = 0;

@@ -58,10 +58,10 @@ struct Descriptor {
   DType dtype = DType::Float32;
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
-  std::size_t count = 0;             // all_reduce elements, broadcast bytes
-  const std::size_t* v0 = nullptr;   // per-rank sizes (n entries) the group must agree on
-  const std::size_t* v1 = nullptr;   // all_to_all: recv_bytes
-  int color = 0, key = 0;            // split
+  std::size_t count = 0;            // all_reduce elements, broadcast bytes
+  const std::size_t* v0 = nullptr;  // per-rank sizes (n entries) the group must agree on
+  const std::size_t* v1 = nullptr;  // all_to_all: recv_bytes
+  int color = 0, key = 0;           // split
 };
 
 struct alignas(64) Slot {
@@ -98,7 +98,7 @@ struct Group {
   bool broken_by_timeout = false;
   std::string broken_msg;
 
-  std::vector<Slot> slots;  // [rank][round parity]
+  std::vector<Slot> slots;                                        // [rank][round parity]
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag)
 };
 

@@ -42,7 +42,8 @@ void gather_typed(const T* s, T* o, std::span<const std::int64_t> out_shape, std
   std::vector<std::int64_t> idx(static_cast<std::size_t>(nd), 0);
   std::int64_t base = 0;
   for (std::int64_t done = 0; done < total; done += inner) {
-    if (inner_stride == 1) std::memcpy(o + done, s + base, static_cast<std::size_t>(inner) * sizeof(T));
+    if (inner_stride == 1)
+      std::memcpy(o + done, s + base, static_cast<std::size_t>(inner) * sizeof(T));
     else
       for (std::int64_t j = 0; j < inner; ++j) o[done + j] = s[base + j * inner_stride];
     for (int d = nd - 2; d >= 0; --d) {
@@ -67,8 +68,7 @@ void gather_strided(const Tensor& src, Tensor& dst, std::span<const std::int64_t
     case 2: return run(std::uint16_t{});
     case 4: return run(std::uint32_t{});
     case 8: return run(std::uint64_t{});
-    default:
-      throw Error(fmt::format("[cpu] internal: gather of {}-byte elements", itemsize(dst.dtype())));
+    default: throw Error(fmt::format("[cpu] internal: gather of {}-byte elements", itemsize(dst.dtype())));
   }
 }
 
@@ -116,8 +116,8 @@ void gemm_batched(DType dtype, bool ta, bool tb, std::int64_t m, std::int64_t n,
   auto* pc = static_cast<std::byte*>(c);
   for (std::int64_t i = 0; i < batch; ++i)
     cpu::gemm(dtype, ta, tb, m, n, k, pa + static_cast<std::size_t>(i * stride_a) * item, lda,
-              pb + static_cast<std::size_t>(i * stride_b) * item, ldb, pc + static_cast<std::size_t>(i * stride_c) * item,
-              ldc);
+              pb + static_cast<std::size_t>(i * stride_b) * item, ldb,
+              pc + static_cast<std::size_t>(i * stride_c) * item, ldc);
 }
 
 Tensor embedding(const Tensor& idx, const Tensor& table, std::int64_t row0, std::int64_t vocab) {

@@ -20,10 +20,14 @@ void eigen_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
   // A stored as (rows x cols) row-major; transposition is a view.
   CMap am(a, trans_a ? k : m, trans_a ? m : k, Eigen::OuterStride<>(lda));
   CMap bm(b, trans_b ? n : k, trans_b ? k : n, Eigen::OuterStride<>(ldb));
-  if (!trans_a && !trans_b) out.noalias() = am * bm;
-  else if (trans_a && !trans_b) out.noalias() = am.transpose() * bm;
-  else if (!trans_a && trans_b) out.noalias() = am * bm.transpose();
-  else out.noalias() = am.transpose() * bm.transpose();
+  if (!trans_a && !trans_b)
+    out.noalias() = am * bm;
+  else if (trans_a && !trans_b)
+    out.noalias() = am.transpose() * bm;
+  else if (!trans_a && trans_b)
+    out.noalias() = am * bm.transpose();
+  else
+    out.noalias() = am.transpose() * bm.transpose();
 }
 
 }  // namespace dtensor::cpu

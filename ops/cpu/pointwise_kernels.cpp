@@ -47,30 +47,31 @@ void run_loop(const Loop<N>& loop, const std::array<const T*, N>& in, T* out, Ro
 // the compiler vectorises each.
 template <class T, class F>
 void binary_rows(const Loop<2>& loop, const T* a, const T* b, T* y, F f) {
-  run_loop<T, 2>(loop, {a, b}, y, [&](std::int64_t n, const std::array<const T*, 2>& p, const std::array<std::int64_t, 2>& s, T* out) {
-    const T* x0 = p[0];
-    const T* x1 = p[1];
-    if (s[0] && s[1]) {
-      for (std::int64_t j = 0; j < n; ++j) out[j] = f(x0[j], x1[j]);
-    } else if (s[0]) {
-      const T v = *x1;
-      for (std::int64_t j = 0; j < n; ++j) out[j] = f(x0[j], v);
-    } else if (s[1]) {
-      const T v = *x0;
-      for (std::int64_t j = 0; j < n; ++j) out[j] = f(v, x1[j]);
-    } else {
-      const T v = f(*x0, *x1);
-      for (std::int64_t j = 0; j < n; ++j) out[j] = v;
-    }
-  });
+  run_loop<T, 2>(loop, {a, b}, y,
+                 [&](std::int64_t n, const std::array<const T*, 2>& p, const std::array<std::int64_t, 2>& s, T* out) {
+                   const T* x0 = p[0];
+                   const T* x1 = p[1];
+                   if (s[0] && s[1]) {
+                     for (std::int64_t j = 0; j < n; ++j) out[j] = f(x0[j], x1[j]);
+                   } else if (s[0]) {
+                     const T v = *x1;
+                     for (std::int64_t j = 0; j < n; ++j) out[j] = f(x0[j], v);
+                   } else if (s[1]) {
+                     const T v = *x0;
+                     for (std::int64_t j = 0; j < n; ++j) out[j] = f(v, x1[j]);
+                   } else {
+                     const T v = f(*x0, *x1);
+                     for (std::int64_t j = 0; j < n; ++j) out[j] = v;
+                   }
+                 });
 }
 
 // The ops' metas accept only floating dtypes for these functions (the one
 // dtype check, ops/src/pointwise.cpp); an integer tensor here is a bug.
 template <class T>
 [[noreturn]] void float_only(const char* op) {
-  throw Error(fmt::format("[{}] internal: a floating-only function reached the kernel with a {} tensor", op,
-                          dtype_of<T>()));
+  throw Error(
+      fmt::format("[{}] internal: a floating-only function reached the kernel with a {} tensor", op, dtype_of<T>()));
 }
 
 // NaN propagates, as in torch.maximum / torch.minimum.

@@ -7,7 +7,23 @@
 
 namespace dtensor::pointwise {
 
-enum class Unary { Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Gelu, Silu, AddScalar, MulScalar, DivScalar, PowScalar };
+enum class Unary {
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Gelu,
+  Silu,
+  AddScalar,
+  MulScalar,
+  DivScalar,
+  PowScalar
+};
 enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge };
 
 /// y = f(x) elementwise (x contiguous, same shape out); `scalar` for the

@@ -167,17 +167,19 @@ struct Around {
 Around around(const Shape& shape, int dim) {
   Around a;
   for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-    if (d < dim) a.outer *= shape[d];
-    else if (d == dim) a.n = shape[d];
-    else a.inner *= shape[d];
+    if (d < dim)
+      a.outer *= shape[d];
+    else if (d == dim)
+      a.n = shape[d];
+    else
+      a.inner *= shape[d];
   }
   return a;
 }
 
 }  // namespace
 
-Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& out_shape, ReduceKind kind,
-                   double p) {
+Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& out_shape, ReduceKind kind, double p) {
   Tensor out = Tensor::empty(out_shape, x.dtype());
   visit_dtype(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -249,8 +251,7 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
   return out;
 }
 
-Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps,
-                 bool rms) {
+Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps, bool rms) {
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   std::int64_t n = 1;
   for (int d = x.dim() - normalized_ndim; d < x.dim(); ++d) n *= x.shape()[d];

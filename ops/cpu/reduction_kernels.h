@@ -30,7 +30,6 @@ Tensor softmax(const Tensor& x, int dim, bool log);
 /// ((x - mean) / sqrt(var + eps), biased variance) or, with `rms`,
 /// x / sqrt(mean(x^2) + eps); then times `weight` and plus `bias` where
 /// given (undefined tensors otherwise; bias is ignored for rms).
-Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps,
-                 bool rms);
+Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps, bool rms);
 
 }  // namespace dtensor::cpu

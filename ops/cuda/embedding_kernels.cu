@@ -22,8 +22,8 @@ constexpr unsigned long long kNone = ULLONG_MAX;
 /// index, all threads copy (or zero) the row's columns.
 template <class T>
 __global__ void embedding_kernel(const long long* __restrict__ indices, long long count, const T* __restrict__ table,
-                                 long long row0, long long rows, long long cols, long long vocab,
-                                 T* __restrict__ out, unsigned long long* first_bad) {
+                                 long long row0, long long rows, long long cols, long long vocab, T* __restrict__ out,
+                                 unsigned long long* first_bad) {
   for (long long n = blockIdx.x; n < count; n += gridDim.x) {
     const long long i = indices[n];
     const bool bad = i < 0 || i >= vocab;
@@ -81,8 +81,8 @@ class BadIndexFlag {
 
 }  // namespace
 
-void embedding(const std::int64_t* indices, std::int64_t count, const void* table, std::int64_t row0,
-               std::int64_t rows, std::int64_t cols, std::int64_t vocab, std::size_t itemsize, void* out) {
+void embedding(const std::int64_t* indices, std::int64_t count, const void* table, std::int64_t row0, std::int64_t rows,
+               std::int64_t cols, std::int64_t vocab, std::size_t itemsize, void* out) {
   if (count == 0) return;
   BadIndexFlag flag;
   const auto* idx = reinterpret_cast<const long long*>(indices);
@@ -92,8 +92,8 @@ void embedding(const std::int64_t* indices, std::int64_t count, const void* tabl
   device::visit_bits(itemsize, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     embedding_kernel<T><<<grid, block, 0, dtensor::cuda::stream()>>>(idx, count, static_cast<const T*>(table), row0,
-                                                                      rows, cols, vocab, static_cast<T*>(out),
-                                                                      flag.get());
+                                                                     rows, cols, vocab, static_cast<T*>(out),
+                                                                     flag.get());
     DTENSOR_CUDA_CHECK(cudaGetLastError());
   });
   long long bad = 0;
@@ -109,14 +109,15 @@ void pick(const void* logits, const std::int64_t* targets, std::int64_t n, std::
   const auto* tp = reinterpret_cast<const long long*>(targets);
   device::visit_bits(itemsize, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    pick_kernel<T><<<dtensor::cuda::grid_for(n), 256, 0, dtensor::cuda::stream()>>>(
-        static_cast<const T*>(logits), tp, n, cols, col0, classes, static_cast<T*>(out), flag.get());
+    pick_kernel<T><<<dtensor::cuda::grid_for(n), 256, 0, dtensor::cuda::stream()>>>(static_cast<const T*>(logits), tp,
+                                                                                    n, cols, col0, classes,
+                                                                                    static_cast<T*>(out), flag.get());
     DTENSOR_CUDA_CHECK(cudaGetLastError());
   });
   long long bad = 0;
   if (flag.first_bad(tp, bad))
-    throw ValueError(fmt::format("[pick] target {} out of range for {} classes; expected 0 <= target < {}", bad,
-                                 classes, classes));
+    throw ValueError(
+        fmt::format("[pick] target {} out of range for {} classes; expected 0 <= target < {}", bad, classes, classes));
 }
 
 }  // namespace dtensor::cuda_kernels

@@ -23,8 +23,8 @@ std::atomic<bool> tf32_allowed{false};
 
 void check_cublas(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw DeviceError(fmt::format("[cuda] {} failed: {} ({})", call, cublasGetStatusString(status),
-                                  static_cast<int>(status)));
+    throw DeviceError(
+        fmt::format("[cuda] {} failed: {} ({})", call, cublasGetStatusString(status), static_cast<int>(status)));
 }
 
 /// The calling thread's cuBLAS handles, one per device, created on first
@@ -82,8 +82,9 @@ GemmTypes gemm_types(DType dtype) {
   static const double one_d = 1.0, zero_d = 0.0;
   switch (dtype) {
     case DType::Float32:
-      return {CUDA_R_32F, tf32_allowed.load(std::memory_order_relaxed) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-              &one_f, &zero_f};
+      return {CUDA_R_32F,
+              tf32_allowed.load(std::memory_order_relaxed) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, &one_f,
+              &zero_f};
     case DType::Float64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, &one_d, &zero_d};
     case DType::BFloat16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, &one_f, &zero_f};
     case DType::Float16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, &one_f, &zero_f};
@@ -99,14 +100,14 @@ bool fits_int(std::initializer_list<std::int64_t> values) {
 }
 
 /// C = 0 for each of the batch m x n matrices (the k = 0 product).
-void zero_matrices(std::int64_t m, std::int64_t n, void* c, std::int64_t ldc, std::int64_t stride_c,
-                   std::int64_t batch, std::size_t item) {
+void zero_matrices(std::int64_t m, std::int64_t n, void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch,
+                   std::size_t item) {
   auto* base = static_cast<std::byte*>(c);
   const auto pitch = static_cast<std::size_t>(ldc) * item;
   const auto width = static_cast<std::size_t>(n) * item;
   if (stride_c == m * ldc) {
-    DTENSOR_CUDA_CHECK(cudaMemset2DAsync(base, pitch, 0, width, static_cast<std::size_t>(m * batch),
-                                         dtensor::cuda::stream()));
+    DTENSOR_CUDA_CHECK(
+        cudaMemset2DAsync(base, pitch, 0, width, static_cast<std::size_t>(m * batch), dtensor::cuda::stream()));
     return;
   }
   for (std::int64_t i = 0; i < batch; ++i)

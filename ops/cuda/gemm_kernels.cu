@@ -57,15 +57,13 @@ void gemm_i64(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
               std::int64_t* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, bool accumulate) {
   const std::int64_t col_tiles = (n + kTile - 1) / kTile;
   const std::int64_t row_tiles = (m + kTile - 1) / kTile;
-  if (col_tiles > 0x7fffffff)
-    throw UnsupportedError("[cuda] gemm: an int64 product with more than 2^35 columns");
+  if (col_tiles > 0x7fffffff) throw UnsupportedError("[cuda] gemm: an int64 product with more than 2^35 columns");
   // Rows and batches beyond the grid's limits are looped over in the kernel.
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(row_tiles < 65535 ? row_tiles : 65535),
                   static_cast<unsigned>(batch < 65535 ? batch : 65535));
   const dim3 block(kTile, kTile);
   gemm_i64_kernel<<<grid, block, 0, dtensor::cuda::stream()>>>(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb,
-                                                               stride_b, c, ldc, stride_c, batch,
-                                                               accumulate);
+                                                               stride_b, c, ldc, stride_c, batch, accumulate);
   DTENSOR_CUDA_CHECK(cudaGetLastError());
 }
 

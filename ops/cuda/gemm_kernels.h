@@ -10,7 +10,6 @@ namespace dtensor::cuda_kernels::detail {
 /// With `accumulate`, C += op(A) op(B).
 void gemm_i64(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const std::int64_t* a,
               std::int64_t lda, std::int64_t stride_a, const std::int64_t* b, std::int64_t ldb, std::int64_t stride_b,
-              std::int64_t* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch,
-              bool accumulate);
+              std::int64_t* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, bool accumulate);
 
 }  // namespace dtensor::cuda_kernels::detail

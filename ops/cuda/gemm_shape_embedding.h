@@ -72,8 +72,8 @@ void add_bias(DType dtype, void* y, const void* bias, std::int64_t rows, std::in
 /// table shard is [rows, cols] of `itemsize`-byte elements. An index outside
 /// [0, vocab) throws ValueError naming the first such index, as the CPU
 /// kernel does: the check waits for the stream once.
-void embedding(const std::int64_t* indices, std::int64_t count, const void* table, std::int64_t row0,
-               std::int64_t rows, std::int64_t cols, std::int64_t vocab, std::size_t itemsize, void* out);
+void embedding(const std::int64_t* indices, std::int64_t count, const void* table, std::int64_t row0, std::int64_t rows,
+               std::int64_t cols, std::int64_t vocab, std::size_t itemsize, void* out);
 
 /// out[r] = logits[r, targets[r] - col0] where col0 <= targets[r] < col0 +
 /// cols, zero elsewhere, for r < n; logits is an [n, cols] shard of

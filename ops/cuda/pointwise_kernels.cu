@@ -36,8 +36,9 @@ Geometry<N> make_geometry(const char* op, const Shape& out, const Shape* const (
   for (int k = 0; k < N; ++k) shapes[k] = in[k];
   const pointwise::Loop<N> loop = pointwise::make_loop<N>(out, shapes);
   if (loop.size.size() > kMaxDims)
-    throw UnsupportedError(fmt::format("[{}] broadcasting over {} dims that do not merge; the CUDA kernel takes up to {}",
-                                       op, loop.size.size(), kMaxDims));
+    throw UnsupportedError(
+        fmt::format("[{}] broadcasting over {} dims that do not merge; the CUDA kernel takes up to {}", op,
+                    loop.size.size(), kMaxDims));
   Geometry<N> g;
   g.nd = static_cast<int>(loop.size.size());
   for (int d = 0; d < g.nd; ++d) {
@@ -144,8 +145,7 @@ __device__ __forceinline__ C apply_binary(Binary fn, C u, C v) {
 // ---- kernels ----------------------------------------------------------------
 
 template <class T>
-__global__ void unary_kernel(Unary fn, const T* __restrict__ x, T* __restrict__ y, std::int64_t n,
-                             compute_t<T> s) {
+__global__ void unary_kernel(Unary fn, const T* __restrict__ x, T* __restrict__ y, std::int64_t n, compute_t<T> s) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
     y[i] = store_as<T>(apply_unary<compute_t<T>>(fn, load(x, i), s));
@@ -186,8 +186,9 @@ Tensor unary(Unary fn, const Tensor& x, double scalar) {
   detail::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
-    unary_kernel<T><<<cuda::grid_for(n, kBlock), kBlock, 0, cuda::stream()>>>(
-        fn, static_cast<const T*>(x.data()), static_cast<T*>(out.data()), n, static_cast<C>(scalar));
+    unary_kernel<T><<<cuda::grid_for(n, kBlock), kBlock, 0, cuda::stream()>>>(fn, static_cast<const T*>(x.data()),
+                                                                              static_cast<T*>(out.data()), n,
+                                                                              static_cast<C>(scalar));
   });
   detail::check_launch();
   return out;

@@ -39,7 +39,6 @@ Tensor argmax(const Tensor& x, int dim, const Shape& out_shape);
 /// cpu::softmax on a CUDA tensor.
 Tensor softmax(const Tensor& x, int dim, bool log);
 /// cpu::normalize on CUDA tensors (x, weight and bias on one device).
-Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps,
-                 bool rms);
+Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps, bool rms);
 
 }  // namespace dtensor::cuda_kernels

@@ -61,7 +61,7 @@ struct Recipe {
   Combine combine = Combine::Add;
   Finish finish = Finish::None;
   double p = 2;
-  bool mean = false;       // then times 1 / count, before the rounded store
+  bool mean = false;  // then times 1 / count, before the rounded store
   std::int64_t count = 0;
 };
 
@@ -227,7 +227,8 @@ __global__ void reduce_block_kernel(const T* __restrict__ x, ReduceMap m, Recipe
     const std::int64_t step = static_cast<std::int64_t>(blockDim.x) * splits;
     for (std::int64_t i = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < m.extent; i += step)
       acc = combine(c, acc, map_value(r, load(x, base + walk_offset(m.red, i))));
-    acc = block_allreduce(acc, [c](C a, C b) { return combine(c, a, b); }, scratch);
+    acc = block_allreduce(
+        acc, [c](C a, C b) { return combine(c, a, b); }, scratch);
     if (threadIdx.x == 0) {
       if (splits > 1)
         partial[o * splits + blockIdx.y] = acc;
@@ -238,8 +239,8 @@ __global__ void reduce_block_kernel(const T* __restrict__ x, ReduceMap m, Recipe
 }
 
 template <class T>
-__global__ void reduce_partials_kernel(const compute_t<T>* __restrict__ partial, std::int64_t outputs,
-                                       unsigned splits, Recipe r, T* __restrict__ out) {
+__global__ void reduce_partials_kernel(const compute_t<T>* __restrict__ partial, std::int64_t outputs, unsigned splits,
+                                       Recipe r, T* __restrict__ out) {
   using C = compute_t<T>;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < outputs; o += step) {
@@ -380,10 +381,12 @@ __global__ void softmax_rows_kernel(const T* __restrict__ x, T* __restrict__ y, 
     T* yr = y + q * n;
     C m = lowest<C>();
     for (std::int64_t r = threadIdx.x; r < n; r += blockDim.x) m = max_skip_nan(m, load(xr, r));
-    m = block_allreduce(m, [](C a, C b) { return max_skip_nan(a, b); }, scratch);
+    m = block_allreduce(
+        m, [](C a, C b) { return max_skip_nan(a, b); }, scratch);
     C s = C(0);
     for (std::int64_t r = threadIdx.x; r < n; r += blockDim.x) s += exp(load(xr, r) - m);
-    s = block_allreduce(s, [](C a, C b) { return a + b; }, scratch);
+    s = block_allreduce(
+        s, [](C a, C b) { return a + b; }, scratch);
     if (log_out) {
       const C shift = m + log(s);
       for (std::int64_t r = threadIdx.x; r < n; r += blockDim.x) yr[r] = store_as<T>(load(xr, r) - shift);
@@ -496,16 +499,15 @@ Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& 
     } else if (splits == 1) {
       reduce_block_kernel<T><<<dim3(grid_blocks(m.outputs), 1), kBlock, 0, stream>>>(px, m, r, 1, nullptr, po);
     } else {
-      const DType acc_dtype = std::is_same_v<C, float> ? DType::Float32
+      const DType acc_dtype = std::is_same_v<C, float>    ? DType::Float32
                               : std::is_same_v<C, double> ? DType::Float64
                                                           : DType::Int64;
       Tensor partial = Tensor::empty({m.outputs * static_cast<std::int64_t>(splits)}, acc_dtype, Device::CUDA);
       auto* pp = static_cast<C*>(partial.data());
-      reduce_block_kernel<T><<<dim3(static_cast<unsigned>(m.outputs), splits), kBlock, 0, stream>>>(px, m, r, splits,
-                                                                                                 pp, po);
+      reduce_block_kernel<T>
+          <<<dim3(static_cast<unsigned>(m.outputs), splits), kBlock, 0, stream>>>(px, m, r, splits, pp, po);
       detail::check_launch();
-      reduce_partials_kernel<T><<<cuda::grid_for(m.outputs, kBlock), kBlock, 0, stream>>>(pp, m.outputs, splits, r,
-                                                                                         po);
+      reduce_partials_kernel<T><<<cuda::grid_for(m.outputs, kBlock), kBlock, 0, stream>>>(pp, m.outputs, splits, r, po);
       // `partial` goes back to the stream's pool here; later work on this
       // stream runs after the kernel that reads it.
     }
@@ -521,7 +523,8 @@ void scale_by_count(Tensor& sums, std::int64_t count) {
   detail::visit_device_dtype(sums.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<T>)
-      throw Error(fmt::format("[mean] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)", sums.dtype()));
+      throw Error(fmt::format("[mean] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)",
+                              sums.dtype()));
     else
       scale_kernel<T><<<cuda::grid_for(n, kBlock), kBlock, 0, cuda::stream()>>>(static_cast<T*>(sums.data()), n, count);
   });
@@ -555,23 +558,24 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
   detail::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<T>) {
-      throw Error(fmt::format("[softmax] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)", x.dtype()));
+      throw Error(
+          fmt::format("[softmax] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)",
+                      x.dtype()));
     } else {
       const auto* px = static_cast<const T*>(x.data());
       auto* py = static_cast<T*>(out.data());
       if (a.inner == 1 && (a.n > 64 || a.outer < 4096))
         softmax_rows_kernel<T><<<grid_blocks(a.outer), kBlock, 0, cuda::stream()>>>(px, py, a.outer, a.n, log);
       else
-        softmax_columns_kernel<T><<<cuda::grid_for(a.outer * a.inner, kBlock), kBlock, 0, cuda::stream()>>>(px, py, a,
-                                                                                                          log);
+        softmax_columns_kernel<T>
+            <<<cuda::grid_for(a.outer * a.inner, kBlock), kBlock, 0, cuda::stream()>>>(px, py, a, log);
     }
   });
   detail::check_launch();
   return out;
 }
 
-Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps,
-                 bool rms) {
+Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, const Tensor& bias, double eps, bool rms) {
   detail::require_cuda("normalize", {&x, &weight, &bias});
   Tensor out = Tensor::empty(x.shape(), x.dtype(), Device::CUDA);
   std::int64_t n = 1;
@@ -582,12 +586,15 @@ Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, con
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
     if constexpr (std::is_integral_v<T>) {
-      throw Error(fmt::format("[normalize] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)", x.dtype()));
+      throw Error(
+          fmt::format("[normalize] internal: a {} tensor reached a floating-only kernel (the op's meta refuses it)",
+                      x.dtype()));
     } else {
       const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
       const T* b = bias.defined() && !rms ? static_cast<const T*>(bias.data()) : nullptr;
-      normalize_kernel<T><<<grid_blocks(rows), kBlock, 0, cuda::stream()>>>(
-          static_cast<const T*>(x.data()), w, b, static_cast<T*>(out.data()), rows, n, static_cast<C>(eps), rms);
+      normalize_kernel<T><<<grid_blocks(rows), kBlock, 0, cuda::stream()>>>(static_cast<const T*>(x.data()), w, b,
+                                                                            static_cast<T*>(out.data()), rows, n,
+                                                                            static_cast<C>(eps), rms);
     }
   });
   detail::check_launch();

@@ -106,8 +106,8 @@ Strided merge_dims(std::span<const std::int64_t> shape, std::span<const std::int
     t.push_back(strides[d]);
   }
   if (s.size() > static_cast<std::size_t>(kMaxDims))
-    throw UnsupportedError(fmt::format("[cuda] a strided copy over {} dims that do not merge; at most {}", s.size(),
-                                       kMaxDims));
+    throw UnsupportedError(
+        fmt::format("[cuda] a strided copy over {} dims that do not merge; at most {}", s.size(), kMaxDims));
   Strided map;
   map.nd = static_cast<int>(s.size());
   for (int d = 0; d < map.nd; ++d) {
@@ -127,8 +127,8 @@ void gather_strided(const void* src, void* dst, std::span<const std::int64_t> ou
   const Strided map = merge_dims(out_shape, src_strides);
   cudaStream_t stream = dtensor::cuda::stream();
   if (map.nd == 0 || (map.nd == 1 && map.stride[0] == 1)) {
-    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(count) * itemsize, cudaMemcpyDeviceToDevice,
-                                       stream));
+    DTENSOR_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<std::size_t>(count) * itemsize, cudaMemcpyDeviceToDevice, stream));
     return;
   }
   const int nd = map.nd;
@@ -157,8 +157,10 @@ void sum_last(DType dtype, const void* src, void* dst, std::int64_t rows, std::i
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr unsigned kBlock = 256;
     const std::int64_t threads = rows * 32;
-    sum_last_kernel<T><<<dtensor::cuda::grid_for(threads, kBlock), kBlock, 0, dtensor::cuda::stream()>>>(
-        static_cast<const T*>(src), static_cast<T*>(dst), rows, cols);
+    sum_last_kernel<T>
+        <<<dtensor::cuda::grid_for(threads, kBlock), kBlock, 0, dtensor::cuda::stream()>>>(static_cast<const T*>(src),
+                                                                                           static_cast<T*>(dst), rows,
+                                                                                           cols);
     DTENSOR_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -168,8 +170,9 @@ void add_bias(DType dtype, void* y, const void* bias, std::int64_t rows, std::in
   if (count == 0) return;
   device::visit(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_bias_kernel<T><<<dtensor::cuda::grid_for(count), 256, 0, dtensor::cuda::stream()>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), count, cols);
+    add_bias_kernel<T><<<dtensor::cuda::grid_for(count), 256, 0, dtensor::cuda::stream()>>>(static_cast<T*>(y),
+                                                                                            static_cast<const T*>(bias),
+                                                                                            count, cols);
     DTENSOR_CUDA_CHECK(cudaGetLastError());
   });
 }

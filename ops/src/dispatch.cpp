@@ -46,8 +46,6 @@ Tensor run_kernel(const OpDef& op, const KernelArgs& args) {
   return kernel(wide).to(args.output.dtype);
 }
 
-
-
 // One cached decision with the key it was made for. A hit compares the key
 // field by field against the call's own spans, so a hit allocates nothing.
 struct Entry {
@@ -92,7 +90,8 @@ std::size_t key_hash(const OpDef& op, const Shape& mesh, std::span<const TensorM
 
 bool same_key(const Entry& e, const OpDef& op, const Shape& mesh, std::span<const TensorMeta> inputs,
               std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
-  return e.op == &op && e.mesh_shape == mesh && std::equal(e.inputs.begin(), e.inputs.end(), inputs.begin(), inputs.end()) &&
+  return e.op == &op && e.mesh_shape == mesh &&
+         std::equal(e.inputs.begin(), e.inputs.end(), inputs.begin(), inputs.end()) &&
          std::equal(e.layouts.begin(), e.layouts.end(), layouts.begin(), layouts.end()) && e.attrs == attrs &&
          e.cost == cost;
 }
@@ -143,8 +142,9 @@ class MovePrices {
     if (auto t = closed_form_seconds(mesh_, m.shape, m.dtype, layouts_[i], target, cost_))
       prices_.push_back(Price{i, &target, *t, true});
     else
-      prices_.push_back(Price{
-          i, &target, redistribute_lower_bound_seconds(mesh_, m.shape, m.dtype, layouts_[i], target, cost_), false});
+      prices_.push_back(Price{i, &target,
+                              redistribute_lower_bound_seconds(mesh_, m.shape, m.dtype, layouts_[i], target, cost_),
+                              false});
     return prices_.back();
   }
 

@@ -25,7 +25,9 @@ struct Einsum {
   std::string output;
 };
 
-std::string shape_text(const Shape& s) { return s.empty() ? std::string("scalar") : fmt::format("{}", fmt::join(s, "x")); }
+std::string shape_text(const Shape& s) {
+  return s.empty() ? std::string("scalar") : fmt::format("{}", fmt::join(s, "x"));
+}
 
 std::string shapes_text(std::span<const TensorMeta> in) {
   std::vector<std::string> parts;
@@ -61,8 +63,10 @@ Einsum parse_equation(std::string_view op, const std::string& equation, std::spa
   // Labels in use, to draw the ellipsis labels from the rest.
   std::string used;
   for (char c : eq)
-    if (std::isalpha(static_cast<unsigned char>(c))) used += c;
-    else if (c != '.' && c != ',' && c != '-' && c != '>') throw fail(fmt::format("unexpected character '{}'", c));
+    if (std::isalpha(static_cast<unsigned char>(c)))
+      used += c;
+    else if (c != '.' && c != ',' && c != '-' && c != '>')
+      throw fail(fmt::format("unexpected character '{}'", c));
   std::string pool;
   for (char c : std::string("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
     if (!has(used, c)) pool += c;
@@ -98,7 +102,8 @@ Einsum parse_equation(std::string_view op, const std::string& equation, std::spa
   if (ell_max > static_cast<int>(pool.size())) throw fail("too many dims under '...'");
   const std::string ell = pool.substr(0, static_cast<std::size_t>(ell_max));
   for (std::size_t i = 0; i < terms.size(); ++i)
-    e.inputs.push_back(parts[i].first + ell.substr(ell.size() - static_cast<std::size_t>(ell_dims[i])) + parts[i].second);
+    e.inputs.push_back(parts[i].first + ell.substr(ell.size() - static_cast<std::size_t>(ell_dims[i])) +
+                       parts[i].second);
 
   if (arrow == std::string::npos) {
     std::string once;
@@ -168,8 +173,8 @@ Einsum matmul_einsum(std::string_view op, std::span<const TensorMeta> in) {
   const Shape& a = in[0].shape;
   const Shape& b = in[1].shape;
   if (a.empty() || b.empty())
-    throw ShapeError(fmt::format("[{}] needs operands of at least 1 dim, got shapes {} and {}", op, shape_text(a),
-                                 shape_text(b)));
+    throw ShapeError(
+        fmt::format("[{}] needs operands of at least 1 dim, got shapes {} and {}", op, shape_text(a), shape_text(b)));
   const std::int64_t ka = a.back();
   const std::int64_t kb = b.size() == 1 ? b[0] : b[b.size() - 2];
   if (ka != kb)
@@ -236,7 +241,8 @@ std::vector<DimStrategy> einsum_options(const Einsum& e, const std::map<char, st
       DimStrategy s{std::vector<Placement>(total, Replicate{}), Replicate{}};
       for (std::size_t i = 0; i < n; ++i) {
         const auto d = e.inputs[i].find(c);
-        if (d != std::string::npos && !broadcast_dim(e, sizes, in, i, d)) s.inputs[i] = Shard{static_cast<std::int64_t>(d)};
+        if (d != std::string::npos && !broadcast_dim(e, sizes, in, i, d))
+          s.inputs[i] = Shard{static_cast<std::int64_t>(d)};
       }
       const auto od = e.output.find(c);
       if (od != std::string::npos) {
@@ -365,10 +371,14 @@ Operand contract(const device::Kernels& dev, Operand a, Operand b, std::string_v
       throw Error(fmt::format("[einsum] internal: local sizes of dim '{}' differ ({} vs {})", c,
                               a.t.shape()[a.labels.find(c)], b.t.shape()[b.labels.find(c)]));
   bool ta = false, tb = false;
-  if (a.labels == batch + contr + free_a && !free_a.empty() && !contr.empty()) ta = true;
-  else a = permute(dev, a, batch + free_a + contr);
-  if (b.labels == batch + free_b + contr && !free_b.empty() && !contr.empty()) tb = true;
-  else b = permute(dev, b, batch + contr + free_b);
+  if (a.labels == batch + contr + free_a && !free_a.empty() && !contr.empty())
+    ta = true;
+  else
+    a = permute(dev, a, batch + free_a + contr);
+  if (b.labels == batch + free_b + contr && !free_b.empty() && !contr.empty())
+    tb = true;
+  else
+    b = permute(dev, b, batch + contr + free_b);
   const std::int64_t nb = extent(a, batch), m = extent(a, free_a), k = extent(a, contr), n = extent(b, free_b);
   Shape shape;
   for (char c : batch + free_a) shape.push_back(a.t.shape()[a.labels.find(c)]);
@@ -390,8 +400,9 @@ Operand contract(const device::Kernels& dev, Operand a, Operand b, std::string_v
 
 /// The einsum of the local shards. The strategy guarantees that the labels
 /// the operands share have the same local extent.
-Tensor einsum_local(const device::Kernels& k, const Einsum& e, std::span<const Tensor> locals, std::span<const TensorMeta> global,
-                    const std::map<char, std::int64_t>& sizes, BiasFold* fold = nullptr) {
+Tensor einsum_local(const device::Kernels& k, const Einsum& e, std::span<const Tensor> locals,
+                    std::span<const TensorMeta> global, const std::map<char, std::int64_t>& sizes,
+                    BiasFold* fold = nullptr) {
   const std::size_t n = e.inputs.size();
   Operand acc = prepare(k, locals[0], e.inputs[0], e, sizes, global, 0);
   for (std::size_t j = 1; j < n; ++j) {
@@ -467,13 +478,19 @@ void register_einsum_ops(OpRegistry& registry) {
                   return parse_equation(op, attrs.get<EinsumAttrs>(op).equation, in);
                 });
   add_einsum_op(registry, "matmul", 2, false, "torch.matmul: 1-D to N-D operands, batch dims broadcast",
-                [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) { return matmul_einsum(op, in); });
+                [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) {
+                  return matmul_einsum(op, in);
+                });
   add_einsum_op(registry, "bmm", 2, false, "batched matrix product [b,n,k] x [b,k,m] -> [b,n,m]",
                 [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) { return bmm_einsum(op, in); });
   add_einsum_op(registry, "linear", 2, false, "y = x W^T: x [..., in], weight [out, in]",
-                [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) { return linear_einsum(op, in); });
+                [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) {
+                  return linear_einsum(op, in);
+                });
   add_einsum_op(registry, "linear_bias", 3, true, "y = x W^T + b: x [..., in], weight [out, in], bias [out]",
-                [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) { return linear_einsum(op, in); });
+                [](std::string_view op, std::span<const TensorMeta> in, const OpAttrs&) {
+                  return linear_einsum(op, in);
+                });
 }
 
 }  // namespace dtensor

@@ -35,12 +35,15 @@ std::vector<DimStrategy> embedding_strategy(const StrategyQuery& q) {
   for (std::int64_t k = 0; k < nd; ++k) per_dim.push_back({{Shard{k}, Replicate{}}, Shard{k}});
   per_dim.push_back({{Replicate{}, Shard{0}}, Partial{ReduceOp::Sum}});
   per_dim.push_back({{Replicate{}, Shard{1}}, Shard{nd}});
-  if (is_floating(q.inputs[1].dtype)) per_dim.push_back({{Replicate{}, Partial{ReduceOp::Sum}}, Partial{ReduceOp::Sum}});
+  if (is_floating(q.inputs[1].dtype))
+    per_dim.push_back({{Replicate{}, Partial{ReduceOp::Sum}}, Partial{ReduceOp::Sum}});
   return per_dim;
 }
 
 Kernel embedding_kernel(const device::Kernels& k) {
-  return [&k](const KernelArgs& a) { return k.embedding(a.inputs[0], a.inputs[1], a.boxes[1].offset[0], a.global[1].shape[0]); };
+  return [&k](const KernelArgs& a) {
+    return k.embedding(a.inputs[0], a.inputs[1], a.boxes[1].offset[0], a.global[1].shape[0]);
+  };
 }
 
 // ---- pick(logits [N, C], targets [N]) -> [N] --------------------------------
@@ -64,12 +67,15 @@ std::vector<DimStrategy> pick_strategy(const StrategyQuery& q) {
       {{Shard{1}, Replicate{}}, Partial{ReduceOp::Sum}},
       {{Shard{0}, Shard{0}}, Shard{0}},
   };
-  if (is_floating(q.inputs[0].dtype)) per_dim.push_back({{Partial{ReduceOp::Sum}, Replicate{}}, Partial{ReduceOp::Sum}});
+  if (is_floating(q.inputs[0].dtype))
+    per_dim.push_back({{Partial{ReduceOp::Sum}, Replicate{}}, Partial{ReduceOp::Sum}});
   return per_dim;
 }
 
 Kernel pick_kernel(const device::Kernels& k) {
-  return [&k](const KernelArgs& a) { return k.pick(a.inputs[0], a.inputs[1], a.boxes[0].offset[1], a.global[0].shape[1]); };
+  return [&k](const KernelArgs& a) {
+    return k.pick(a.inputs[0], a.inputs[1], a.boxes[0].offset[1], a.global[0].shape[1]);
+  };
 }
 
 }  // namespace

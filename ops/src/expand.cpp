@@ -27,9 +27,8 @@ std::optional<Strategy> with_order_of(const Layout& input, const Strategy& candi
     SplitOrder order;
     for (const std::vector<int>& group : groups) {
       const auto* first = std::get_if<Shard>(&l[group[0]]);
-      const bool all_same = std::all_of(group.begin(), group.end(), [&](int m) {
-        return first ? is_shard(l[m], first->dim) : !is_shard(l[m]);
-      });
+      const bool all_same = std::all_of(group.begin(), group.end(),
+                                        [&](int m) { return first ? is_shard(l[m], first->dim) : !is_shard(l[m]); });
       if (!all_same) return std::nullopt;
       if (first) order.emplace_back(first->dim, group);
     }

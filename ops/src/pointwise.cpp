@@ -74,8 +74,8 @@ std::vector<DimStrategy> pointwise_strategy(const StrategyQuery& q, const std::v
 // How a unary op commutes with the reductions of Partial placements.
 enum class Order { None, Increasing, Decreasing, BySign };  // BySign: of the ScalarAttrs value
 struct UnaryAlgebra {
-  bool linear = false;  // f(sum) = sum f, f(avg) = avg f: P(sum)/P(avg) pass through
-  bool affine = false;  // f(avg) = avg f only: P(avg) passes through
+  bool linear = false;        // f(sum) = sum f, f(avg) = avg f: P(sum)/P(avg) pass through
+  bool affine = false;        // f(avg) = avg f only: P(avg) passes through
   Order order = Order::None;  // monotone: P(max)/P(min) pass through (swapped if decreasing)
   // Monotone only on a domain bounded below (log, sqrt, rsqrt): the other
   // ranks' terms of a P(max) may lie below it (log of them is NaN), those of
@@ -134,9 +134,10 @@ Shape broadcast(const std::string& op, std::span<const TensorMeta> in) {
       std::vector<std::string> shapes;
       for (const auto& x : in)
         shapes.push_back(fmt::format("({}{})", fmt::join(x.shape, ","), x.shape.size() == 1 ? "," : ""));
-      throw ShapeError(fmt::format("[{}] shapes {} do not broadcast: trailing-aligned dim {} is {} in one and {} in "
-                                   "another; expected equal sizes or 1",
-                                   op, fmt::join(shapes, " and "), off + d, o, s));
+      throw ShapeError(
+          fmt::format("[{}] shapes {} do not broadcast: trailing-aligned dim {} is {} in one and {} in "
+                      "another; expected equal sizes or 1",
+                      op, fmt::join(shapes, " and "), off + d, o, s));
     }
   }
   return out;
@@ -195,8 +196,8 @@ void add_unary(OpRegistry& reg, const UnarySpec& spec) {
     if (float_only) check_float(name, in[0].dtype);
     const double value = scalar_of(name, scalar, attrs);
     if (scalar && !is_floating(in[0].dtype) && value != std::trunc(value))
-      throw ValueError(fmt::format("[{}] scalar {} on an i64 tensor: expected an integer (no type promotion)", name,
-                                   value));
+      throw ValueError(
+          fmt::format("[{}] scalar {} on an i64 tensor: expected an integer (no type promotion)", name, value));
     return in[0];
   };
   const UnaryAlgebra alg = spec.algebra;
@@ -206,7 +207,9 @@ void add_unary(OpRegistry& reg, const UnarySpec& spec) {
   def.prefer_kept_layouts = true;
   const Unary fn = spec.fn;
   device::bind_kernels(def, [fn, name, scalar](const device::Kernels& k) {
-    return [&k, fn, name, scalar](const KernelArgs& a) { return k.unary(fn, a.inputs[0], scalar_of(name, scalar, a.attrs)); };
+    return [&k, fn, name, scalar](const KernelArgs& a) {
+      return k.unary(fn, a.inputs[0], scalar_of(name, scalar, a.attrs));
+    };
   });
   reg.add(std::move(def));
 }
@@ -245,39 +248,76 @@ void register_pointwise_ops(OpRegistry& reg) {
       {.name = "abs", .fn = Unary::Abs, .doc = "|x|, elementwise"},
       {.name = "exp", .fn = Unary::Exp, .float_only = true, .algebra = monotone(Inc), .doc = "e^x, elementwise"},
       {.name = "log", .fn = Unary::Log, .float_only = true, .algebra = bounded(Inc), .doc = "natural log, elementwise"},
-      {.name = "sqrt", .fn = Unary::Sqrt, .float_only = true, .algebra = bounded(Inc), .doc = "square root, elementwise"},
-      {.name = "rsqrt", .fn = Unary::Rsqrt, .float_only = true, .algebra = bounded(Dec), .doc = "1/sqrt(x), elementwise"},
+      {.name = "sqrt",
+       .fn = Unary::Sqrt,
+       .float_only = true,
+       .algebra = bounded(Inc),
+       .doc = "square root, elementwise"},
+      {.name = "rsqrt",
+       .fn = Unary::Rsqrt,
+       .float_only = true,
+       .algebra = bounded(Dec),
+       .doc = "1/sqrt(x), elementwise"},
       {.name = "tanh", .fn = Unary::Tanh, .float_only = true, .algebra = monotone(Inc), .doc = "tanh, elementwise"},
-      {.name = "sigmoid", .fn = Unary::Sigmoid, .float_only = true, .algebra = monotone(Inc),
+      {.name = "sigmoid",
+       .fn = Unary::Sigmoid,
+       .float_only = true,
+       .algebra = monotone(Inc),
        .doc = "1/(1+e^-x), elementwise"},
       {.name = "relu", .fn = Unary::Relu, .algebra = monotone(Inc), .doc = "max(x, 0), elementwise"},
-      {.name = "gelu", .fn = Unary::Gelu, .float_only = true,
+      {.name = "gelu",
+       .fn = Unary::Gelu,
+       .float_only = true,
        .doc = "x*Phi(x), exact erf form (PyTorch approximate='none')"},
       {.name = "silu", .fn = Unary::Silu, .float_only = true, .doc = "x*sigmoid(x), elementwise"},
-      {.name = "add_scalar", .fn = Unary::AddScalar, .scalar = true, .algebra = {.affine = true, .order = Inc},
+      {.name = "add_scalar",
+       .fn = Unary::AddScalar,
+       .scalar = true,
+       .algebra = {.affine = true, .order = Inc},
        .doc = "x + ScalarAttrs::value"},
-      {.name = "mul_scalar", .fn = Unary::MulScalar, .scalar = true, .algebra = {.linear = true, .order = Order::BySign},
+      {.name = "mul_scalar",
+       .fn = Unary::MulScalar,
+       .scalar = true,
+       .algebra = {.linear = true, .order = Order::BySign},
        .doc = "x * ScalarAttrs::value"},
-      {.name = "div_scalar", .fn = Unary::DivScalar, .float_only = true, .scalar = true,
-       .algebra = {.linear = true, .order = Order::BySign}, .doc = "x / ScalarAttrs::value"},
-      {.name = "pow_scalar", .fn = Unary::PowScalar, .float_only = true, .scalar = true,
+      {.name = "div_scalar",
+       .fn = Unary::DivScalar,
+       .float_only = true,
+       .scalar = true,
+       .algebra = {.linear = true, .order = Order::BySign},
+       .doc = "x / ScalarAttrs::value"},
+      {.name = "pow_scalar",
+       .fn = Unary::PowScalar,
+       .float_only = true,
+       .scalar = true,
        .doc = "x ^ ScalarAttrs::value"},
   };
   for (const auto& spec : unary) add_unary(reg, spec);
 
-  add_binary(reg, {.name = "add", .fn = Binary::Add, .rules = linear_rules({{true, true}}), .doc = "a + b, broadcasting"});
-  add_binary(reg, {.name = "sub", .fn = Binary::Sub, .rules = linear_rules({{true, true}}), .doc = "a - b, broadcasting"});
-  add_binary(reg, {.name = "mul", .fn = Binary::Mul, .rules = linear_rules({{true, false}, {false, true}}),
+  add_binary(reg,
+             {.name = "add", .fn = Binary::Add, .rules = linear_rules({{true, true}}), .doc = "a + b, broadcasting"});
+  add_binary(reg,
+             {.name = "sub", .fn = Binary::Sub, .rules = linear_rules({{true, true}}), .doc = "a - b, broadcasting"});
+  add_binary(reg, {.name = "mul",
+                   .fn = Binary::Mul,
+                   .rules = linear_rules({{true, false}, {false, true}}),
                    .doc = "a * b, broadcasting"});
-  add_binary(reg, {.name = "div", .fn = Binary::Div, .float_only = true, .rules = linear_rules({{true, false}}),
+  add_binary(reg, {.name = "div",
+                   .fn = Binary::Div,
+                   .float_only = true,
+                   .rules = linear_rules({{true, false}}),
                    .doc = "a / b, broadcasting"});
   add_binary(reg, {.name = "pow", .fn = Binary::Pow, .float_only = true, .doc = "a ^ b, broadcasting"});
-  add_binary(reg, {.name = "maximum", .fn = Binary::Maximum, .rules = extremum_rules(ReduceOp::Max),
+  add_binary(reg, {.name = "maximum",
+                   .fn = Binary::Maximum,
+                   .rules = extremum_rules(ReduceOp::Max),
                    .doc = "elementwise max, NaN propagates"});
-  add_binary(reg, {.name = "minimum", .fn = Binary::Minimum, .rules = extremum_rules(ReduceOp::Min),
+  add_binary(reg, {.name = "minimum",
+                   .fn = Binary::Minimum,
+                   .rules = extremum_rules(ReduceOp::Min),
                    .doc = "elementwise min, NaN propagates"});
   const std::pair<const char*, Binary> comparisons[] = {{"eq", Binary::Eq}, {"ne", Binary::Ne}, {"lt", Binary::Lt},
-                                                         {"le", Binary::Le}, {"gt", Binary::Gt}, {"ge", Binary::Ge}};
+                                                        {"le", Binary::Le}, {"gt", Binary::Gt}, {"ge", Binary::Ge}};
   for (auto [name, fn] : comparisons)
     add_binary(reg, {.name = name,
                      .fn = fn,

@@ -50,8 +50,10 @@ std::vector<bool> reduced_flags(const ReductionRule& rule, const Shape& shape, c
 Shape reduced_shape(const Shape& shape, const std::vector<bool>& flags, bool keepdim) {
   Shape out;
   for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (!flags[d]) out.push_back(shape[d]);
-    else if (keepdim) out.push_back(1);
+    if (!flags[d])
+      out.push_back(shape[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -188,8 +190,8 @@ void check_norm(std::string_view op, std::span<const TensorMeta> in, const NormA
   if (rms && n.bias) throw ValueError(fmt::format("[{}] takes no bias", op));
   const auto nd = static_cast<std::int64_t>(in[0].shape.size());
   if (n.normalized_ndim < 1 || n.normalized_ndim > nd)
-    throw ShapeError(fmt::format("[{}] normalized_ndim {} for a tensor of {} dims; expected 1..{}", op,
-                                 n.normalized_ndim, nd, nd));
+    throw ShapeError(
+        fmt::format("[{}] normalized_ndim {} for a tensor of {} dims; expected 1..{}", op, n.normalized_ndim, nd, nd));
   const std::size_t expected = 1 + n.weight + n.bias;
   if (in.size() != expected)
     throw ValueError(fmt::format("[{}] got {} tensor inputs; NormAttrs (weight {}, bias {}) ask for {}", op, in.size(),
@@ -251,7 +253,9 @@ void register_reduction_ops(OpRegistry& registry) {
   add_reduction(registry, {.name = "sum", .sharded_reduced = ReduceOp::Sum, .partial_through = ReduceOp::Sum},
                 "sum over ReduceAttrs::dims (empty: all)", reduce_kernel("sum", K::Sum, false));
   add_reduction(registry,
-                {.name = "mean", .sharded_reduced = ReduceOp::Sum, .partial_through = ReduceOp::Sum,
+                {.name = "mean",
+                 .sharded_reduced = ReduceOp::Sum,
+                 .partial_through = ReduceOp::Sum,
                  .integer_ok = false},
                 "mean over ReduceAttrs::dims (empty: all); a sharded reduced dim gives P(sum) of local sums over the "
                 "global count",

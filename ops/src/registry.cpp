@@ -39,8 +39,9 @@ const OpDef& OpRegistry::add(OpDef def) {
   if (def.name.empty()) throw ValueError("[ops] an op needs a name");
   if (contains(def.name)) throw ValueError(fmt::format("[ops] op '{}' is already registered", def.name));
   if (!def.meta || (!def.strategy && !def.dim_strategy))
-    throw ValueError(fmt::format(
-        "[ops] op '{}' needs a meta function and a strategy function (strategy or dim_strategy)", def.name));
+    throw ValueError(
+        fmt::format("[ops] op '{}' needs a meta function and a strategy function (strategy or dim_strategy)",
+                    def.name));
   if (def.strategy && def.dim_strategy)
     throw ValueError(fmt::format("[ops] op '{}' gives both strategy and dim_strategy; expected one", def.name));
   if (def.dim_strategy) def.strategy = expanded(std::move(def.dim_strategy), def.prefer_kept_layouts);

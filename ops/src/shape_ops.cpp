@@ -55,8 +55,8 @@ Tensor concat_local(std::span<const Tensor> xs, int dim, const Shape& out_shape)
 
 int wrap_dim(std::string_view op, std::int64_t d, std::int64_t ndim) {
   if (d < -ndim || d >= ndim)
-    throw ShapeError(fmt::format("[{}] dim {} out of range for a {}-d tensor (expected {}..{})", op, d, ndim, -ndim,
-                                 ndim - 1));
+    throw ShapeError(
+        fmt::format("[{}] dim {} out of range for a {}-d tensor (expected {}..{})", op, d, ndim, -ndim, ndim - 1));
   return static_cast<int>(d < 0 ? d + ndim : d);
 }
 
@@ -67,7 +67,8 @@ Shape infer_shape(std::string_view op, const Shape& target, const Shape& from) {
   int infer = -1;
   for (int d = 0; d < static_cast<int>(out.size()); ++d) {
     if (out[d] == -1) {
-      if (infer >= 0) throw ShapeError(fmt::format("[{}] shape [{}] has more than one -1", op, fmt::join(target, ", ")));
+      if (infer >= 0)
+        throw ShapeError(fmt::format("[{}] shape [{}] has more than one -1", op, fmt::join(target, ", ")));
       infer = d;
     } else if (out[d] < 0) {
       throw ShapeError(fmt::format("[{}] shape [{}] has a negative size", op, fmt::join(target, ", ")));
@@ -95,7 +96,8 @@ std::vector<int> perm_of(std::string_view op, const std::vector<std::int64_t>& d
   std::vector<bool> seen(ndim, false);
   for (auto d : dims) {
     int w = wrap_dim(op, d, ndim);
-    if (seen[w]) throw ShapeError(fmt::format("[{}] dim {} repeats in the permutation [{}]", op, d, fmt::join(dims, ", ")));
+    if (seen[w])
+      throw ShapeError(fmt::format("[{}] dim {} repeats in the permutation [{}]", op, d, fmt::join(dims, ", ")));
     seen[w] = true;
     perm.push_back(w);
   }
@@ -249,9 +251,10 @@ void register_permutations(OpRegistry& reg) {
                   [](const OpAttrs& attrs, std::int64_t nd) {
                     return perm_of("permute", attrs.get<DimsAttrs>("permute").dims, nd);
                   });
-  add_permutation(reg, "transpose", "swap dims TransposeAttrs::dim0 and dim1", [](const OpAttrs& attrs, std::int64_t nd) {
-    return transpose_perm(attrs.get<TransposeAttrs>("transpose"), nd);
-  });
+  add_permutation(reg, "transpose", "swap dims TransposeAttrs::dim0 and dim1",
+                  [](const OpAttrs& attrs, std::int64_t nd) {
+                    return transpose_perm(attrs.get<TransposeAttrs>("transpose"), nd);
+                  });
 }
 
 // -- expand: size-1 dims broadcast to ShapeAttrs::shape (-1 keeps a size);
@@ -371,7 +374,8 @@ ViewRule stack_rule(std::span<const TensorMeta> in, const OpAttrs& attrs, const 
   const int nd = static_cast<int>(ndim_of(in[0]));
   const int d = wrap_dim("stack", attrs.get<DimAttrs>("stack").dim, nd + 1);
   ViewRule r;
-  for (int o = 0; o <= nd; ++o) r.groups.push_back(o == d ? Group{{}, {o}, false} : Group{{o < d ? o : o - 1}, {o}, true});
+  for (int o = 0; o <= nd; ++o)
+    r.groups.push_back(o == d ? Group{{}, {o}, false} : Group{{o < d ? o : o - 1}, {o}, true});
   return r;
 }
 
@@ -390,7 +394,8 @@ void register_joins(OpRegistry& reg) {
   add_op(
       reg, "cat", -1, "concatenate the inputs along DimAttrs::dim", cat_meta,
       [](std::span<const TensorMeta> in, const OpAttrs& attrs, const TensorMeta&) {
-        return identity_rule(static_cast<int>(ndim_of(in[0])), wrap_dim("cat", attrs.get<DimAttrs>("cat").dim, ndim_of(in[0])));
+        return identity_rule(static_cast<int>(ndim_of(in[0])),
+                             wrap_dim("cat", attrs.get<DimAttrs>("cat").dim, ndim_of(in[0])));
       },
       any_device([](const KernelArgs& a) {
         return concat_local(a.inputs, wrap_dim("cat", a.attrs.get<DimAttrs>("cat").dim, a.inputs[0].dim()),

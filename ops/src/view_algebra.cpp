@@ -50,7 +50,7 @@ namespace {
 /// The elements of `box` restricted to `dims` as a range [start, start+len)
 /// of the row-major order of those dims; nullopt if not contiguous.
 std::optional<std::pair<std::int64_t, std::int64_t>> flat_range(const Box& box, const Shape& shape,
-                                                                 const std::vector<int>& dims) {
+                                                                const std::vector<int>& dims) {
   const int n = static_cast<int>(dims.size());
   std::int64_t total = 1;
   for (int d : dims) {

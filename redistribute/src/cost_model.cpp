@@ -33,9 +33,7 @@ double CostModel::collective_seconds(std::span<const int> mesh_dims, std::int64_
 
 std::size_t CostModel::hash() const {
   std::size_t h = 0x51ed270b27f3a1c5ull;
-  auto mix = [&](double v) {
-    h ^= std::hash<double>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  };
+  auto mix = [&](double v) { h ^= std::hash<double>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   for (const LinkParams& l : links) {
     mix(l.hop_latency_s);
     mix(l.bandwidth_Bps);

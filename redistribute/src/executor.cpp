@@ -76,7 +76,8 @@ bool consecutive(const std::vector<Box>& pieces, const Box& whole, std::int64_t 
 ReduceOp partial_op(const Layout& l, const std::vector<int>& dims) {
   for (int m : dims)
     if (auto* q = std::get_if<Partial>(&l[m])) return q->op;
-  throw LayoutError(fmt::format("[redistribute] internal: step on mesh dims {} of {} has no Partial", fmt::join(dims, ","), l));
+  throw LayoutError(
+      fmt::format("[redistribute] internal: step on mesh dims {} of {} has no Partial", fmt::join(dims, ","), l));
 }
 
 Tensor all_gather(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
@@ -173,12 +174,12 @@ Tensor exchange(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   const Box ob = cx.box(s.from), nb = cx.box(s.to);
   // Ranks off coordinate 0 of a target Partial(sum) dim hold zeros.
   const bool needs = !holds_zeros(s.to, cx.coord);
-  Tensor out = needs ? Tensor::empty(nb.size, cur.dtype(), cur.device()) : Tensor::zeros(nb.size, cur.dtype(), cur.device());
-  const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
-                                  [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
+  Tensor out =
+      needs ? Tensor::empty(nb.size, cur.dtype(), cur.device()) : Tensor::zeros(nb.size, cur.dtype(), cur.device());
+  const bool remote =
+      std::any_of(s.blocks.begin(), s.blocks.end(), [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
   for (const ExchangeBlock& b : s.blocks)
-    if (b.src_rank == me && b.dst_rank == me)
-      copy_box(cur, relative(b.box, ob), out, relative(b.box, nb).offset);
+    if (b.src_rank == me && b.dst_rank == me) copy_box(cur, relative(b.box, ob), out, relative(b.box, nb).offset);
   if (!remote) return out;
 
   Communicator& comm = cx.mesh.comm();
@@ -243,14 +244,16 @@ Tensor execute_plan(const Plan& plan, const DeviceMesh& mesh, const Tensor& loca
     throw MeshError(fmt::format("[redistribute] a plan for mesh [{}] run on mesh [{}]", fmt::join(plan.mesh_shape, ","),
                                 fmt::join(mesh.shape(), ",")));
   if (local.dtype() != plan.dtype)
-    throw DTypeError(fmt::format("[redistribute] local shard of dtype {}: the plan is for {}", local.dtype(), plan.dtype));
+    throw DTypeError(
+        fmt::format("[redistribute] local shard of dtype {}: the plan is for {}", local.dtype(), plan.dtype));
   Ctx cx{plan, mesh, mesh.coordinate(), itemsize(plan.dtype)};
   const Box box = cx.box(plan.from);
   if (local.shape() != box.size)
-    throw LayoutError(fmt::format("[redistribute] local shard of shape [{}] on rank {} (coordinate [{}]): {} of a [{}] "
-                                  "tensor gives it shape [{}]",
-                                  fmt::join(local.shape(), ","), mesh.rank(), fmt::join(cx.coord, ","), plan.from,
-                                  fmt::join(plan.global_shape, ","), fmt::join(box.size, ",")));
+    throw LayoutError(
+        fmt::format("[redistribute] local shard of shape [{}] on rank {} (coordinate [{}]): {} of a [{}] "
+                    "tensor gives it shape [{}]",
+                    fmt::join(local.shape(), ","), mesh.rank(), fmt::join(cx.coord, ","), plan.from,
+                    fmt::join(plan.global_shape, ","), fmt::join(box.size, ",")));
   Tensor cur = local;
   for (const PlanStep& s : plan.steps) cur = run_step(cx, s, cur);
   return cur;

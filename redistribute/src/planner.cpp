@@ -35,8 +35,8 @@ void check_mesh_and_shape(const PlanRequest& req) {
   const Shape& g = req.global_shape;
   for (std::size_t d = 0; d < g.size(); ++d)
     if (g[d] < 0)
-      throw ShapeError(fmt::format("[redistribute] global shape [{}]: size {} of dim {} is negative",
-                                   fmt::join(g, ","), g[d], d));
+      throw ShapeError(
+          fmt::format("[redistribute] global shape [{}]: size {} of dim {} is negative", fmt::join(g, ","), g[d], d));
   if (g.size() > 4000)
     throw ShapeError(fmt::format("[redistribute] a tensor of {} dims: at most 4000 are supported", g.size()));
 }
@@ -88,10 +88,8 @@ std::string describe(const PlanStep& s, const Layout& before) {
     return ReduceOp::Sum;
   };
   switch (s.kind) {
-    case StepKind::AllGather:
-      return fmt::format("gathers dim {} across {}", s.tensor_dim, dims_text(s.mesh_dims));
-    case StepKind::AllReduce:
-      return fmt::format("reduces ({}) across {}", op_of(before), dims_text(s.mesh_dims));
+    case StepKind::AllGather: return fmt::format("gathers dim {} across {}", s.tensor_dim, dims_text(s.mesh_dims));
+    case StepKind::AllReduce: return fmt::format("reduces ({}) across {}", op_of(before), dims_text(s.mesh_dims));
     case StepKind::ReduceScatter:
       return fmt::format("reduces ({}) across {} and scatters dim {}", op_of(before), dims_text(s.mesh_dims),
                          s.tensor_dim);
@@ -105,13 +103,13 @@ std::string describe(const PlanStep& s, const Layout& before) {
       return fmt::format("sends each rank exactly the regions it lacks ({} blocks)", remote);
     }
     case StepKind::Slice:
-      if (s.tensor_dim < 0) return fmt::format("keeps this rank's chunk along {}, no communication", dims_text(s.mesh_dims));
+      if (s.tensor_dim < 0)
+        return fmt::format("keeps this rank's chunk along {}, no communication", dims_text(s.mesh_dims));
       return fmt::format("keeps this rank's chunk of dim {} along {}, no communication", s.tensor_dim,
                          dims_text(s.mesh_dims));
     case StepKind::ZeroFill:
       return fmt::format("keeps the values on coordinate 0 of {} and zeros the others", dims_text(s.mesh_dims));
-    case StepKind::Relabel:
-      return fmt::format("relabels {}: no data moves", dims_text(s.mesh_dims));
+    case StepKind::Relabel: return fmt::format("relabels {}: no data moves", dims_text(s.mesh_dims));
   }
   return {};
 }
@@ -233,8 +231,8 @@ PlanStep make_step(Search& search, const Search::Link& l, const Problem& P, cons
   planner::Eval ev = l.edge.kind == StepKind::Exchange ? search.exchange(l.from, bytes, &s.blocks)
                                                        : search.eval(l.from, l.to, l.edge, bytes);
   if (l.edge.kind == StepKind::Exchange) {
-    const bool remote = std::any_of(s.blocks.begin(), s.blocks.end(),
-                                    [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
+    const bool remote =
+        std::any_of(s.blocks.begin(), s.blocks.end(), [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
     const bool zeros = std::any_of(plan.to.placements().begin(), plan.to.placements().end(), [](const Placement& p) {
       return is_partial(p) && std::get<Partial>(p).op == ReduceOp::Sum;
     });
@@ -261,8 +259,7 @@ void totals(const std::vector<PlanStep>& steps, int ranks, std::int64_t& busiest
 }
 
 // Consecutive slices become one local copy.
-void merge_slices(std::vector<PlanStep>& steps, std::vector<int>& step_target, const Search& search,
-                  const Problem& P) {
+void merge_slices(std::vector<PlanStep>& steps, std::vector<int>& step_target, const Search& search, const Problem& P) {
   for (std::size_t i = 0; i + 1 < steps.size();) {
     if (steps[i].kind == StepKind::Slice && steps[i + 1].kind == StepKind::Slice) {
       for (int m : steps[i + 1].mesh_dims) steps[i].mesh_dims.push_back(m);
@@ -349,8 +346,9 @@ Plan plan_redistribute(const PlanRequest& req) {
   // the lower bound holds whatever the search did.
   bool direct = false;
   if (!src_partial && !(chain.size() == 1 && chain[0].edge.kind == StepKind::Exchange)) {
-    std::vector<PlanStep> ex{make_step(
-        search, Search::Link{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)}, P, plan, bytes)};
+    std::vector<PlanStep> ex{
+        make_step(search, Search::Link{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)}, P, plan,
+                  bytes)};
     std::int64_t cb, eb;
     double ct, et;
     totals(steps, ranks, cb, ct);

@@ -201,16 +201,11 @@ double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const C
 std::int64_t collective_recv_count(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
                                    const RankBoxes& T, int r, int nd) {
   switch (kind) {
-    case StepKind::AllGather:
-      return T.numel[r] - S.numel[r];
-    case StepKind::AllReduce:
-      return all_reduce_recv_count(S.numel[r], n, group_index);
-    case StepKind::ReduceScatter:
-      return reduce_scatter_recv_count(T.numel[r], n);
-    case StepKind::AllToAll:
-      return T.numel[r] - inter_numel(S, r, T, r, nd);
-    default:
-      return 0;
+    case StepKind::AllGather: return T.numel[r] - S.numel[r];
+    case StepKind::AllReduce: return all_reduce_recv_count(S.numel[r], n, group_index);
+    case StepKind::ReduceScatter: return reduce_scatter_recv_count(T.numel[r], n);
+    case StepKind::AllToAll: return T.numel[r] - inter_numel(S, r, T, r, nd);
+    default: return 0;
   }
 }
 
@@ -232,16 +227,11 @@ Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& by
   const std::int64_t isz = P_.itemsize;
   bytes.assign(R, 0);
   switch (e.kind) {
-    case StepKind::Slice:
-      return Eval{0, local_step_seconds(T.max_numel, isz, *P_.cost)};
-    case StepKind::ZeroFill:
-      return Eval{0, local_step_seconds(S.max_numel, isz, *P_.cost)};
-    case StepKind::Relabel:
-      return Eval{};
-    case StepKind::Exchange:
-      return exchange(from, bytes, nullptr);
-    default:
-      break;
+    case StepKind::Slice: return Eval{0, local_step_seconds(T.max_numel, isz, *P_.cost)};
+    case StepKind::ZeroFill: return Eval{0, local_step_seconds(S.max_numel, isz, *P_.cost)};
+    case StepKind::Relabel: return Eval{};
+    case StepKind::Exchange: return exchange(from, bytes, nullptr);
+    default: break;
   }
   std::int64_t n = 1;
   auto& dims = P_.full_dims_scratch;

@@ -27,10 +27,10 @@ constexpr auto kShard = CompactPlacement::kShard;
 /// The request reduced to the mesh dims of size > 1 (size-1 dims never split,
 /// so ranks are numbered the same in the full and the reduced mesh).
 struct Problem {
-  int k = 0;                              // reduced mesh ndim
-  std::array<int, kMaxDims> full{};       // reduced -> full mesh dim
-  std::array<std::int64_t, kMaxDims> n{}; // sizes
-  int nd = 0;                             // tensor ndim
+  int k = 0;                               // reduced mesh ndim
+  std::array<int, kMaxDims> full{};        // reduced -> full mesh dim
+  std::array<std::int64_t, kMaxDims> n{};  // sizes
+  int nd = 0;                              // tensor ndim
   Shape global;
   int ranks = 1;
   std::vector<std::int64_t> coord;  // ranks * k

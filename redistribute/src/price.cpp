@@ -31,8 +31,8 @@ struct Scratch {
   Shape mesh, shape;
   Layout from_layout;
   bool from_valid = false;
-  std::vector<int> leader;   // per rank: first rank with the same non-empty source box, or -1
-  std::vector<int> leaders;  // those ranks, ascending
+  std::vector<int> leader;           // per rank: first rank with the same non-empty source box, or -1
+  std::vector<int> leaders;          // those ranks, ascending
   std::vector<std::int64_t> coords;  // ranks*mesh_ndim
 };
 
@@ -46,8 +46,8 @@ void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, s
 
 // Rank coordinates for `mesh`, and the source boxes for `from`, unless the
 // scratch already holds them.
-void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
-             const Layout& from, bool source_boxes) {
+void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, const Layout& from,
+             bool source_boxes) {
   const int M = static_cast<int>(mesh.size());
   std::int64_t ranks = 1;
   for (auto n : mesh) ranks *= n;
@@ -178,8 +178,9 @@ std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
   std::int64_t busiest = 0;
   for (int r = 0; r < mv.R; ++r)
     // The source box equals the target box: the Partial dim does not split.
-    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n, mv.coord(r, m), mv.s.to,
-                                                               mv.s.to, r, mv.nd) * mv.isz);
+    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n, mv.coord(r, m), mv.s.to, mv.s.to,
+                                                               r, mv.nd) *
+                                    mv.isz);
   const std::array<int, 1> dims{m};
   const double t = planner::collective_step(StepKind::AllReduce, dims, n, busiest, mv.cost).time;
   if (!(t < 2 * mv.cost.base_latency_s)) return std::nullopt;
@@ -237,8 +238,8 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
   for (int r = 0; r < mv.R; ++r)
-    busiest = std::max(busiest,
-                       planner::collective_recv_count(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd) * mv.isz);
+    busiest =
+        std::max(busiest, planner::collective_recv_count(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd) * mv.isz);
   const std::array<int, 1> dims{m};
   const double collective = planner::collective_step(kind, dims, n, busiest, mv.cost).time;
   const auto exchange = one_dim_exchange(mv, m);
@@ -350,7 +351,8 @@ std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh
     // The Partial dim does not split: the boxes before and after are the same.
     busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n,
                                                                s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
-                                                               s.to, s.to, r, nd) * isz);
+                                                               s.to, s.to, r, nd) *
+                                    isz);
   const std::array<int, 1> dims{mesh_dim};
   return planner::collective_step(StepKind::AllReduce, dims, n, busiest, cost).time;
 }
@@ -358,8 +360,12 @@ std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh
 double redistribute_seconds(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
                             DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
   if (auto t = closed_form_seconds(mesh_shape, global_shape, dtype, from, to, cost)) return *t;
-  PlanRequest request{Shape(mesh_shape.begin(), mesh_shape.end()), Shape(global_shape.begin(), global_shape.end()),
-                      dtype, from, to, cost};
+  PlanRequest request{Shape(mesh_shape.begin(), mesh_shape.end()),
+                      Shape(global_shape.begin(), global_shape.end()),
+                      dtype,
+                      from,
+                      to,
+                      cost};
   return cached_plan(request).est_seconds;
 }
 

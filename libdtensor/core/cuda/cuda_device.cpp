@@ -111,7 +111,8 @@ int current_device() {
 void set_device(int device) {
   require("set_device");
   if (device < 0 || device >= device_count())
-    throw ValueError(fmt::format("[cuda] device {} out of range: this process sees {} device(s)", device, device_count()));
+    throw ValueError(
+        fmt::format("[cuda] device {} out of range: this process sees {} device(s)", device, device_count()));
   DTENSOR_CUDA_CHECK(cudaSetDevice(device));
 }
 

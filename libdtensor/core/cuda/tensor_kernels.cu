@@ -72,8 +72,8 @@ __global__ void copy_box_kernel(const Word* __restrict__ src, Word* __restrict__
 
 template <class Word>
 void launch_copy_box(const std::byte* src, std::byte* dst, const BoxCopy& c) {
-  copy_box_kernel<Word><<<grid_for(c.total), 256, 0, stream()>>>(reinterpret_cast<const Word*>(src),
-                                                                  reinterpret_cast<Word*>(dst), c);
+  copy_box_kernel<Word>
+      <<<grid_for(c.total), 256, 0, stream()>>>(reinterpret_cast<const Word*>(src), reinterpret_cast<Word*>(dst), c);
   check_launch("copy_box kernel");
 }
 
@@ -215,13 +215,13 @@ void copy_box(const std::byte* src, std::span<const std::int64_t> src_shape, std
     return;
   }
   if (csize.size() == 2 && css[1] == 1 && cds[1] == 1) {
-    DTENSOR_CUDA_CHECK(cudaMemcpy2DAsync(t, cds[0] * is, s, css[0] * is, csize[1] * is, csize[0],
-                                         cudaMemcpyDeviceToDevice, stream()));
+    DTENSOR_CUDA_CHECK(
+        cudaMemcpy2DAsync(t, cds[0] * is, s, css[0] * is, csize[1] * is, csize[0], cudaMemcpyDeviceToDevice, stream()));
     return;
   }
   if (static_cast<int>(csize.size()) > kMaxBoxDims)
-    throw ShapeError(fmt::format("[cuda] copy_box: {} non-mergeable dims; at most {} are supported", csize.size(),
-                                 kMaxBoxDims));
+    throw ShapeError(
+        fmt::format("[cuda] copy_box: {} non-mergeable dims; at most {} are supported", csize.size(), kMaxBoxDims));
   BoxCopy c{};
   c.nd = static_cast<int>(csize.size());
   for (int d = 0; d < c.nd; ++d) {
@@ -280,8 +280,7 @@ void fill_random(void* data, DType dtype, std::uint64_t seed, std::span<const st
   const int nd = static_cast<int>(size.size());
   if (nd > kMaxBoxDims)
     throw ShapeError(fmt::format("[cuda] fill_random: {} dims; at most {} are supported", nd, kMaxBoxDims));
-  if (normal && dtype == DType::Int64)
-    throw DTypeError("[tensor] randn: normal values need a floating dtype, got i64");
+  if (normal && dtype == DType::Int64) throw DTypeError("[tensor] randn: normal values need a floating dtype, got i64");
   RandomBox b{};
   b.nd = nd;
   b.total = 1;
@@ -308,7 +307,7 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, Reduc
   with_type(dtype, [&](auto zero) {
     using T = decltype(zero);
     reduce_kernel<T><<<grid_for(count), 256, 0, stream()>>>(static_cast<T*>(acc), static_cast<const T*>(x),
-                                                              static_cast<std::int64_t>(count), code);
+                                                            static_cast<std::int64_t>(count), code);
   });
   check_launch("reduce kernel");
 }
@@ -317,8 +316,8 @@ void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor) 
   if (count == 0) return;
   with_type(dtype, [&](auto zero) {
     using T = decltype(zero);
-    divide_kernel<T><<<grid_for(count), 256, 0, stream()>>>(static_cast<T*>(acc), static_cast<std::int64_t>(count),
-                                                              divisor);
+    divide_kernel<T>
+        <<<grid_for(count), 256, 0, stream()>>>(static_cast<T*>(acc), static_cast<std::int64_t>(count), divisor);
   });
   check_launch("divide kernel");
 }

@@ -25,8 +25,8 @@ X embedding(const X& indices, const X& table) {
   if (indices.dtype() != DType::Int64)
     throw DTypeError(fmt::format("[embedding] indices are {}; expected i64", indices.dtype()));
   if (table.dim() != 2)
-    throw ShapeError(fmt::format("[embedding] table of shape {}; expected 2 dims [rows, dim]",
-                                 fmt::join(table.shape(), "x")));
+    throw ShapeError(
+        fmt::format("[embedding] table of shape {}; expected 2 dims [rows, dim]", fmt::join(table.shape(), "x")));
   return call_op("embedding", {indices, table});
 }
 
@@ -44,8 +44,8 @@ X pick(const X& logits, const X& targets) {
 template <TensorOrDTensor X>
 X cross_entropy(const X& logits, const X& targets) {
   if (logits.dim() != 2)
-    throw ShapeError(fmt::format("[cross_entropy] logits of shape {}; expected 2 dims [N, C]",
-                                 fmt::join(logits.shape(), "x")));
+    throw ShapeError(
+        fmt::format("[cross_entropy] logits of shape {}; expected 2 dims [N, C]", fmt::join(logits.shape(), "x")));
   if (!is_floating(logits.dtype()))
     throw DTypeError(fmt::format("[cross_entropy] logits are {}; expected f32, f64, bf16 or f16", logits.dtype()));
   if (targets.dtype() != DType::Int64)

@@ -76,10 +76,13 @@ X log_softmax(const X& x, std::int64_t dim) {
 
 namespace detail {
 template <TensorOrDTensor X>
-X normalize_call(std::string_view op, const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight,
+X normalize_call(std::string_view op, const X& x, int normalized_ndim,
+                 const std::optional<std::type_identity_t<X>>& weight,
                  const std::optional<std::type_identity_t<X>>& bias, double eps) {
-  const NormAttrs attrs{
-      .normalized_ndim = normalized_ndim, .weight = weight.has_value(), .bias = bias.has_value(), .eps = eps};
+  const NormAttrs attrs{.normalized_ndim = normalized_ndim,
+                        .weight = weight.has_value(),
+                        .bias = bias.has_value(),
+                        .eps = eps};
   std::vector<X> inputs{x};
   if (weight) inputs.push_back(*weight);
   if (bias) inputs.push_back(*bias);
@@ -107,25 +110,27 @@ X layer_norm(const X& x, int normalized_ndim, const std::optional<std::type_iden
 }
 /// layer_norm with the normalized shape spelled out, as torch.nn.functional.
 template <TensorOrDTensor X>
-X layer_norm(const X& x, const Shape& normalized_shape, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
+X layer_norm(const X& x, const Shape& normalized_shape,
+             const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
              const std::optional<std::type_identity_t<X>>& bias = std::nullopt, double eps = 1e-5) {
   return layer_norm(x, detail::normalized_ndim_of("layer_norm", x, normalized_shape), weight, bias, eps);
 }
 /// Braced shapes ({5}, {6, 5}) are normalized shapes, never a dim count.
 template <TensorOrDTensor X>
 X layer_norm(const X& x, std::initializer_list<std::int64_t> normalized_shape,
-             const std::optional<std::type_identity_t<X>>& weight = std::nullopt, const std::optional<std::type_identity_t<X>>& bias = std::nullopt,
-             double eps = 1e-5) {
+             const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
+             const std::optional<std::type_identity_t<X>>& bias = std::nullopt, double eps = 1e-5) {
   return layer_norm(x, Shape(normalized_shape), weight, bias, eps);
 }
 /// x / sqrt(mean(x^2) + eps) * weight over the trailing `normalized_ndim` dims.
 template <TensorOrDTensor X>
-X rms_norm(const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight = std::nullopt, double eps = 1e-6) {
+X rms_norm(const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
+           double eps = 1e-6) {
   return detail::normalize_call("rms_norm", x, normalized_ndim, weight, std::optional<X>{}, eps);
 }
 template <TensorOrDTensor X>
-X rms_norm(const X& x, const Shape& normalized_shape, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
-           double eps = 1e-6) {
+X rms_norm(const X& x, const Shape& normalized_shape,
+           const std::optional<std::type_identity_t<X>>& weight = std::nullopt, double eps = 1e-6) {
   return rms_norm(x, detail::normalized_ndim_of("rms_norm", x, normalized_shape), weight, eps);
 }
 template <TensorOrDTensor X>

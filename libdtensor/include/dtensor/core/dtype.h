@@ -28,15 +28,25 @@ bool is_floating(DType dtype);
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::Float32; }
+constexpr DType dtype_of<float>() {
+  return DType::Float32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::Float64; }
+constexpr DType dtype_of<double>() {
+  return DType::Float64;
+}
 template <>
-constexpr DType dtype_of<std::int64_t>() { return DType::Int64; }
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::Int64;
+}
 template <>
-constexpr DType dtype_of<bfloat16>() { return DType::BFloat16; }
+constexpr DType dtype_of<bfloat16>() {
+  return DType::BFloat16;
+}
 template <>
-constexpr DType dtype_of<float16>() { return DType::Float16; }
+constexpr DType dtype_of<float16>() {
+  return DType::Float16;
+}
 
 /// Calls fn(T{}) with T the C++ type of a CPU dtype; DTypeError otherwise.
 template <class Fn>
@@ -64,8 +74,8 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
     case DType::Float64: return fn(double{});
     case DType::Int64: return fn(std::int64_t{});
     default:
-      throw DTypeError(fmt::format("[dtype] {} has no CPU kernels in this build; expected f32, f64 or i64",
-                                   dtype_name(dtype)));
+      throw DTypeError(
+          fmt::format("[dtype] {} has no CPU kernels in this build; expected f32, f64 or i64", dtype_name(dtype)));
   }
 }
 template <class Fn>

@@ -92,8 +92,7 @@ class PeerFailed : public CommError {
 /// rank and carries the original message.
 class RankFailed : public Error {
  public:
-  RankFailed(int rank, const std::string& what)
-      : Error(what), rank_(rank) {}
+  RankFailed(int rank, const std::string& what) : Error(what), rank_(rank) {}
   int rank() const noexcept { return rank_; }
 
  private:

@@ -47,7 +47,9 @@ struct bfloat16 {
   }
   DTENSOR_HOST_DEVICE explicit bfloat16(double d) : bfloat16(static_cast<float>(d)) {}
   DTENSOR_HOST_DEVICE explicit bfloat16(std::int64_t i) : bfloat16(static_cast<float>(i)) {}
-  DTENSOR_HOST_DEVICE explicit operator float() const { return half_detail::bits_float(static_cast<std::uint32_t>(bits) << 16); }
+  DTENSOR_HOST_DEVICE explicit operator float() const {
+    return half_detail::bits_float(static_cast<std::uint32_t>(bits) << 16);
+  }
   DTENSOR_HOST_DEVICE explicit operator double() const { return static_cast<float>(*this); }
   DTENSOR_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) {
     bfloat16 h;
@@ -76,7 +78,7 @@ struct float16 {
     const std::uint32_t u = half_detail::float_bits(f);
     const std::uint32_t sign = (u >> 16) & 0x8000u;
     const std::uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+    if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
     if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
     if (abs < 0x38800000u) {
       // Subnormal or zero in half: scale by 2^24 and round to an integer

@@ -36,9 +36,7 @@ struct Partial {
 using Placement = std::variant<Shard, Replicate, Partial>;
 
 inline bool is_shard(const Placement& p) { return std::holds_alternative<Shard>(p); }
-inline bool is_shard(const Placement& p, std::int64_t dim) {
-  return is_shard(p) && std::get<Shard>(p).dim == dim;
-}
+inline bool is_shard(const Placement& p, std::int64_t dim) { return is_shard(p) && std::get<Shard>(p).dim == dim; }
 inline bool is_replicate(const Placement& p) { return std::holds_alternative<Replicate>(p); }
 inline bool is_partial(const Placement& p) { return std::holds_alternative<Partial>(p); }
 

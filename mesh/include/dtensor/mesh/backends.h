@@ -61,6 +61,6 @@ std::unique_ptr<Communicator> nccl_world(const NcclOptions& options = {});
 /// communicator has its own CommStats (each is a rank). UnsupportedError in
 /// a build without NCCL.
 std::vector<std::unique_ptr<Communicator>> nccl_local_group(std::span<const int> devices,
-                                                           const NcclOptions& options = {});
+                                                            const NcclOptions& options = {});
 
 }  // namespace dtensor

@@ -71,8 +71,10 @@ concept AttrStruct = std::copy_constructible<T> && std::equality_comparable<T> &
 /// compiler's name for the type.
 template <class T>
 std::string_view attrs_name() {
-  if constexpr (requires { std::string_view(T::kName); }) return T::kName;
-  else return typeid(T).name();
+  if constexpr (requires { std::string_view(T::kName); })
+    return T::kName;
+  else
+    return typeid(T).name();
 }
 
 /// One op call's attributes, of whichever struct the op reads (empty for ops
@@ -81,8 +83,8 @@ class OpAttrs {
  public:
   OpAttrs() = default;
   template <AttrStruct T>
-    requires(!std::same_as<std::remove_cvref_t<T>, OpAttrs>)
-  OpAttrs(T value) : value_(std::make_shared<const Model<T>>(std::move(value))) {}  // NOLINT: implicit by design
+  requires(!std::same_as<std::remove_cvref_t<T>, OpAttrs>) OpAttrs(T value)
+      : value_(std::make_shared<const Model<T>>(std::move(value))) {}  // NOLINT: implicit by design
 
   bool empty() const { return !value_; }
   /// The held struct if it is a T, else null.
@@ -135,8 +137,10 @@ class OpAttrs {
     }
     std::size_t hash() const override { return value.hash() ^ typeid(T).hash_code(); }
     Device device() const override {
-      if constexpr (requires { Device{value.device}; }) return value.device;
-      else return Device::CPU;
+      if constexpr (requires { Device{value.device}; })
+        return value.device;
+      else
+        return Device::CPU;
     }
     std::string_view name() const override { return attrs_name<T>(); }
     T value;

@@ -64,9 +64,9 @@ struct KernelArgs {
   std::span<const Box> boxes;          // each input's box in its global tensor
   std::span<const Layout> layouts;     // the layouts the inputs are in
   const OpAttrs& attrs;
-  TensorMeta output;                   // global metadata of the output (a CPU kernel sees a bf16/f16
-                                       // output in its compute dtype, f32)
-  Box output_box;                      // this rank's box of the output
+  TensorMeta output;  // global metadata of the output (a CPU kernel sees a bf16/f16
+                      // output in its compute dtype, f32)
+  Box output_box;     // this rank's box of the output
   Layout output_layout;
 };
 using Kernel = std::function<Tensor(const KernelArgs&)>;

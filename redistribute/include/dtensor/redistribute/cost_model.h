@@ -11,8 +11,8 @@ namespace dtensor {
 
 /// One mesh dimension's links: latency per hop and bandwidth per rank.
 struct LinkParams {
-  double hop_latency_s = 0.6e-6;   // PyTorch's intra-host figure
-  double bandwidth_Bps = 87.7e9;   // bytes per second into one rank
+  double hop_latency_s = 0.6e-6;  // PyTorch's intra-host figure
+  double bandwidth_Bps = 87.7e9;  // bytes per second into one rank
   bool operator==(const LinkParams&) const = default;
 };
 
