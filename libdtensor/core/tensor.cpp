@@ -10,6 +10,7 @@
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
+#include "libdtensor/core/strided_copy.h"
 
 namespace dtensor {
 namespace {
@@ -73,6 +74,21 @@ void for_each_row(const Shape& src_shape, const Shape& src_off, const Shape& dst
     while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
     if (d < 0) break;
   }
+}
+
+// A box of one row-major host tensor into a box of another (offsets and
+// size in elements), as the strided copy that every CPU copy goes through.
+void copy_box_on_host(const std::byte* src, const Shape& src_shape, const Shape& src_off, std::byte* dst,
+                      const Shape& dst_shape, const Shape& dst_off, const Shape& size, std::size_t itemsize) {
+  if (numel(size) == 0) return;
+  const Shape ss = row_major_strides(src_shape), ds = row_major_strides(dst_shape);
+  std::int64_t s0 = 0, d0 = 0;
+  for (std::size_t d = 0; d < size.size(); ++d) {
+    s0 += src_off[d] * ss[d];
+    d0 += dst_off[d] * ds[d];
+  }
+  const auto is = static_cast<std::int64_t>(itemsize);
+  cpu::copy_strided(src + s0 * is, ss, dst + d0 * is, ds, size, itemsize);
 }
 
 void check_box(const Shape& shape, const Box& box, std::string_view what) {
@@ -307,12 +323,7 @@ void copy_box(const Tensor& src, const Box& box, Tensor& dst, std::span<const st
     cuda::copy_box(src.bytes(), src.shape(), box.offset, dst.bytes(), dst.shape(), dbox.offset, box.size, is);
     return;
   }
-  const std::byte* s = src.bytes();
-  std::byte* d = dst.bytes();
-  for_each_row(src.shape(), box.offset, dst.shape(), dbox.offset, box.size,
-               [&](std::int64_t so, std::int64_t dof, std::int64_t n) {
-                 std::memcpy(d + dof * is, s + so * is, n * is);
-               });
+  copy_box_on_host(src.bytes(), src.shape(), box.offset, dst.bytes(), dst.shape(), dbox.offset, box.size, is);
 }
 
 void copy_into(const Tensor& src, Tensor& dst) {
@@ -337,10 +348,7 @@ void pack_box(const Tensor& src, const Box& box, std::byte* out) {
     cuda::copy_box(s, src.shape(), box.offset, out, box.size, zero, box.size, is);
     return;
   }
-  for_each_row(src.shape(), box.offset, box.size, zero, box.size,
-               [&](std::int64_t so, std::int64_t dof, std::int64_t n) {
-                 std::memcpy(out + dof * is, s + so * is, n * is);
-               });
+  copy_box_on_host(s, src.shape(), box.offset, out, box.size, zero, box.size, is);
 }
 
 void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
@@ -352,10 +360,7 @@ void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
     cuda::copy_box(in, box.size, zero, d, dst.shape(), box.offset, box.size, is);
     return;
   }
-  for_each_row(box.size, zero, dst.shape(), box.offset, box.size,
-               [&](std::int64_t so, std::int64_t dof, std::int64_t n) {
-                 std::memcpy(d + dof * is, in + so * is, n * is);
-               });
+  copy_box_on_host(in, box.size, zero, d, dst.shape(), box.offset, box.size, is);
 }
 
 void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,

@@ -8,6 +8,7 @@
 
 #include "../src/device_kernels.h"
 #include "dtensor/core/error.h"
+#include "libdtensor/core/strided_copy.h"
 #include "gemm.h"
 #include "pointwise_kernels.h"
 #include "reduction_kernels.h"
@@ -28,48 +29,9 @@ Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& 
   return out;
 }
 
-// The strided copy, on elements of one size (the value is only moved).
-template <class T>
-void gather_typed(const T* s, T* o, std::span<const std::int64_t> out_shape, std::span<const std::int64_t> strides,
-                  std::int64_t total) {
-  const int nd = static_cast<int>(out_shape.size());
-  if (nd == 0) {
-    o[0] = s[0];
-    return;
-  }
-  const std::int64_t inner = out_shape[nd - 1];
-  const std::int64_t inner_stride = strides[nd - 1];
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(nd), 0);
-  std::int64_t base = 0;
-  for (std::int64_t done = 0; done < total; done += inner) {
-    if (inner_stride == 1)
-      std::memcpy(o + done, s + base, static_cast<std::size_t>(inner) * sizeof(T));
-    else
-      for (std::int64_t j = 0; j < inner; ++j) o[done + j] = s[base + j * inner_stride];
-    for (int d = nd - 2; d >= 0; --d) {
-      base += strides[d];
-      if (++idx[d] < out_shape[d]) break;
-      base -= strides[d] * out_shape[d];
-      idx[d] = 0;
-    }
-  }
-}
-
 void gather_strided(const Tensor& src, Tensor& dst, std::span<const std::int64_t> strides) {
-  const std::int64_t total = dst.numel();
-  if (total == 0) return;
   const Shape& shape = dst.shape();
-  auto run = [&](auto zero) {
-    using T = decltype(zero);
-    gather_typed(static_cast<const T*>(src.data()), static_cast<T*>(dst.data()), shape, strides, total);
-  };
-  switch (itemsize(dst.dtype())) {
-    case 1: return run(std::uint8_t{});
-    case 2: return run(std::uint16_t{});
-    case 4: return run(std::uint32_t{});
-    case 8: return run(std::uint64_t{});
-    default: throw Error(fmt::format("[cpu] internal: gather of {}-byte elements", itemsize(dst.dtype())));
-  }
+  cpu::copy_strided(src.bytes(), strides, dst.bytes(), row_major_strides(shape), shape, itemsize(dst.dtype()));
 }
 
 void cast(const Tensor& src, Tensor& dst) {
