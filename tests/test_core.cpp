@@ -338,8 +338,8 @@ BOOST_AUTO_TEST_CASE(matches_the_element_by_element_copy, *boost::unit_test::tim
                                 c.dst_strides, c.size, c.itemsize);
     const auto diff = std::mismatch(fast.begin(), fast.end(), slow.begin());
     const bool same = diff.first == fast.end();
-    BOOST_TEST_REQUIRE(same, fmt::format("seed {} case {}: {}: first wrong byte {} of {}", seed, k,
-                                                             describe(c), diff.first - fast.begin(), fast.size()));
+    BOOST_TEST_REQUIRE(same, fmt::format("seed {} case {}: {}: first wrong byte {} of {}", seed, k, describe(c),
+                                         diff.first - fast.begin(), fast.size()));
   }
 }
 

@@ -178,7 +178,8 @@ bool canonical_dims(std::span<const std::int64_t> src_strides, std::span<const s
   // Destinations are nearly always row-major already; insertion sort keeps
   // that cheap and keeps the order of equal strides.
   for (std::size_t i = 1; i < n; ++i)
-    for (std::size_t j = i; j > 0 && std::abs(out[j - 1].dst) < std::abs(out[j].dst); --j) std::swap(out[j - 1], out[j]);
+    for (std::size_t j = i; j > 0 && std::abs(out[j - 1].dst) < std::abs(out[j].dst); --j)
+      std::swap(out[j - 1], out[j]);
   std::size_t m = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (m > 0 && out[m - 1].src == out[i].src * out[i].size && out[m - 1].dst == out[i].dst * out[i].size)
@@ -197,7 +198,8 @@ void by_itemsize(std::size_t itemsize, Run&& run) {
     case 2: return run(std::uint16_t{});
     case 4: return run(std::uint32_t{});
     case 8: return run(std::uint64_t{});
-    default: throw Error(fmt::format("[cpu] internal: strided copy of {}-byte elements (expected 1, 2, 4 or 8)", itemsize));
+    default:
+      throw Error(fmt::format("[cpu] internal: strided copy of {}-byte elements (expected 1, 2, 4 or 8)", itemsize));
   }
 }
 

@@ -22,8 +22,7 @@ namespace dtensor::cpu {
 /// or permute) goes tile by tile so that both sides stay in cache, and the
 /// rest is a plain strided loop.
 void copy_strided(const std::byte* src, std::span<const std::int64_t> src_strides, std::byte* dst,
-                  std::span<const std::int64_t> dst_strides, std::span<const std::int64_t> shape,
-                  std::size_t itemsize);
+                  std::span<const std::int64_t> dst_strides, std::span<const std::int64_t> shape, std::size_t itemsize);
 
 /// The same copy, one element at a time in index order: the reference the
 /// tests hold copy_strided to.
