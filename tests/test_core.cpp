@@ -346,7 +346,7 @@ BOOST_AUTO_TEST_CASE(matches_the_element_by_element_copy, *boost::unit_test::tim
 BOOST_AUTO_TEST_CASE(transposes_of_every_element_size_hit_full_and_partial_tiles) {
   // Larger planes than the random cases: many full tiles plus ragged edges.
   for (std::size_t is : {1, 2, 4, 8})
-    for (Shape size : {Shape{129, 200}, Shape{3, 67, 130}, Shape{64, 64}}) {
+    for (Shape size : {Shape{129, 200}, Shape{3, 67, 130}, Shape{64, 64}, Shape{260, 300}}) {
       const int nd = static_cast<int>(size.size());
       Shape src_shape = size;
       std::swap(src_shape[nd - 1], src_shape[nd - 2]);

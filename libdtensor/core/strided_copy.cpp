@@ -28,12 +28,13 @@ constexpr std::size_t kInlineDims = 12;
 constexpr std::size_t kMemcpyMinBytes = 128;
 
 // The edge of a square tile, in elements, and the strips that tiles go in
-// (kStrip rows of the destination-contiguous dim). Measured on 4096x1024
-// transposes of 4- and 2-byte elements (edges 8-64, strips 16-1024): a
-// 16-element edge and 256-row strips were best for both. Within a strip the
-// pages of its source rows stay in the TLB (a source row is often a page of
-// its own), within a tile the lines of both sides stay in L1.
-constexpr std::int64_t kTileEdge = 16;
+// (kStrip rows of the destination-contiguous dim). A tile's row is two cache
+// lines on each side; within a strip the pages of its source rows stay in the
+// TLB (a source row is often a page of its own). Measured on 4096x1024
+// transposes of 4- and 2-byte elements (edges of 8 to 128 elements, strips of
+// 16 to 1024 rows, alternating in one process): these were best for both.
+template <class T>
+constexpr std::int64_t kTileEdge = 128 / static_cast<std::int64_t>(sizeof(T));
 constexpr std::int64_t kStrip = 256;
 
 // Calls fn(src_offset, dst_offset) for every index of `dims` (outermost first).
@@ -96,20 +97,26 @@ struct Block {
 };
 
 // A full tile of the common transpose (unit source stride along a, unit
-// destination stride along b), block by block.
+// destination stride along b), through a buffer on the stack: each source
+// row is read whole and each destination row written whole, so the tile's
+// rows, whose power-of-two strides map them to one cache set, are never
+// evicted half used.
 template <class T>
 void full_tile(const T* s, std::int64_t sb, T* d, std::int64_t da) {
-  constexpr std::int64_t kEdge = kTileEdge, kLanes = Block<T>::kLanes;
+  constexpr std::int64_t kEdge = kTileEdge<T>, kLanes = Block<T>::kLanes;
   static_assert(kEdge % kLanes == 0);
-  for (std::int64_t a = 0; a < kEdge; a += kLanes)
-    for (std::int64_t b = 0; b < kEdge; b += kLanes) Block<T>::transpose(s + a + b * sb, sb, d + a * da + b, da);
+  alignas(64) T tile[kEdge * kEdge];
+  for (std::int64_t b = 0; b < kEdge; b += kLanes)
+    for (std::int64_t a = 0; a < kEdge; a += kLanes)
+      Block<T>::transpose(s + a + b * sb, sb, tile + a * kEdge + b, kEdge);
+  for (std::int64_t a = 0; a < kEdge; ++a) std::memcpy(d + a * da, tile + a * kEdge, sizeof(T) * kEdge);
 }
 
 // The plane of dims a (the fastest on the source) and b (the fastest on the
 // destination), tile by tile, in strips of kStrip along b.
 template <class T>
 void copy_plane(const T* s, T* d, const Dim& a, const Dim& b) {
-  constexpr std::int64_t kEdge = kTileEdge;
+  constexpr std::int64_t kEdge = kTileEdge<T>;
   const bool unit = a.src == 1 && b.dst == 1;
   for (std::int64_t b00 = 0; b00 < b.size; b00 += kStrip) {
     const std::int64_t b_end = std::min(b.size, b00 + kStrip);
