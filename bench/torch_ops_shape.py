@@ -27,6 +27,13 @@ def _transpose01(shape, dtype):
     return lambda: x.transpose(0, 1).contiguous()  # a view without .contiguous()
 
 
+def _transpose01_into(shape, dtype):
+    # The "[kernel]" row: the copy alone into an output made once (no allocation).
+    x = _rand(shape, dtype, 9)
+    out = torch.empty(shape[1], shape[0], dtype=DTYPES[dtype])
+    return lambda: out.copy_(x.transpose(0, 1))
+
+
 def _permute0213(shape, dtype):
     x = _rand(shape, dtype, 2)
     return lambda: x.permute(0, 2, 1, 3).contiguous()  # a view without .contiguous()
@@ -67,6 +74,7 @@ def _matmul_transposed(shape, dtype):
 
 OPS = {
     "transpose(0,1)": _transpose01,
+    "transpose(0,1) [kernel]": _transpose01_into,
     "permute(0,2,1,3)": _permute0213,
     "narrow(1,0,512)": _narrow_half,
     "slice_box(inner half)": _inner_box,

@@ -37,7 +37,9 @@ std::int64_t linear_index(const Tensor& t, std::span<const std::int64_t> index) 
 }
 
 // Calls fn(src_row_offset, dst_row_offset) in elements for every row (last
-// dim run) of a box copy between two row-major tensors.
+// dim run) of a box between two row-major index spaces: the random fills
+// walk a box of the global tensor this way. Copies of boxes do not: they go
+// through cpu::copy_strided (copy_box_on_host).
 template <class Fn>
 void for_each_row(const Shape& src_shape, const Shape& src_off, const Shape& dst_shape, const Shape& dst_off,
                   const Shape& size, Fn&& fn) {
