@@ -1,0 +1,318 @@
+// The CPU's vectorised elementwise math (vector_math.h). Highway compiles
+// this file once per SIMD target (foreach_target.h re-includes it) and
+// HWY_DYNAMIC_DISPATCH picks the widest target the CPU supports on first use,
+// so one binary runs on any x86-64 and uses AVX-512 where it is there.
+//
+// exp, log and tanh are Highway's contrib/math (documented there: exp 1 ULP,
+// log 4 ULP, tanh 4 ULP), wrapped where its valid range is narrower than the
+// std:: function's: exp saturates to +inf above the overflow threshold and
+// keeps NaN, log maps x < 0 to NaN, 0 to -inf and +inf to +inf. Highway
+// 1.0.3 has no erf: gelu's is below (erf_plus_one).
+//
+// Skipped target: AVX3_DL adds integer instructions (VNNI, VBMI2, ...) this
+// math does not use, so AVX3 (AVX-512F/VL/DQ/BW) serves those CPUs at the
+// same width, for one target less to compile.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_AVX3_DL
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/cpu/vector_math.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "ops/cpu/vector_math.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace dtensor::cpu::vmath::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// exp over the whole range: Highway's Exp is valid up to 104 (f32) / 706
+// (f64) and maps NaN to 0. Above ln(max) the result is +inf; f64's
+// (706, 709.78] is computed as exp(x/2)^2 (at most one more ULP), only in
+// the rare vectors that need it.
+template <class D, class V>
+HWY_INLINE V ExpFull(D d, V x) {
+  using T = hn::TFromD<D>;
+  constexpr bool f32 = sizeof(T) == 4;
+  const V overflow = hn::Set(d, T(f32 ? 88.75 : 709.79));
+  V y = hn::Exp(d, x);
+  if constexpr (!f32) {
+    const auto high = hn::Gt(x, hn::Set(d, T(705)));
+    if (!hn::AllFalse(d, high)) {
+      const V h = hn::Exp(d, hn::Mul(x, hn::Set(d, T(0.5))));
+      y = hn::IfThenElse(high, hn::Mul(h, h), y);
+    }
+  }
+  y = hn::IfThenElse(hn::Gt(x, overflow), hn::Set(d, std::numeric_limits<T>::infinity()), y);
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+template <class D, class V>
+HWY_INLINE V LogFull(D d, V x) {
+  using T = hn::TFromD<D>;
+  const V zero = hn::Zero(d);
+  const V inf = hn::Set(d, std::numeric_limits<T>::infinity());
+  V y = hn::Log(d, x);
+  y = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), y);
+  y = hn::IfThenElse(hn::Eq(x, inf), inf, y);
+  y = hn::IfThenElse(hn::Lt(x, zero), hn::Set(d, std::numeric_limits<T>::quiet_NaN()), y);
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+// 1 + erf(z), accurate relative to itself also where it is tiny (z << 0), so
+// that gelu(x) = x/2 * (1 + erf(x/sqrt(2))) keeps its relative accuracy for
+// negative x instead of cancelling. Two pieces, in a = |z|:
+//  - a < 1: erf(z) = z * P(z^2), P of degree 6 fitted (weighted least squares
+//    on Chebyshev nodes, against mpmath) to erf(a)/a, relative error
+//    <= 1.3e-9 on [0, 1];
+//  - a >= 1: erfc(a) = t * exp(-a^2 + Q(t)), t = 1/(1 + a/2), Q of degree 9:
+//    Numerical Recipes' erfcc (Press et al., 2nd ed., section 6.2), whose
+//    relative error is < 1.2e-7 for every a >= 0. a^2 is split exactly
+//    (a = ah + al with ah's low 12 bits cleared, so ah^2 is exact) and
+//    exp(-ah^2) taken apart from the rest: rounding -a^2 + Q as one float
+//    would cost a relative error of a^2 * 2^-24 (80 ULP near a = 9).
+// Then 1 + erf(z) is 2 - erfc(a) for z >= 1 and erfc(a) for z <= -1.
+// f32 only: for f64 the error bounds above are too loose (gelu in f64 stays
+// on std::erf, pointwise_kernels.cpp).
+template <class D, class V>
+HWY_INLINE V ErfPlusOne(D d, V z) {
+  const V one = hn::Set(d, 1.0f);
+  const V a = hn::Abs(z);
+  const V s = hn::Mul(z, z);
+  V p = hn::Set(d, 7.847265728090467e-05f);
+  p = hn::MulAdd(p, s, hn::Set(d, -0.0008008197338508497f));
+  p = hn::MulAdd(p, s, hn::Set(d, 0.005188100647046987f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.026853692625915165f));
+  p = hn::MulAdd(p, s, hn::Set(d, 0.112835823070229f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.3761262557673629f));
+  p = hn::MulAdd(p, s, hn::Set(d, 1.1283791656934403f));
+  const V small = hn::MulAdd(z, p, one);
+
+  const V t = hn::Div(one, hn::MulAdd(a, hn::Set(d, 0.5f), one));
+  V q = hn::Set(d, 0.17087277f);
+  q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
+  q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
+  q = hn::MulAdd(q, t, hn::Set(d, -1.13520398f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.27886807f));
+  q = hn::MulAdd(q, t, hn::Set(d, -0.18628806f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.09678418f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.37409196f));
+  q = hn::MulAdd(q, t, hn::Set(d, 1.00002368f));
+  q = hn::MulAdd(q, t, hn::Set(d, -1.26551223f));
+  const hn::RebindToUnsigned<D> du;
+  const V ah = hn::BitCast(d, hn::And(hn::BitCast(du, a), hn::Set(du, 0xFFFFF000u)));
+  const V al = hn::Sub(a, ah);
+  // -a^2 = -ah^2 - al*(a + ah), the first term exact.
+  const V rest = hn::NegMulAdd(al, hn::Add(a, ah), q);
+  const V erfc = hn::Mul(t, hn::Mul(ExpFull(d, hn::Neg(hn::Mul(ah, ah))), ExpFull(d, rest)));
+  const V large = hn::IfThenElse(hn::Gt(z, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
+  return hn::IfThenElse(hn::Lt(a, one), small, large);
+}
+
+template <class D, class V>
+HWY_INLINE V Eval(D d, Fn fn, V x) {
+  using T = hn::TFromD<D>;
+  const V one = hn::Set(d, T(1));
+  switch (fn) {
+    case Fn::Exp: return ExpFull(d, x);
+    case Fn::Log: return LogFull(d, x);
+    case Fn::Tanh: return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
+    case Fn::Sigmoid: return hn::Div(one, hn::Add(one, ExpFull(d, hn::Neg(x))));
+    case Fn::Silu: return hn::Div(x, hn::Add(one, ExpFull(d, hn::Neg(x))));
+    case Fn::Sqrt: return hn::Sqrt(x);
+    case Fn::Rsqrt: return hn::Div(one, hn::Sqrt(x));
+    case Fn::Gelu:
+      if constexpr (sizeof(T) == 4) {
+        return hn::Mul(hn::Mul(hn::Set(d, T(0.5)), x), ErfPlusOne(d, hn::Mul(x, hn::Set(d, T(0.70710678118654752)))));
+      }
+      break;
+  }
+  return x;  // unreachable: the callers send f64 gelu elsewhere
+}
+
+// The loop every function shares: whole vectors, then the tail through a
+// padded buffer (its unused lanes are zeros; no FP exception is unmasked).
+template <class T, class Body>
+HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(body(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    for (std::int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    hn::Store(body(d, hn::Load(d, buf)), d, buf);
+    for (std::int64_t j = i; j < n; ++j) y[j] = buf[j - i];
+  }
+}
+
+template <class T>
+HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
+  // One switch per array, not per vector: each case is its own loop.
+  switch (fn) {
+#define DTENSOR_VMATH_CASE(F) \
+  case Fn::F: return ForEachVector(x, y, n, [](auto d, auto v) { return Eval(d, Fn::F, v); });
+    DTENSOR_VMATH_CASE(Exp)
+    DTENSOR_VMATH_CASE(Log)
+    DTENSOR_VMATH_CASE(Tanh)
+    DTENSOR_VMATH_CASE(Sigmoid)
+    DTENSOR_VMATH_CASE(Silu)
+    DTENSOR_VMATH_CASE(Gelu)
+    DTENSOR_VMATH_CASE(Sqrt)
+    DTENSOR_VMATH_CASE(Rsqrt)
+#undef DTENSOR_VMATH_CASE
+  }
+}
+void ApplyF32(Fn fn, const float* x, float* y, std::int64_t n) { ApplyT(fn, x, y, n); }
+void ApplyF64(Fn fn, const double* x, double* y, std::int64_t n) { ApplyT(fn, x, y, n); }
+
+// Outputs at least this big are written with streaming stores: they would
+// not stay in cache anyway, and a streaming store skips reading the fresh
+// output's lines first (a third of the traffic of y = a + b).
+constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
+
+template <class T, class Op>
+HWY_INLINE void BinaryLoop(const T* a, const T* b, T* y, std::int64_t n, Op op) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes;
+  if (stream) {
+    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % (N * sizeof(T)) != 0; ++i) y[i] = op(d, a[i], b[i]);
+    for (; i + N <= n; i += N) hn::Stream(op(d, hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+    hwy::FlushStream();
+  } else {
+    for (; i + N <= n; i += N) hn::StoreU(op(d, hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] = op(d, a[i], b[i]);
+}
+
+// Works on a vector or, for the scalar ends, on single T values.
+template <class T>
+HWY_NOINLINE void BinaryT(BinFn fn, const T* a, const T* b, T* y, std::int64_t n) {
+  switch (fn) {
+    case BinFn::Add:
+      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
+        if constexpr (std::is_same_v<decltype(u), T>) return u + v; else return hn::Add(u, v);
+      });
+    case BinFn::Sub:
+      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
+        if constexpr (std::is_same_v<decltype(u), T>) return u - v; else return hn::Sub(u, v);
+      });
+    case BinFn::Mul:
+      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
+        if constexpr (std::is_same_v<decltype(u), T>) return u * v; else return hn::Mul(u, v);
+      });
+    case BinFn::Div:
+      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
+        if constexpr (std::is_same_v<decltype(u), T>) return u / v; else return hn::Div(u, v);
+      });
+  }
+}
+void BinaryF32(BinFn fn, const float* a, const float* b, float* y, std::int64_t n) { BinaryT(fn, a, b, y, n); }
+void BinaryF64(BinFn fn, const double* a, const double* b, double* y, std::int64_t n) { BinaryT(fn, a, b, y, n); }
+
+template <class T>
+HWY_NOINLINE T ExpSubSumT(const T* x, T m, T* y, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vm = hn::Set(d, m);
+  auto acc = hn::Zero(d);
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = ExpFull(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    hn::StoreU(e, d, y + i);
+    acc = hn::Add(acc, e);
+  }
+  T sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  if (i < n) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    for (std::int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    hn::Store(ExpFull(d, hn::Sub(hn::Load(d, buf), vm)), d, buf);
+    for (std::int64_t j = i; j < n; ++j) {
+      y[j] = buf[j - i];
+      sum += buf[j - i];
+    }
+  }
+  return sum;
+}
+float ExpSubSumF32(const float* x, float m, float* y, std::int64_t n) { return ExpSubSumT(x, m, y, n); }
+double ExpSubSumF64(const double* x, double m, double* y, std::int64_t n) { return ExpSubSumT(x, m, y, n); }
+
+template <class T>
+HWY_NOINLINE void ExpSubAccumulateT(const T* x, const T* m, T* y, T* s, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = ExpFull(d, hn::Sub(hn::LoadU(d, x + i), hn::LoadU(d, m + i)));
+    hn::StoreU(e, d, y + i);
+    hn::StoreU(hn::Add(hn::LoadU(d, s + i), e), d, s + i);
+  }
+  for (; i < n; ++i) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    buf[0] = x[i] - m[i];
+    hn::Store(ExpFull(d, hn::Load(d, buf)), d, buf);
+    y[i] = buf[0];
+    s[i] += buf[0];
+  }
+}
+void ExpSubAccumulateF32(const float* x, const float* m, float* y, float* s, std::int64_t n) {
+  ExpSubAccumulateT(x, m, y, s, n);
+}
+void ExpSubAccumulateF64(const double* x, const double* m, double* y, double* s, std::int64_t n) {
+  ExpSubAccumulateT(x, m, y, s, n);
+}
+
+}  // namespace dtensor::cpu::vmath::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace dtensor::cpu::vmath {
+
+HWY_EXPORT(ApplyF32);
+HWY_EXPORT(ApplyF64);
+HWY_EXPORT(BinaryF32);
+HWY_EXPORT(BinaryF64);
+HWY_EXPORT(ExpSubSumF32);
+HWY_EXPORT(ExpSubSumF64);
+HWY_EXPORT(ExpSubAccumulateF32);
+HWY_EXPORT(ExpSubAccumulateF64);
+
+void apply(Fn fn, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF32)(fn, x, y, n); }
+void apply(Fn fn, const double* x, double* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF64)(fn, x, y, n); }
+void binary(BinFn fn, const float* a, const float* b, float* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(BinaryF32)(fn, a, b, y, n);
+}
+void binary(BinFn fn, const double* a, const double* b, double* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(BinaryF64)(fn, a, b, y, n);
+}
+float exp_sub_sum(const float* x, float m, float* y, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ExpSubSumF32)(x, m, y, n);
+}
+double exp_sub_sum(const double* x, double m, double* y, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ExpSubSumF64)(x, m, y, n);
+}
+void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpSubAccumulateF32)(x, m, y, s, n);
+}
+void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpSubAccumulateF64)(x, m, y, s, n);
+}
+
+const char* target_name() {
+  // The best target is the lowest bit set of those compiled in and supported.
+  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(targets & -targets);
+}
+
+}  // namespace dtensor::cpu::vmath
+#endif  // HWY_ONCE
