@@ -14,10 +14,15 @@ using dtensor::Shape;
 using dtensor::Tensor;
 
 // One row of op(inputs...) on `shape`: every input and the output have it.
+// Inputs are normal samples, or uniform on [0, 1) where the op wants
+// positive ones (log: a NaN result is a slow path in some libraries).
 void add_row(std::vector<Row>& rows, int reps, const std::string& name, const std::string& op, const Shape& shape,
-             DType dtype, int n_inputs) {
+             DType dtype, int n_inputs, bool positive = false) {
   std::vector<Tensor> inputs;
-  for (int i = 0; i < n_inputs; ++i) inputs.push_back(Tensor::randn(shape, dtype, 1234 + static_cast<unsigned>(i)));
+  for (int i = 0; i < n_inputs; ++i) {
+    const auto seed = 1234 + static_cast<std::uint64_t>(i);
+    inputs.push_back(positive ? Tensor::rand(shape, dtype, seed) : Tensor::randn(shape, dtype, seed));
+  }
   const Tensor probe = inputs[0];
   const double bytes = static_cast<double>(probe.nbytes()) * (n_inputs + 1);
   rows.push_back(measure("pointwise", name, shape, dtype, bytes, reps, [&] {
@@ -31,8 +36,9 @@ void add_row(std::vector<Row>& rows, int reps, const std::string& name, const st
 void pointwise_rows(std::vector<Row>& rows, int reps) {
   const Shape act{64, 4096};    // an MLP's activations (the tensor-parallel example's hidden size)
   const Shape big{2048, 2048};  // 16 MiB of f32: beyond the caches, so bandwidth-bound
-  for (const char* op : {"exp", "log", "tanh", "sigmoid", "gelu", "silu"})
-    add_row(rows, reps, op, op, act, DType::Float32, 1);
+  add_row(rows, reps, "exp", "exp", act, DType::Float32, 1);
+  add_row(rows, reps, "log", "log", act, DType::Float32, 1, /*positive=*/true);
+  for (const char* op : {"tanh", "sigmoid", "gelu", "silu"}) add_row(rows, reps, op, op, act, DType::Float32, 1);
   // softmax and layer_norm take attributes: rows of their own.
   {
     std::vector<Tensor> x{Tensor::randn(act, DType::Float32, 99)};

@@ -34,25 +34,78 @@ HWY_BEFORE_NAMESPACE();
 namespace dtensor::cpu::vmath::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// exp over the whole range: Highway's Exp is valid up to 104 (f32) / 706
-// (f64) and maps NaN to 0. Above ln(max) the result is +inf; f64's
-// (706, 709.78] is computed as exp(x/2)^2 (at most one more ULP), only in
-// the rare vectors that need it.
+// exp(hi + lo) where the result is a normal number (hi + lo in [-87, 88]
+// for f32, [-708, 709] for f64), lo a correction too small to move the
+// rounding of hi + lo to an integer multiple of ln 2 by more than one. The
+// usual reduction, r = hi + lo - n ln2 (ln 2 in two parts, so that n*ln2's
+// first part is exact: Cody and Waite), with Highway's polynomials for
+// e^r - 1 on |r| <= ln2/2 (its ExpImpl, 1 ULP), and 2^n from n's bits: n is
+// rounded by adding 1.5 * 2^23 (2^52), which leaves it in the low mantissa
+// bits, so no float-to-int conversion (and its overflow fixups) is needed.
+// About half the instructions of Highway's Exp, which also handles the
+// range ends; ExpFull falls back to it for vectors with lanes outside.
 template <class D, class V>
-HWY_INLINE V ExpFull(D d, V x) {
+HWY_INLINE V ExpCore(D d, V hi, V lo) {
+  using T = hn::TFromD<D>;
+  constexpr bool f32 = sizeof(T) == 4;
+  const hn::RebindToSigned<D> di;
+  using TI = hn::TFromD<decltype(di)>;
+  const V magic = hn::Set(d, T(f32 ? 12582912.0 : 6755399441055744.0));
+  const V t = hn::MulAdd(hn::Add(hi, lo), hn::Set(d, T(1.442695040888963407359924681)), magic);
+  const V n = hn::Sub(t, magic);
+  V r = hn::MulAdd(n, hn::Set(d, T(f32 ? -0.693145751953125 : -0.6931471805596629565116018)), hi);
+  r = hn::MulAdd(n, hn::Set(d, T(f32 ? -1.428606765330187045e-6 : -0.28235290563031577122588448175e-12)), r);
+  r = hn::Add(r, lo);
+  V p;
+  if constexpr (f32) {
+    p = hn::MulAdd(hn::impl::Estrin(r, hn::Set(d, 0.5f), hn::Set(d, 0.166666671633720397949219f),
+                              hn::Set(d, 0.0416664853692054748535156f), hn::Set(d, 0.00833336077630519866943359f),
+                              hn::Set(d, 0.00139304355252534151077271f), hn::Set(d, 0.000198527617612853646278381f)),
+                   hn::Mul(r, r), r);
+  } else {
+    p = hn::MulAdd(
+        hn::impl::Estrin(r, hn::Set(d, 0.5), hn::Set(d, 0.166666666666666851703837), hn::Set(d, 0.0416666666666665047591422),
+                   hn::Set(d, 0.00833333333331652721664984), hn::Set(d, 0.00138888888889774492207962),
+                   hn::Set(d, 0.000198412698960509205564975), hn::Set(d, 2.4801587159235472998791e-5),
+                   hn::Set(d, 2.75572362911928827629423e-6), hn::Set(d, 2.75573911234900471893338e-7),
+                   hn::Set(d, 2.51112930892876518610661e-8), hn::Set(d, 2.08860621107283687536341e-9)),
+        hn::Mul(r, r), r);
+  }
+  const auto biased = hn::Add(hn::BitCast(di, t), hn::Set(di, TI(f32 ? 127 : 1023)));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<f32 ? 23 : 52>(biased));
+  return hn::MulAdd(p, scale, scale);
+}
+
+template <class D, class V>
+HWY_INLINE auto ExpCoreRange(D d, V x) {
+  using T = hn::TFromD<D>;
+  constexpr bool f32 = sizeof(T) == 4;
+  return hn::And(hn::Ge(x, hn::Set(d, T(f32 ? -87.0 : -708.0))), hn::Le(x, hn::Set(d, T(f32 ? 88.0 : 709.0))));
+}
+
+// exp over the whole range, for the vectors ExpCore cannot take: Highway's
+// Exp is valid up to 104 (f32) / 706 (f64), gives subnormals below, and maps
+// NaN to 0. Above ln(max) the result is +inf; f64's (705, 709.78] is
+// computed as exp(x/2)^2 (at most one more ULP).
+template <class D, class V>
+HWY_NOINLINE V ExpEnds(D d, V x) {
   using T = hn::TFromD<D>;
   constexpr bool f32 = sizeof(T) == 4;
   const V overflow = hn::Set(d, T(f32 ? 88.75 : 709.79));
   V y = hn::Exp(d, x);
   if constexpr (!f32) {
     const auto high = hn::Gt(x, hn::Set(d, T(705)));
-    if (!hn::AllFalse(d, high)) {
-      const V h = hn::Exp(d, hn::Mul(x, hn::Set(d, T(0.5))));
-      y = hn::IfThenElse(high, hn::Mul(h, h), y);
-    }
+    const V h = hn::Exp(d, hn::Mul(x, hn::Set(d, T(0.5))));
+    y = hn::IfThenElse(high, hn::Mul(h, h), y);
   }
   y = hn::IfThenElse(hn::Gt(x, overflow), hn::Set(d, std::numeric_limits<T>::infinity()), y);
   return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+template <class D, class V>
+HWY_INLINE V ExpFull(D d, V x) {
+  if (HWY_LIKELY(hn::AllTrue(d, ExpCoreRange(d, x)))) return ExpCore(d, x, hn::Zero(d));
+  return ExpEnds(d, x);
 }
 
 template <class D, class V>
@@ -67,24 +120,31 @@ HWY_INLINE V LogFull(D d, V x) {
   return hn::IfThenElse(hn::IsNaN(x), x, y);
 }
 
-// 1 + erf(z), accurate relative to itself also where it is tiny (z << 0), so
-// that gelu(x) = x/2 * (1 + erf(x/sqrt(2))) keeps its relative accuracy for
-// negative x instead of cancelling. Two pieces, in a = |z|:
-//  - a < 1: erf(z) = z * P(z^2), P of degree 6 fitted (weighted least squares
-//    on Chebyshev nodes, against mpmath) to erf(a)/a, relative error
+// 1 + erf(x / sqrt(2)), accurate relative to itself also where it is tiny
+// (x << 0), so that gelu(x) = x/2 * (1 + erf(x/sqrt(2))) keeps its relative
+// accuracy for negative x instead of cancelling. Two pieces, in z = x/sqrt(2)
+// and a = |z|:
+//  - a < 1/2: erf(z) = z * P(z^2), P of degree 6 fitted (weighted least
+//    squares on Chebyshev nodes, against mpmath) to erf(a)/a, relative error
 //    <= 1.3e-9 on [0, 1];
-//  - a >= 1: erfc(a) = t * exp(-a^2 + Q(t)), t = 1/(1 + a/2), Q of degree 9:
-//    Numerical Recipes' erfcc (Press et al., 2nd ed., section 6.2), whose
-//    relative error is < 1.2e-7 for every a >= 0. a^2 is split exactly
-//    (a = ah + al with ah's low 12 bits cleared, so ah^2 is exact) and
-//    exp(-ah^2) taken apart from the rest: rounding -a^2 + Q as one float
-//    would cost a relative error of a^2 * 2^-24 (80 ULP near a = 9).
-// Then 1 + erf(z) is 2 - erfc(a) for z >= 1 and erfc(a) for z <= -1.
-// f32 only: for f64 the error bounds above are too loose (gelu in f64 stays
-// on std::erf, pointwise_kernels.cpp).
+//  - a >= 1/2: erfc(a) = t * exp(-a^2 + Q(t)), t = 1/(1 + a/2), Q of degree
+//    9: Numerical Recipes' erfcc (Press et al., 2nd ed., section 6.2), whose
+//    relative error is < 1.2e-7 for every a >= 0. The exponent -a^2 = -x^2/2
+//    is formed from x, not from the rounded z, and exactly: x = xh + xl with
+//    xh's low 12 bits cleared, so xh^2 is exact, and -x^2/2 = -xh^2/2 -
+//    xl*(x + xh)/2 goes to ExpCore in two parts. (Rounding z, or -a^2 + Q as
+//    one float, would cost a relative error of a^2 * 2^-23: 150 ULP near
+//    x = -13.)
+// Then 1 + erf(z) is 2 - erfc(a) for z > 0 and erfc(a) for z < 0. x = +-inf
+// gives 2 and 0 (a is clamped to 20 for the large piece, where erfc is 0
+// in f32), so gelu(-inf) = -inf * 0 = NaN, as the std:: formula gives.
+// f32 only: for f64 these bounds are too loose (f64 gelu stays on std::erf,
+// pointwise_kernels.cpp).
 template <class D, class V>
-HWY_INLINE V ErfPlusOne(D d, V z) {
+HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   const V one = hn::Set(d, 1.0f);
+  const V half = hn::Set(d, 0.5f);
+  const V z = hn::Mul(x, hn::Set(d, 0.70710678118654752f));
   const V a = hn::Abs(z);
   const V s = hn::Mul(z, z);
   V p = hn::Set(d, 7.847265728090467e-05f);
@@ -96,7 +156,9 @@ HWY_INLINE V ErfPlusOne(D d, V z) {
   p = hn::MulAdd(p, s, hn::Set(d, 1.1283791656934403f));
   const V small = hn::MulAdd(z, p, one);
 
-  const V t = hn::Div(one, hn::MulAdd(a, hn::Set(d, 0.5f), one));
+  const V limit = hn::Set(d, 20.0f);
+  const V ac = hn::Min(a, limit);
+  const V t = hn::Div(one, hn::MulAdd(ac, half, one));
   V q = hn::Set(d, 0.17087277f);
   q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
@@ -108,13 +170,19 @@ HWY_INLINE V ErfPlusOne(D d, V z) {
   q = hn::MulAdd(q, t, hn::Set(d, 1.00002368f));
   q = hn::MulAdd(q, t, hn::Set(d, -1.26551223f));
   const hn::RebindToUnsigned<D> du;
-  const V ah = hn::BitCast(d, hn::And(hn::BitCast(du, a), hn::Set(du, 0xFFFFF000u)));
-  const V al = hn::Sub(a, ah);
-  // -a^2 = -ah^2 - al*(a + ah), the first term exact.
-  const V rest = hn::NegMulAdd(al, hn::Add(a, ah), q);
-  const V erfc = hn::Mul(t, hn::Mul(ExpFull(d, hn::Neg(hn::Mul(ah, ah))), ExpFull(d, rest)));
+  const V xa = hn::Min(hn::Abs(x), hn::Mul(limit, hn::Set(d, 1.41421356f)));
+  const V xh = hn::BitCast(d, hn::And(hn::BitCast(du, xa), hn::Set(du, 0xFFFFF000u)));
+  const V xl = hn::Sub(xa, xh);
+  const V head = hn::Mul(hn::Neg(half), hn::Mul(xh, xh));  // exact
+  const V rest = hn::NegMulAdd(hn::Mul(half, xl), hn::Add(xa, xh), q);
+  V e;
+  if (HWY_LIKELY(hn::AllTrue(d, ExpCoreRange(d, hn::Add(head, rest)))))
+    e = ExpCore(d, head, rest);  // one exp of the exact sum (see ExpCore)
+  else
+    e = hn::Mul(ExpFull(d, head), ExpFull(d, rest));
+  const V erfc = hn::Mul(t, e);
   const V large = hn::IfThenElse(hn::Gt(z, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
-  return hn::IfThenElse(hn::Lt(a, one), small, large);
+  return hn::IfThenElse(hn::Lt(a, half), small, large);
 }
 
 template <class D, class V>
@@ -131,7 +199,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
     case Fn::Rsqrt: return hn::Div(one, hn::Sqrt(x));
     case Fn::Gelu:
       if constexpr (sizeof(T) == 4) {
-        return hn::Mul(hn::Mul(hn::Set(d, T(0.5)), x), ErfPlusOne(d, hn::Mul(x, hn::Set(d, T(0.70710678118654752)))));
+        return hn::Mul(hn::Mul(hn::Set(d, T(0.5)), x), ErfPlusOneOfScaled(d, x));
       }
       break;
   }
