@@ -170,21 +170,7 @@ void check_function(const FnCase& c, std::uint64_t seed) {
 
 constexpr std::uint64_t kSeed = 20261201;
 
-}  // namespace
-
-BOOST_AUTO_TEST_SUITE(vector_math)
-
-BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f32) {
-  for (const FnCase& c : kCases) check_function<float>(c, kSeed + static_cast<std::uint64_t>(c.fn));
-}
-
-BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f64) {
-  for (const FnCase& c : kCases) check_function<double>(c, kSeed + 100 + static_cast<std::uint64_t>(c.fn));
-}
-
-// The binary loops and softmax's pieces, on lengths around the vector width
-// and the streaming threshold (4 MiB of output), offsets misaligned.
-BOOST_AUTO_TEST_CASE(binary_and_softmax_loops_match_scalar) {
+void check_loops() {
   using dtensor::cpu::vmath::BinFn;
   std::mt19937_64 rng(kSeed);
   std::normal_distribution<float> normal;
@@ -202,7 +188,8 @@ BOOST_AUTO_TEST_CASE(binary_and_softmax_loops_match_scalar) {
           const float want = fn == BinFn::Add ? u + v : fn == BinFn::Sub ? u - v : fn == BinFn::Mul ? u * v : u / v;
           bad += y[i + offset] != want;
         }
-        BOOST_TEST(bad == 0, "seed " << kSeed << " n " << n << " offset " << offset << " fn "
+        BOOST_TEST(bad == 0, "seed " << kSeed << " target " << dtensor::cpu::vmath::target_name() << " n " << n
+                                     << " offset " << offset << " fn "
                                      << static_cast<int>(fn) << ": " << bad << " wrong");
       }
       if (n > 100000) continue;
@@ -219,6 +206,30 @@ BOOST_AUTO_TEST_CASE(binary_and_softmax_loops_match_scalar) {
       BOOST_TEST(std::fabs(sum - want_sum) <= 1e-5 * (want_sum + 1), "seed " << kSeed << " n " << n);
     }
   }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(vector_math)
+
+// On every SIMD target this CPU runs (SSSE3 ... AVX-512 and the scalar
+// fallback), not only the one the dispatch picks here: other CPUs get those.
+BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f32) {
+  dtensor::cpu::vmath::for_each_target([] {
+    for (const FnCase& c : kCases) check_function<float>(c, kSeed + static_cast<std::uint64_t>(c.fn));
+  });
+}
+
+BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f64) {
+  dtensor::cpu::vmath::for_each_target([] {
+    for (const FnCase& c : kCases) check_function<double>(c, kSeed + 100 + static_cast<std::uint64_t>(c.fn));
+  });
+}
+
+// The binary loops and softmax's pieces, on lengths around the vector width
+// and the streaming threshold (4 MiB of output), offsets misaligned.
+BOOST_AUTO_TEST_CASE(binary_and_softmax_loops_match_scalar) {
+  dtensor::cpu::vmath::for_each_target(check_loops);
 }
 
 // The ops through call_op on plain Tensors, each dtype the kernels see: the

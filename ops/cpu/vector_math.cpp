@@ -382,5 +382,13 @@ const char* target_name() {
   return hwy::TargetName(targets & -targets);
 }
 
+void for_each_target(const std::function<void()>& fn) {
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 }  // namespace dtensor::cpu::vmath
 #endif  // HWY_ONCE

@@ -8,6 +8,7 @@
 // 1/(1+exp(-x)), silu x/(1+exp(-x)), gelu x/2*(1+erf(x/sqrt(2))), rsqrt
 // 1/sqrt(x)).
 #include <cstdint>
+#include <functional>
 
 namespace dtensor::cpu::vmath {
 
@@ -31,8 +32,12 @@ double exp_sub_sum(const double* x, double m, double* y, std::int64_t n);
 void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n);
 void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n);
 
-/// The SIMD target the dispatch chose on this CPU ("AVX3", "AVX2", ...), for
-/// the benchmarks' header.
+/// The SIMD target the dispatch chooses on this CPU ("AVX3", "AVX2", ...).
 const char* target_name();
+
+/// For the tests: runs fn once per SIMD target compiled in that this CPU
+/// can run, with the dispatch forced to that target, then restores the
+/// normal choice. (Once, with the fallback's name, without Highway.)
+void for_each_target(const std::function<void()>& fn);
 
 }  // namespace dtensor::cpu::vmath

@@ -73,5 +73,6 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
   exp_sub_accumulate_t(x, m, y, s, n);
 }
 const char* target_name() { return "none (built without Highway)"; }
+void for_each_target(const std::function<void()>& fn) { fn(); }
 
 }  // namespace dtensor::cpu::vmath
