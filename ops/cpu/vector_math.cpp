@@ -44,35 +44,42 @@ namespace hn = hwy::HWY_NAMESPACE;
 // bits, so no float-to-int conversion (and its overflow fixups) is needed.
 // About half the instructions of Highway's Exp, which also handles the
 // range ends; ExpFull falls back to it for vectors with lanes outside.
-template <class D, class V>
-HWY_INLINE V ExpCore(D d, V hi, V lo) {
+struct NoLo {};  // ExpCore of a single value: no correction to add
+
+template <class D, class V, class Lo>
+HWY_INLINE V ExpCore(D d, V hi, Lo lo) {
   using T = hn::TFromD<D>;
   constexpr bool f32 = sizeof(T) == 4;
   const hn::RebindToSigned<D> di;
   using TI = hn::TFromD<decltype(di)>;
   const V magic = hn::Set(d, T(f32 ? 12582912.0 : 6755399441055744.0));
-  const V t = hn::MulAdd(hn::Add(hi, lo), hn::Set(d, T(1.442695040888963407359924681)), magic);
+  constexpr bool has_lo = !std::is_same_v<Lo, NoLo>;
+  V sum = hi;
+  if constexpr (has_lo) sum = hn::Add(hi, lo);
+  const V t = hn::MulAdd(sum, hn::Set(d, T(1.442695040888963407359924681)), magic);
   const V n = hn::Sub(t, magic);
   V r = hn::MulAdd(n, hn::Set(d, T(f32 ? -0.693145751953125 : -0.6931471805596629565116018)), hi);
   r = hn::MulAdd(n, hn::Set(d, T(f32 ? -1.428606765330187045e-6 : -0.28235290563031577122588448175e-12)), r);
-  r = hn::Add(r, lo);
+  if constexpr (has_lo) r = hn::Add(r, lo);
   V p;
   if constexpr (f32) {
     p = hn::MulAdd(hn::impl::Estrin(r, hn::Set(d, 0.5f), hn::Set(d, 0.166666671633720397949219f),
-                              hn::Set(d, 0.0416664853692054748535156f), hn::Set(d, 0.00833336077630519866943359f),
-                              hn::Set(d, 0.00139304355252534151077271f), hn::Set(d, 0.000198527617612853646278381f)),
+                                    hn::Set(d, 0.0416664853692054748535156f), hn::Set(d, 0.00833336077630519866943359f),
+                                    hn::Set(d, 0.00139304355252534151077271f),
+                                    hn::Set(d, 0.000198527617612853646278381f)),
                    hn::Mul(r, r), r);
   } else {
-    p = hn::MulAdd(
-        hn::impl::Estrin(r, hn::Set(d, 0.5), hn::Set(d, 0.166666666666666851703837), hn::Set(d, 0.0416666666666665047591422),
-                   hn::Set(d, 0.00833333333331652721664984), hn::Set(d, 0.00138888888889774492207962),
-                   hn::Set(d, 0.000198412698960509205564975), hn::Set(d, 2.4801587159235472998791e-5),
-                   hn::Set(d, 2.75572362911928827629423e-6), hn::Set(d, 2.75573911234900471893338e-7),
-                   hn::Set(d, 2.51112930892876518610661e-8), hn::Set(d, 2.08860621107283687536341e-9)),
-        hn::Mul(r, r), r);
+    p = hn::MulAdd(hn::impl::Estrin(r, hn::Set(d, 0.5), hn::Set(d, 0.166666666666666851703837),
+                                    hn::Set(d, 0.0416666666666665047591422), hn::Set(d, 0.00833333333331652721664984),
+                                    hn::Set(d, 0.00138888888889774492207962), hn::Set(d, 0.000198412698960509205564975),
+                                    hn::Set(d, 2.4801587159235472998791e-5), hn::Set(d, 2.75572362911928827629423e-6),
+                                    hn::Set(d, 2.75573911234900471893338e-7), hn::Set(d, 2.51112930892876518610661e-8),
+                                    hn::Set(d, 2.08860621107283687536341e-9)),
+                   hn::Mul(r, r), r);
   }
   const auto biased = hn::Add(hn::BitCast(di, t), hn::Set(di, TI(f32 ? 127 : 1023)));
-  const V scale = hn::BitCast(d, hn::ShiftLeft<f32 ? 23 : 52>(biased));
+  constexpr int kMantissaBits = f32 ? 23 : 52;
+  const V scale = hn::BitCast(d, hn::ShiftLeft<kMantissaBits>(biased));
   return hn::MulAdd(p, scale, scale);
 }
 
@@ -104,8 +111,25 @@ HWY_NOINLINE V ExpEnds(D d, V x) {
 
 template <class D, class V>
 HWY_INLINE V ExpFull(D d, V x) {
-  if (HWY_LIKELY(hn::AllTrue(d, ExpCoreRange(d, x)))) return ExpCore(d, x, hn::Zero(d));
+  if (HWY_LIKELY(hn::AllTrue(d, ExpCoreRange(d, x)))) return ExpCore(d, x, NoLo{});
   return ExpEnds(d, x);
+}
+
+// 1/x for finite x of normal size: f32 refines the hardware's approximate
+// reciprocal (14 bits on AVX-512, 12 on SSE/AVX2) with one Newton step,
+// r + r*(1 - x*r), within about one ULP and far cheaper than a division
+// (on AVX-512 a division occupies its port for several cycles per vector);
+// f64 has no such instruction in Highway 1.0.3 and divides.
+template <class D, class V>
+HWY_INLINE V Recip(D d, V x) {
+  using T = hn::TFromD<D>;
+  const V one = hn::Set(d, T(1));
+  if constexpr (sizeof(T) == 4) {
+    const V r = hn::ApproximateReciprocal(x);
+    return hn::MulAdd(r, hn::NegMulAdd(x, r, one), r);
+  } else {
+    return hn::Div(one, x);
+  }
 }
 
 template <class D, class V>
@@ -120,45 +144,29 @@ HWY_INLINE V LogFull(D d, V x) {
   return hn::IfThenElse(hn::IsNaN(x), x, y);
 }
 
-// 1 + erf(x / sqrt(2)), accurate relative to itself also where it is tiny
-// (x << 0), so that gelu(x) = x/2 * (1 + erf(x/sqrt(2))) keeps its relative
-// accuracy for negative x instead of cancelling. Two pieces, in z = x/sqrt(2)
-// and a = |z|:
-//  - a < 1/2: erf(z) = z * P(z^2), P of degree 6 fitted (weighted least
-//    squares on Chebyshev nodes, against mpmath) to erf(a)/a, relative error
-//    <= 1.3e-9 on [0, 1];
-//  - a >= 1/2: erfc(a) = t * exp(-a^2 + Q(t)), t = 1/(1 + a/2), Q of degree
-//    9: Numerical Recipes' erfcc (Press et al., 2nd ed., section 6.2), whose
-//    relative error is < 1.2e-7 for every a >= 0. The exponent -a^2 = -x^2/2
-//    is formed from x, not from the rounded z, and exactly: x = xh + xl with
-//    xh's low 12 bits cleared, so xh^2 is exact, and -x^2/2 = -xh^2/2 -
-//    xl*(x + xh)/2 goes to ExpCore in two parts. (Rounding z, or -a^2 + Q as
-//    one float, would cost a relative error of a^2 * 2^-23: 150 ULP near
-//    x = -13.)
-// Then 1 + erf(z) is 2 - erfc(a) for z > 0 and erfc(a) for z < 0. x = +-inf
-// gives 2 and 0 (a is clamped to 20 for the large piece, where erfc is 0
-// in f32), so gelu(-inf) = -inf * 0 = NaN, as the std:: formula gives.
-// f32 only: for f64 these bounds are too loose (f64 gelu stays on std::erf,
-// pointwise_kernels.cpp).
+// 1 + erf(x / sqrt(2)) = erfc(-x / sqrt(2)), accurate relative to itself
+// also where it is tiny (x << 0), so that gelu(x) = x/2 * (1 + erf(x/sqrt2))
+// keeps its relative accuracy for negative x instead of cancelling. With
+// a = |x| / sqrt(2): erfc(a) = t * exp(-a^2 + Q(t)), t = 1/(1 + a/2), Q of
+// degree 9: Numerical Recipes' erfcc (Press et al., 2nd ed., section 6.2),
+// whose relative error is < 1.2e-7 for every a >= 0; then 1 + erf is
+// erfc(a) for x < 0 and 2 - erfc(a) for x >= 0 (erfc(a) <= 1 there, so its
+// error stays below 1.2e-7 of a result >= 1). The exponent -a^2 = -x^2/2 is
+// formed from x, not from a rounded x/sqrt(2), and exactly: x = xh + xl with
+// xh's low 12 bits cleared, so xh^2 is exact, and -x^2/2 = -xh^2/2 -
+// xl*(x + xh)/2 goes to ExpCore in two parts. (Rounding x/sqrt(2), or -a^2 +
+// Q as one float, would cost a relative error of a^2 * 2^-23: 150 ULP near
+// x = -13.) x = +-inf gives 2 and 0 (|x| is clamped to 20 sqrt(2), where
+// erfc is 0 in f32), so gelu(-inf) = -inf * 0 = NaN, as the std:: formula
+// gives. f32 only: for f64 these bounds are too loose (f64 gelu stays on
+// std::erf, pointwise_kernels.cpp).
 template <class D, class V>
 HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   const V one = hn::Set(d, 1.0f);
   const V half = hn::Set(d, 0.5f);
-  const V z = hn::Mul(x, hn::Set(d, 0.70710678118654752f));
-  const V a = hn::Abs(z);
-  const V s = hn::Mul(z, z);
-  V p = hn::Set(d, 7.847265728090467e-05f);
-  p = hn::MulAdd(p, s, hn::Set(d, -0.0008008197338508497f));
-  p = hn::MulAdd(p, s, hn::Set(d, 0.005188100647046987f));
-  p = hn::MulAdd(p, s, hn::Set(d, -0.026853692625915165f));
-  p = hn::MulAdd(p, s, hn::Set(d, 0.112835823070229f));
-  p = hn::MulAdd(p, s, hn::Set(d, -0.3761262557673629f));
-  p = hn::MulAdd(p, s, hn::Set(d, 1.1283791656934403f));
-  const V small = hn::MulAdd(z, p, one);
-
-  const V limit = hn::Set(d, 20.0f);
-  const V ac = hn::Min(a, limit);
-  const V t = hn::Div(one, hn::MulAdd(ac, half, one));
+  const V xa = hn::Min(hn::Abs(x), hn::Set(d, 28.2842712f));
+  const V ac = hn::Mul(xa, hn::Set(d, 0.70710678118654752f));
+  const V t = Recip(d, hn::MulAdd(ac, half, one));
   V q = hn::Set(d, 0.17087277f);
   q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
@@ -170,7 +178,6 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   q = hn::MulAdd(q, t, hn::Set(d, 1.00002368f));
   q = hn::MulAdd(q, t, hn::Set(d, -1.26551223f));
   const hn::RebindToUnsigned<D> du;
-  const V xa = hn::Min(hn::Abs(x), hn::Mul(limit, hn::Set(d, 1.41421356f)));
   const V xh = hn::BitCast(d, hn::And(hn::BitCast(du, xa), hn::Set(du, 0xFFFFF000u)));
   const V xl = hn::Sub(xa, xh);
   const V head = hn::Mul(hn::Neg(half), hn::Mul(xh, xh));  // exact
@@ -181,8 +188,40 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   else
     e = hn::Mul(ExpFull(d, head), ExpFull(d, rest));
   const V erfc = hn::Mul(t, e);
-  const V large = hn::IfThenElse(hn::Gt(z, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
-  return hn::IfThenElse(hn::Lt(a, half), small, large);
+  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
+}
+
+// 1/(1 + exp(-x)): the reciprocal of a denominator that can be huge (or
+// +inf, giving 0) takes the exact division, in the rare vectors that have one.
+template <class D, class V>
+HWY_INLINE V RecipOnePlusExpNeg(D d, V x) {
+  using T = hn::TFromD<D>;
+  const V den = hn::Add(hn::Set(d, T(1)), ExpFull(d, hn::Neg(x)));
+  if (HWY_LIKELY(hn::AllTrue(d, hn::Lt(den, hn::Set(d, T(1e30)))))) return Recip(d, den);
+  return hn::Div(hn::Set(d, T(1)), den);
+}
+
+// tanh in f32: an odd polynomial below 0.625, x + x^3 P(x^2) with P of
+// degree 4 fitted as erf's above (relative error <= 4.8e-9 on [0, 0.625]);
+// above, sign(x) * (1 - 2/(exp(2|x|) + 1)), where the subtraction loses at
+// most one bit (the result is >= 0.55), |x| clamped to 20 (tanh = 1 in f32
+// from 9.01). Cheaper than Highway's Tanh (expm1 and a division); f64 uses
+// that one.
+template <class D, class V>
+HWY_INLINE V TanhF32(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V a = hn::Abs(x);
+  const V s = hn::Mul(x, x);
+  V p = hn::Set(d, -0.005691919159401061f);
+  p = hn::MulAdd(p, s, hn::Set(d, 0.020626234300064595f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.05373530185916289f));
+  p = hn::MulAdd(p, s, hn::Set(d, 0.13331381158733235f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.33333279201449856f));
+  const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
+  const V e = ExpCore(d, hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f))), NoLo{});
+  const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
+  const V y = hn::IfThenElse(hn::Lt(a, hn::Set(d, 0.625f)), small_abs, large_abs);
+  return hn::Or(y, hn::And(hn::SignBit(d), x));  // tanh is odd, -0 included
 }
 
 template <class D, class V>
@@ -192,9 +231,13 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
   switch (fn) {
     case Fn::Exp: return ExpFull(d, x);
     case Fn::Log: return LogFull(d, x);
-    case Fn::Tanh: return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
-    case Fn::Sigmoid: return hn::Div(one, hn::Add(one, ExpFull(d, hn::Neg(x))));
-    case Fn::Silu: return hn::Div(x, hn::Add(one, ExpFull(d, hn::Neg(x))));
+    case Fn::Tanh:
+      if constexpr (sizeof(T) == 4)
+        return hn::IfThenElse(hn::IsNaN(x), x, TanhF32(d, x));
+      else
+        return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
+    case Fn::Sigmoid: return RecipOnePlusExpNeg(d, x);
+    case Fn::Silu: return hn::Mul(x, RecipOnePlusExpNeg(d, x));
     case Fn::Sqrt: return hn::Sqrt(x);
     case Fn::Rsqrt: return hn::Div(one, hn::Sqrt(x));
     case Fn::Gelu:
@@ -247,42 +290,45 @@ void ApplyF64(Fn fn, const double* x, double* y, std::int64_t n) { ApplyT(fn, x,
 // output's lines first (a third of the traffic of y = a + b).
 constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
 
-template <class T, class Op>
-HWY_INLINE void BinaryLoop(const T* a, const T* b, T* y, std::int64_t n, Op op) {
+// One step of a binary op, on vectors or (the loop's ends) single values.
+template <BinFn F, class V>
+HWY_INLINE V Combine(V u, V v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if constexpr (F == BinFn::Add) return u + v;
+    if constexpr (F == BinFn::Sub) return u - v;
+    if constexpr (F == BinFn::Mul) return u * v;
+    if constexpr (F == BinFn::Div) return u / v;
+  } else {
+    if constexpr (F == BinFn::Add) return hn::Add(u, v);
+    if constexpr (F == BinFn::Sub) return hn::Sub(u, v);
+    if constexpr (F == BinFn::Mul) return hn::Mul(u, v);
+    if constexpr (F == BinFn::Div) return hn::Div(u, v);
+  }
+}
+
+template <BinFn F, class T>
+HWY_INLINE void BinaryLoop(const T* a, const T* b, T* y, std::int64_t n) {
   const hn::ScalableTag<T> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
   const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes;
   if (stream) {
-    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % (N * sizeof(T)) != 0; ++i) y[i] = op(d, a[i], b[i]);
-    for (; i + N <= n; i += N) hn::Stream(op(d, hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % (N * sizeof(T)) != 0; ++i) y[i] = Combine<F>(a[i], b[i]);
+    for (; i + N <= n; i += N) hn::Stream(Combine<F>(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
     hwy::FlushStream();
   } else {
-    for (; i + N <= n; i += N) hn::StoreU(op(d, hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+    for (; i + N <= n; i += N) hn::StoreU(Combine<F>(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
   }
-  for (; i < n; ++i) y[i] = op(d, a[i], b[i]);
+  for (; i < n; ++i) y[i] = Combine<F>(a[i], b[i]);
 }
 
-// Works on a vector or, for the scalar ends, on single T values.
 template <class T>
 HWY_NOINLINE void BinaryT(BinFn fn, const T* a, const T* b, T* y, std::int64_t n) {
   switch (fn) {
-    case BinFn::Add:
-      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
-        if constexpr (std::is_same_v<decltype(u), T>) return u + v; else return hn::Add(u, v);
-      });
-    case BinFn::Sub:
-      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
-        if constexpr (std::is_same_v<decltype(u), T>) return u - v; else return hn::Sub(u, v);
-      });
-    case BinFn::Mul:
-      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
-        if constexpr (std::is_same_v<decltype(u), T>) return u * v; else return hn::Mul(u, v);
-      });
-    case BinFn::Div:
-      return BinaryLoop(a, b, y, n, [](auto, auto u, auto v) {
-        if constexpr (std::is_same_v<decltype(u), T>) return u / v; else return hn::Div(u, v);
-      });
+    case BinFn::Add: return BinaryLoop<BinFn::Add>(a, b, y, n);
+    case BinFn::Sub: return BinaryLoop<BinFn::Sub>(a, b, y, n);
+    case BinFn::Mul: return BinaryLoop<BinFn::Mul>(a, b, y, n);
+    case BinFn::Div: return BinaryLoop<BinFn::Div>(a, b, y, n);
   }
 }
 void BinaryF32(BinFn fn, const float* a, const float* b, float* y, std::int64_t n) { BinaryT(fn, a, b, y, n); }
