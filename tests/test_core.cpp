@@ -10,6 +10,7 @@
 #include "dtensor/core/error.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/tensor.h"
+#include "libdtensor/core/host_blocks.h"
 
 using namespace dtensor;
 using dtensor::testing::check_throws;
@@ -244,6 +245,29 @@ BOOST_AUTO_TEST_CASE(reductions) {
   BOOST_TEST(run(ReduceOp::Sum) == std::vector<double>({5, 7, 6}));
   BOOST_TEST(run(ReduceOp::Max) == std::vector<double>({4, 5, 3}));
   BOOST_TEST(run(ReduceOp::Min) == std::vector<double>({1, 2, 3}));
+}
+
+// Big CPU blocks come back from the cache for the next tensor of the same
+// size (their pages stay mapped), smaller ones and other sizes do not mix,
+// and a cached block never aliases a live tensor.
+BOOST_AUTO_TEST_CASE(big_host_blocks_are_reused) {
+  namespace hb = dtensor::host_blocks;
+  const Shape big{1024, 1024};  // 4 MiB of f32
+  const auto before = hb::stats();
+  const void* first = nullptr;
+  {
+    Tensor a = Tensor::full(big, 3.0);
+    first = a.data();
+  }
+  Tensor b = Tensor::empty(big);
+  BOOST_TEST(b.data() == first);
+  BOOST_TEST(hb::stats().hits >= before.hits + 1);
+  Tensor c = Tensor::zeros(big);  // b is alive: c gets another block, zeroed
+  BOOST_TEST(c.data() != b.data());
+  BOOST_TEST(c.get({1023, 1023}) == 0.0);
+  Tensor other = Tensor::empty({1024, 1040});  // 64 KiB more: the next size class
+  BOOST_TEST(other.data() != first);
+  BOOST_TEST(hb::stats().bytes_cached <= hb::kHostCacheBytes);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

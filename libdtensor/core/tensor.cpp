@@ -10,18 +10,10 @@
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
+#include "host_blocks.h"
 
 namespace dtensor {
 namespace {
-
-constexpr std::size_t kAlignment = 64;
-
-std::shared_ptr<std::byte[]> allocate(std::size_t bytes) {
-  // Round up so that a zero-byte tensor still has a valid, unique pointer.
-  std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-  auto* raw = static_cast<std::byte*>(::operator new[](rounded, std::align_val_t(kAlignment)));
-  return std::shared_ptr<std::byte[]>(raw, [](std::byte* p) { ::operator delete[](p, std::align_val_t(kAlignment)); });
-}
 
 std::int64_t linear_index(const Tensor& t, std::span<const std::int64_t> index) {
   if (static_cast<int>(index.size()) != t.dim())
@@ -93,7 +85,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = device == Device::CUDA ? cuda::allocate(t.nbytes()) : allocate(t.nbytes());
+  t.storage_ = device == Device::CUDA ? cuda::allocate(t.nbytes()) : host_blocks::allocate(t.nbytes());
   return t;
 }
 
