@@ -141,7 +141,13 @@ Tensor unary(Unary fn, const Tensor& x, double scalar) {
     switch (fn) {
       case Unary::Neg: Y = -X; return;
       case Unary::Abs: Y = X.abs(); return;
-      case Unary::Relu: Y = X.max(T(0)); return;
+      case Unary::Relu:
+        if constexpr (std::is_floating_point_v<T>) {
+          vmath::apply(vmath::Fn::Relu, x.data_as<T>(), out.data_as<T>(), x.numel());
+          return;
+        }
+        Y = X.max(T(0));
+        return;
       case Unary::AddScalar: Y = X + s; return;
       case Unary::MulScalar: Y = X * s; return;
       default: break;

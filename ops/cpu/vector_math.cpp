@@ -111,8 +111,12 @@ HWY_NOINLINE V ExpEnds(D d, V x) {
 
 template <class D, class V>
 HWY_INLINE V ExpFull(D d, V x) {
-  if (HWY_LIKELY(hn::AllTrue(d, ExpCoreRange(d, x)))) return ExpCore(d, x, NoLo{});
-  return ExpEnds(d, x);
+  // The slow vectors select per lane, so that a lane's result never depends
+  // on its neighbours (a sharded op must equal the unsharded one bit for bit).
+  const auto fast = ExpCoreRange(d, x);
+  const V core = ExpCore(d, x, NoLo{});
+  if (HWY_LIKELY(hn::AllTrue(d, fast))) return core;
+  return hn::IfThenElse(fast, core, ExpEnds(d, x));
 }
 
 // 1/x for finite x of normal size: f32 refines the hardware's approximate
@@ -182,23 +186,25 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   const V xl = hn::Sub(xa, xh);
   const V head = hn::Mul(hn::Neg(half), hn::Mul(xh, xh));  // exact
   const V rest = hn::NegMulAdd(hn::Mul(half, xl), hn::Add(xa, xh), q);
-  V e;
-  if (HWY_LIKELY(hn::AllTrue(d, ExpCoreRange(d, hn::Add(head, rest)))))
-    e = ExpCore(d, head, rest);  // one exp of the exact sum (see ExpCore)
-  else
-    e = hn::Mul(ExpFull(d, head), ExpFull(d, rest));
+  // One exp of the exact sum (see ExpCore); where that leaves ExpCore's
+  // range, per lane, the product of the two parts' exps.
+  const auto fast = ExpCoreRange(d, hn::Add(head, rest));
+  V e = ExpCore(d, head, rest);
+  if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) e = hn::IfThenElse(fast, e, hn::Mul(ExpFull(d, head), ExpFull(d, rest)));
   const V erfc = hn::Mul(t, e);
   return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
 }
 
 // 1/(1 + exp(-x)): the reciprocal of a denominator that can be huge (or
-// +inf, giving 0) takes the exact division, in the rare vectors that have one.
+// +inf, giving 0) takes the exact division, in the lanes that have one.
 template <class D, class V>
 HWY_INLINE V RecipOnePlusExpNeg(D d, V x) {
   using T = hn::TFromD<D>;
   const V den = hn::Add(hn::Set(d, T(1)), ExpFull(d, hn::Neg(x)));
-  if (HWY_LIKELY(hn::AllTrue(d, hn::Lt(den, hn::Set(d, T(1e30)))))) return Recip(d, den);
-  return hn::Div(hn::Set(d, T(1)), den);
+  const auto fast = hn::Lt(den, hn::Set(d, T(1e30)));
+  const V r = Recip(d, den);
+  if (HWY_LIKELY(hn::AllTrue(d, fast))) return r;
+  return hn::IfThenElse(fast, r, hn::Div(hn::Set(d, T(1)), den));  // per lane, as ExpFull
 }
 
 // tanh in f32: an odd polynomial below 0.625, x + x^3 P(x^2) with P of
@@ -239,6 +245,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
     case Fn::Sigmoid: return RecipOnePlusExpNeg(d, x);
     case Fn::Silu: return hn::Mul(x, RecipOnePlusExpNeg(d, x));
     case Fn::Sqrt: return hn::Sqrt(x);
+    case Fn::Relu: return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x);  // NaN and -0 stay
     case Fn::Rsqrt: return hn::Div(one, hn::Sqrt(x));
     case Fn::Gelu:
       if constexpr (sizeof(T) == 4) {
@@ -249,20 +256,38 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
   return x;  // unreachable: the callers send f64 gelu elsewhere
 }
 
+// Outputs at least this big are written with streaming stores: they would
+// not stay in cache anyway, and a streaming store skips reading the fresh
+// output's lines first (a third of the traffic of y = a + b).
+constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
+
 // The loop every function shares: whole vectors, then the tail through a
 // padded buffer (its unused lanes are zeros; no FP exception is unmasked).
+// Big outputs stream from the first vector-aligned element on.
 template <class T, class Body>
 HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
   const hn::ScalableTag<T> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(body(d, hn::LoadU(d, x + i)), d, y + i);
-  if (i < n) {
+  auto tail = [&](std::int64_t from, std::int64_t to) {
     HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
-    for (std::int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    for (std::int64_t j = from; j < to; ++j) buf[j - from] = x[j];
     hn::Store(body(d, hn::Load(d, buf)), d, buf);
-    for (std::int64_t j = i; j < n; ++j) y[j] = buf[j - i];
+    for (std::int64_t j = from; j < to; ++j) y[j] = buf[j - from];
+  };
+  if (n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes) {
+    const auto misaligned = reinterpret_cast<std::uintptr_t>(y) % (N * sizeof(T));
+    if (misaligned % sizeof(T) == 0 && misaligned != 0) {
+      i = N - static_cast<std::int64_t>(misaligned / sizeof(T));
+      tail(0, i);
+    }
+    if (misaligned % sizeof(T) == 0) {
+      for (; i + N <= n; i += N) hn::Stream(body(d, hn::LoadU(d, x + i)), d, y + i);
+      hwy::FlushStream();
+    }
   }
+  for (; i + N <= n; i += N) hn::StoreU(body(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) tail(i, n);
 }
 
 template <class T>
@@ -279,16 +304,12 @@ HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
     DTENSOR_VMATH_CASE(Gelu)
     DTENSOR_VMATH_CASE(Sqrt)
     DTENSOR_VMATH_CASE(Rsqrt)
+    DTENSOR_VMATH_CASE(Relu)
 #undef DTENSOR_VMATH_CASE
   }
 }
 void ApplyF32(Fn fn, const float* x, float* y, std::int64_t n) { ApplyT(fn, x, y, n); }
 void ApplyF64(Fn fn, const double* x, double* y, std::int64_t n) { ApplyT(fn, x, y, n); }
-
-// Outputs at least this big are written with streaming stores: they would
-// not stay in cache anyway, and a streaming store skips reading the fresh
-// output's lines first (a third of the traffic of y = a + b).
-constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
 
 // One step of a binary op, on vectors or (the loop's ends) single values.
 template <BinFn F, class V>

@@ -6,16 +6,17 @@
 // double by tests/test_vector_math.cpp, is documented there per function and
 // dtype. NaN, +-inf and +-0 give what the std:: formula gives (sigmoid is
 // 1/(1+exp(-x)), silu x/(1+exp(-x)), gelu x/2*(1+erf(x/sqrt(2))), rsqrt
-// 1/sqrt(x)).
+// 1/sqrt(x), relu x < 0 ? 0 : x).
 #include <cstdint>
 #include <functional>
 
 namespace dtensor::cpu::vmath {
 
-enum class Fn { Exp, Log, Tanh, Sigmoid, Silu, Gelu, Sqrt, Rsqrt };
+enum class Fn { Exp, Log, Tanh, Sigmoid, Silu, Gelu, Sqrt, Rsqrt, Relu };
 enum class BinFn { Add, Sub, Mul, Div };
 
-/// y = fn(x), f32 and f64.
+/// y = fn(x), f32 and f64; relu keeps NaN and -0 (x < 0 ? 0 : x). Outputs of
+/// 4 MiB or more are written with streaming stores, as binary's.
 void apply(Fn fn, const float* x, float* y, std::int64_t n);
 void apply(Fn fn, const double* x, double* y, std::int64_t n);
 

@@ -20,6 +20,7 @@ T eval(Fn fn, T x) {
     case Fn::Gelu: return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2)));
     case Fn::Sqrt: return std::sqrt(x);
     case Fn::Rsqrt: return T(1) / std::sqrt(x);
+    case Fn::Relu: return x < T(0) ? T(0) : x;
   }
   return x;
 }
