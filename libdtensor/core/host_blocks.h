@@ -1,5 +1,5 @@
 #pragma once
-// Internal: the CPU memory behind Tensor storage. Blocks of 1 MiB or more
+// Internal: the CPU memory behind Tensor storage. Blocks of 256 KiB or more
 // are kept when freed and handed out again for a request of the same
 // rounded size, so that a loop creating same-shaped big tensors (every op's
 // fresh output) reuses memory whose pages are already mapped: glibc serves
@@ -13,7 +13,7 @@
 
 namespace dtensor::host_blocks {
 
-inline constexpr std::size_t kMinCachedBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kMinCachedBytes = std::size_t{256} << 10;
 inline constexpr std::size_t kHostCacheBytes = std::size_t{256} << 20;
 inline constexpr std::size_t kAlignment = 64;
 

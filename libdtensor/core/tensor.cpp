@@ -15,6 +15,26 @@
 namespace dtensor {
 namespace {
 
+// f32 -> bf16 with bfloat16(float)'s rounding (half.h: nearest even, NaN
+// kept quiet), written without its early return so that the compiler
+// vectorises the loop, and compiled for AVX-512 and AVX2 besides the
+// baseline, picked when the library loads (GCC's target_clones): SSE2 has
+// no 32-to-16-bit pack, and its loop (0.55 ns an element on 64x4096) cost
+// as much as the vectorised gelu it rounds the output of (0.17 ns with it).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void floats_to_bf16(const float* src, bfloat16* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (u >> 16) | 0x40u;
+    const std::uint16_t bits = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    dst[i] = bfloat16::from_bits(bits);
+  }
+}
+
 std::int64_t linear_index(const Tensor& t, std::span<const std::int64_t> index) {
   if (static_cast<int>(index.size()) != t.dim())
     throw ShapeError(fmt::format("[tensor] index of {} dims for a tensor of {} dims", index.size(), t.dim()));
@@ -143,6 +163,10 @@ Tensor Tensor::to(DType dtype) const {
   Tensor t = empty(shape_, dtype, device_);
   if (device_ == Device::CUDA) {
     cuda::cast(data(), dtype_, t.data(), dtype, numel_);
+    return t;
+  }
+  if (dtype_ == DType::Float32 && dtype == DType::BFloat16) {  // the CPU kernels' bf16 outputs
+    floats_to_bf16(data_as<float>(), t.data_as<bfloat16>(), numel_);
     return t;
   }
   visit_any_dtype(dtype_, [&](auto from) {
