@@ -5,6 +5,7 @@
 #include "checks.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
@@ -14,6 +15,7 @@
 #include "dtensor/core/error.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/tensor.h"
+#include "libdtensor/core/host_blocks.h"
 #include "libdtensor/core/strided_copy.h"
 
 using namespace dtensor;
@@ -249,6 +251,50 @@ BOOST_AUTO_TEST_CASE(reductions) {
   BOOST_TEST(run(ReduceOp::Sum) == std::vector<double>({5, 7, 6}));
   BOOST_TEST(run(ReduceOp::Max) == std::vector<double>({4, 5, 3}));
   BOOST_TEST(run(ReduceOp::Min) == std::vector<double>({1, 2, 3}));
+}
+
+// Big CPU blocks come back from the cache for the next tensor of the same
+// size (their pages stay mapped), smaller ones and other sizes do not mix,
+// and a cached block never aliases a live tensor.
+BOOST_AUTO_TEST_CASE(big_host_blocks_are_reused) {
+  namespace hb = dtensor::host_blocks;
+  const Shape big{1024, 1024};  // 4 MiB of f32
+  const auto before = hb::stats();
+  const void* first = nullptr;
+  {
+    Tensor a = Tensor::full(big, 3.0);
+    first = a.data();
+  }
+  Tensor b = Tensor::empty(big);
+  BOOST_TEST(b.data() == first);
+  BOOST_TEST(hb::stats().hits >= before.hits + 1);
+  Tensor c = Tensor::zeros(big);  // b is alive: c gets another block, zeroed
+  BOOST_TEST(c.data() != b.data());
+  BOOST_TEST(c.get({1023, 1023}) == 0.0);
+  Tensor other = Tensor::empty({1024, 1040});  // 64 KiB more: the next size class
+  BOOST_TEST(other.data() != first);
+  BOOST_TEST(hb::stats().bytes_cached <= hb::kHostCacheBytes);
+}
+
+// Tensor::to(bf16)'s loop rounds as bfloat16(float) does, bit for bit:
+// ties to even, overflow to inf, NaN kept quiet, on random bit patterns and
+// the special ones.
+BOOST_AUTO_TEST_CASE(float_to_bf16_matches_the_scalar_rounding) {
+  const unsigned seed = 20261201;
+  std::mt19937 rng(seed);
+  std::vector<std::uint32_t> patterns{0u,          0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                      0xffffffffu, 0x7f7fffffu, 0x00000001u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu};
+  for (int i = 0; i < 100000; ++i) patterns.push_back(static_cast<std::uint32_t>(rng()));
+  std::vector<float> values(patterns.size());
+  std::memcpy(values.data(), patterns.data(), patterns.size() * sizeof(float));
+  const Tensor t = Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}).to(DType::BFloat16);
+  const auto* got = t.data_as<dtensor::bfloat16>();
+  int bad = 0;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (got[i].bits != dtensor::bfloat16(values[i]).bits && ++bad <= 3)
+      BOOST_ERROR("seed " << seed << " pattern 0x" << std::hex << patterns[i] << ": 0x" << got[i].bits
+                          << " instead of 0x" << dtensor::bfloat16(values[i]).bits);
+  BOOST_TEST(bad == 0, "seed " << seed);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -2,15 +2,19 @@
 
 #include <array>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 
 #include <Eigen/Core>
 
 #include "dtensor/core/error.h"
 #include "pointwise_loop.h"
+#include "vector_math.h"
 
 namespace dtensor::pointwise {
 namespace {
+
+namespace vmath = cpu::vmath;
 
 // Calls row(n, input pointers, inner strides, output pointer) once per row.
 template <class T, std::size_t N, class Row>
@@ -88,6 +92,42 @@ T min_nan(T x, T y) {
   return x < y ? x : y;
 }
 
+// The unary functions vector_math.h computes.
+std::optional<vmath::Fn> vector_fn(Unary fn) {
+  switch (fn) {
+    case Unary::Exp: return vmath::Fn::Exp;
+    case Unary::Log: return vmath::Fn::Log;
+    case Unary::Tanh: return vmath::Fn::Tanh;
+    case Unary::Sigmoid: return vmath::Fn::Sigmoid;
+    case Unary::Silu: return vmath::Fn::Silu;
+    case Unary::Gelu: return vmath::Fn::Gelu;
+    case Unary::Sqrt: return vmath::Fn::Sqrt;
+    case Unary::Rsqrt: return vmath::Fn::Rsqrt;
+    default: return std::nullopt;
+  }
+}
+
+// Same-shape add/sub/mul/div of floating tensors: one contiguous row, to
+// vector_math's loops (at the dispatched SIMD width, streaming big outputs).
+template <class T>
+bool contiguous_binary(Binary fn, const Loop<2>& loop, const T* a, const T* b, T* y) {
+  if constexpr (!std::is_floating_point_v<T>) {
+    return false;
+  } else {
+    if (loop.empty || loop.size.size() != 1 || loop.stride[0][0] != 1 || loop.stride[0][1] != 1) return false;
+    vmath::BinFn f;
+    switch (fn) {
+      case Binary::Add: f = vmath::BinFn::Add; break;
+      case Binary::Sub: f = vmath::BinFn::Sub; break;
+      case Binary::Mul: f = vmath::BinFn::Mul; break;
+      case Binary::Div: f = vmath::BinFn::Div; break;
+      default: return false;
+    }
+    vmath::binary(f, a, b, y, loop.size[0]);
+    return true;
+  }
+}
+
 }  // namespace
 
 Tensor unary(Unary fn, const Tensor& x, double scalar) {
@@ -101,21 +141,24 @@ Tensor unary(Unary fn, const Tensor& x, double scalar) {
     switch (fn) {
       case Unary::Neg: Y = -X; return;
       case Unary::Abs: Y = X.abs(); return;
-      case Unary::Relu: Y = X.max(T(0)); return;
+      case Unary::Relu:
+        if constexpr (std::is_floating_point_v<T>) {
+          vmath::apply(vmath::Fn::Relu, x.data_as<T>(), out.data_as<T>(), x.numel());
+          return;
+        }
+        Y = X.max(T(0));
+        return;
       case Unary::AddScalar: Y = X + s; return;
       case Unary::MulScalar: Y = X * s; return;
       default: break;
     }
     if constexpr (std::is_floating_point_v<T>) {
+      if (const auto f = vector_fn(fn); f && !(fn == Unary::Gelu && std::is_same_v<T, double>)) {
+        vmath::apply(*f, x.data_as<T>(), out.data_as<T>(), x.numel());
+        return;
+      }
       switch (fn) {
-        case Unary::Exp: Y = X.exp(); return;
-        case Unary::Log: Y = X.log(); return;
-        case Unary::Sqrt: Y = X.sqrt(); return;
-        case Unary::Rsqrt: Y = X.rsqrt(); return;
-        case Unary::Tanh: Y = X.tanh(); return;
-        case Unary::Sigmoid: Y = T(1) / (T(1) + (-X).exp()); return;
-        case Unary::Silu: Y = X / (T(1) + (-X).exp()); return;
-        case Unary::Gelu:  // exact (erf) form, PyTorch's approximate='none'
+        case Unary::Gelu:  // f64: exact (erf) form, PyTorch's approximate='none'
           Y = X.unaryExpr([](T v) { return T(0.5) * v * (T(1) + std::erf(v * T(M_SQRT1_2))); });
           return;
         case Unary::DivScalar: Y = X / s; return;
@@ -137,6 +180,7 @@ Tensor binary(Binary fn, const Tensor& a, const Tensor& b, const Shape& out_shap
     const T* x = a.data_as<T>();
     const T* y = b.data_as<T>();
     T* o = out.data_as<T>();
+    if (contiguous_binary(fn, loop, x, y, o)) return;
     switch (fn) {
       case Binary::Add: return binary_rows(loop, x, y, o, [](T u, T v) { return u + v; });
       case Binary::Sub: return binary_rows(loop, x, y, o, [](T u, T v) { return u - v; });

@@ -7,6 +7,8 @@
 
 #include <Eigen/Core>
 
+#include "vector_math.h"
+
 namespace dtensor::cpu {
 namespace {
 
@@ -177,6 +179,23 @@ Around around(const Shape& shape, int dim) {
   return a;
 }
 
+// Softmax (or log_softmax) of one contiguous row. A NaN or +inf anywhere
+// makes the whole row NaN, whichever way the max treats it (exp(NaN - m) or
+// exp(inf - inf) is NaN and so is the sum), as in the strided loop.
+template <class T>
+void softmax_row(const T* x, T* y, std::int64_t n, bool log) {
+  T m = lowest<T>();
+  if (n > 0) m = max_nan(m, ArrayMap<T>(x, n).maxCoeff());
+  const T sum = vmath::exp_sub_sum(x, m, y, n);
+  if (log) {
+    const T shift = m + std::log(sum);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] - shift;
+  } else {
+    const T inv = T(1) / sum;
+    for (std::int64_t i = 0; i < n; ++i) y[i] *= inv;
+  }
+}
+
 }  // namespace
 
 Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& out_shape, ReduceKind kind, double p) {
@@ -226,16 +245,16 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
       for (std::int64_t q = 0; q < a.outer; ++q) {
         const T* base = xp + q * a.n * a.inner;
         T* ybase = yp + q * a.n * a.inner;
+        if (a.inner == 1) {
+          softmax_row(base, ybase, a.n, log);
+          continue;
+        }
         std::fill(m.begin(), m.end(), lowest<T>());
         std::fill(s.begin(), s.end(), T(0));
         for (std::int64_t r = 0; r < a.n; ++r)
           for (std::int64_t j = 0; j < a.inner; ++j) m[j] = std::max(m[j], base[r * a.inner + j]);
         for (std::int64_t r = 0; r < a.n; ++r)
-          for (std::int64_t j = 0; j < a.inner; ++j) {
-            const T e = std::exp(base[r * a.inner + j] - m[j]);
-            ybase[r * a.inner + j] = e;
-            s[j] += e;
-          }
+          vmath::exp_sub_accumulate(base + r * a.inner, m.data(), ybase + r * a.inner, s.data(), a.inner);
         if (log) {
           for (std::int64_t j = 0; j < a.inner; ++j) s[j] = m[j] + std::log(s[j]);
           for (std::int64_t r = 0; r < a.n; ++r)

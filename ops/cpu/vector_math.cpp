@@ -1,0 +1,476 @@
+// The CPU's vectorised elementwise math (vector_math.h). Highway compiles
+// this file once per SIMD target (foreach_target.h re-includes it) and
+// HWY_DYNAMIC_DISPATCH picks the widest target the CPU supports on first use,
+// so one binary runs on any x86-64 and uses AVX-512 where it is there.
+//
+// Built from Highway's contrib/math (documented there: exp 1 ULP, log 4 ULP,
+// tanh 4 ULP): exp is its polynomial behind a leaner reduction (ExpCore),
+// with Highway's Exp for the vectors that reach the range ends; log is its
+// Log, whose ends (x < 0 -> NaN, 0 -> -inf, +inf, NaN) are fixed up here;
+// f64 tanh is its Tanh, f32 tanh is TanhF32 below. Highway 1.0.3 has no
+// erf: gelu's is below (ErfPlusOneOfScaled). Every fast path that covers only
+// part of the range selects per lane, so a lane's result never depends on
+// its neighbours. The measured bounds are in tests/test_vector_math.cpp.
+//
+// Skipped target: AVX3_DL adds integer instructions (VNNI, VBMI2, ...) this
+// math does not use, so AVX3 (AVX-512F/VL/DQ/BW) serves those CPUs at the
+// same width, for one target less to compile.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_AVX3_DL
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/cpu/vector_math.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "ops/cpu/vector_math.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace dtensor::cpu::vmath::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// exp(hi + lo) where the result is a normal number (hi + lo in [-87, 88]
+// for f32, [-708, 709] for f64), lo a correction too small to move the
+// rounding of hi + lo to an integer multiple of ln 2 by more than one. The
+// usual reduction, r = hi + lo - n ln2 (ln 2 in two parts, so that n*ln2's
+// first part is exact: Cody and Waite), with Highway's polynomials for
+// e^r - 1 on |r| <= ln2/2 (its ExpImpl, 1 ULP), and 2^n from n's bits: n is
+// rounded by adding 1.5 * 2^23 (2^52), which leaves it in the low mantissa
+// bits, so no float-to-int conversion (and its overflow fixups) is needed.
+// About half the instructions of Highway's Exp, which also handles the
+// range ends; ExpFull falls back to it for vectors with lanes outside.
+struct NoLo {};  // ExpCore of a single value: no correction to add
+
+template <class D, class V, class Lo>
+HWY_INLINE V ExpCore(D d, V hi, Lo lo) {
+  using T = hn::TFromD<D>;
+  constexpr bool f32 = sizeof(T) == 4;
+  const hn::RebindToSigned<D> di;
+  using TI = hn::TFromD<decltype(di)>;
+  const V magic = hn::Set(d, T(f32 ? 12582912.0 : 6755399441055744.0));
+  constexpr bool has_lo = !std::is_same_v<Lo, NoLo>;
+  V sum = hi;
+  if constexpr (has_lo) sum = hn::Add(hi, lo);
+  const V t = hn::MulAdd(sum, hn::Set(d, T(1.442695040888963407359924681)), magic);
+  const V n = hn::Sub(t, magic);
+  V r = hn::MulAdd(n, hn::Set(d, T(f32 ? -0.693145751953125 : -0.6931471805596629565116018)), hi);
+  r = hn::MulAdd(n, hn::Set(d, T(f32 ? -1.428606765330187045e-6 : -0.28235290563031577122588448175e-12)), r);
+  if constexpr (has_lo) r = hn::Add(r, lo);
+  V p;
+  if constexpr (f32) {
+    p = hn::MulAdd(hn::impl::Estrin(r, hn::Set(d, 0.5f), hn::Set(d, 0.166666671633720397949219f),
+                                    hn::Set(d, 0.0416664853692054748535156f), hn::Set(d, 0.00833336077630519866943359f),
+                                    hn::Set(d, 0.00139304355252534151077271f),
+                                    hn::Set(d, 0.000198527617612853646278381f)),
+                   hn::Mul(r, r), r);
+  } else {
+    p = hn::MulAdd(hn::impl::Estrin(r, hn::Set(d, 0.5), hn::Set(d, 0.166666666666666851703837),
+                                    hn::Set(d, 0.0416666666666665047591422), hn::Set(d, 0.00833333333331652721664984),
+                                    hn::Set(d, 0.00138888888889774492207962), hn::Set(d, 0.000198412698960509205564975),
+                                    hn::Set(d, 2.4801587159235472998791e-5), hn::Set(d, 2.75572362911928827629423e-6),
+                                    hn::Set(d, 2.75573911234900471893338e-7), hn::Set(d, 2.51112930892876518610661e-8),
+                                    hn::Set(d, 2.08860621107283687536341e-9)),
+                   hn::Mul(r, r), r);
+  }
+  const auto biased = hn::Add(hn::BitCast(di, t), hn::Set(di, TI(f32 ? 127 : 1023)));
+  constexpr int kMantissaBits = f32 ? 23 : 52;
+  const V scale = hn::BitCast(d, hn::ShiftLeft<kMantissaBits>(biased));
+  return hn::MulAdd(p, scale, scale);
+}
+
+template <class D, class V>
+HWY_INLINE auto ExpCoreRange(D d, V x) {
+  using T = hn::TFromD<D>;
+  constexpr bool f32 = sizeof(T) == 4;
+  return hn::And(hn::Ge(x, hn::Set(d, T(f32 ? -87.0 : -708.0))), hn::Le(x, hn::Set(d, T(f32 ? 88.0 : 709.0))));
+}
+
+// exp over the whole range, for the vectors ExpCore cannot take: Highway's
+// Exp is valid up to 104 (f32) / 706 (f64), gives subnormals below, and maps
+// NaN to 0. Above ln(max) the result is +inf; f64's (705, 709.78] is
+// computed as exp(x/2)^2 (at most one more ULP).
+template <class D, class V>
+HWY_NOINLINE V ExpEnds(D d, V x) {
+  using T = hn::TFromD<D>;
+  constexpr bool f32 = sizeof(T) == 4;
+  const V overflow = hn::Set(d, T(f32 ? 88.75 : 709.79));
+  V y = hn::Exp(d, x);
+  if constexpr (!f32) {
+    const auto high = hn::Gt(x, hn::Set(d, T(705)));
+    const V h = hn::Exp(d, hn::Mul(x, hn::Set(d, T(0.5))));
+    y = hn::IfThenElse(high, hn::Mul(h, h), y);
+  }
+  y = hn::IfThenElse(hn::Gt(x, overflow), hn::Set(d, std::numeric_limits<T>::infinity()), y);
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+template <class D, class V>
+HWY_INLINE V ExpFull(D d, V x) {
+  // The slow vectors select per lane, so that a lane's result never depends
+  // on its neighbours (a sharded op must equal the unsharded one bit for bit).
+  const auto fast = ExpCoreRange(d, x);
+  const V core = ExpCore(d, x, NoLo{});
+  if (HWY_LIKELY(hn::AllTrue(d, fast))) return core;
+  return hn::IfThenElse(fast, core, ExpEnds(d, x));
+}
+
+// 1/x for finite x of normal size: f32 refines the hardware's approximate
+// reciprocal (14 bits on AVX-512, 12 on SSE/AVX2) with one Newton step,
+// r + r*(1 - x*r), within about one ULP and far cheaper than a division
+// (on AVX-512 a division occupies its port for several cycles per vector);
+// f64 has no such instruction in Highway 1.0.3 and divides.
+template <class D, class V>
+HWY_INLINE V Recip(D d, V x) {
+  using T = hn::TFromD<D>;
+  const V one = hn::Set(d, T(1));
+  if constexpr (sizeof(T) == 4) {
+    const V r = hn::ApproximateReciprocal(x);
+    return hn::MulAdd(r, hn::NegMulAdd(x, r, one), r);
+  } else {
+    return hn::Div(one, x);
+  }
+}
+
+template <class D, class V>
+HWY_NOINLINE V LogEnds(D d, V x) {
+  using T = hn::TFromD<D>;
+  const V zero = hn::Zero(d);
+  const V inf = hn::Set(d, std::numeric_limits<T>::infinity());
+  V y = hn::Log(d, x);
+  y = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), y);
+  y = hn::IfThenElse(hn::Eq(x, inf), inf, y);
+  y = hn::IfThenElse(hn::Lt(x, zero), hn::Set(d, std::numeric_limits<T>::quiet_NaN()), y);
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+// Vectors of positive normal numbers (nearly all) skip the subnormal scaling
+// and the fixups of the ends; Highway's Log computes a normal lane the same
+// with and without them, so a lane never depends on its neighbours.
+template <class D, class V>
+HWY_INLINE V LogFull(D d, V x) {
+  using T = hn::TFromD<D>;
+  const auto normal = hn::And(hn::Ge(x, hn::Set(d, std::numeric_limits<T>::min())),
+                              hn::Le(x, hn::Set(d, std::numeric_limits<T>::max())));
+  if (HWY_LIKELY(hn::AllTrue(d, normal))) return hn::impl::Log<D, V, /*kAllowSubnormals=*/false>(d, x);
+  return LogEnds(d, x);
+}
+
+// 1 + erf(x / sqrt(2)) = erfc(-x / sqrt(2)), accurate relative to itself
+// also where it is tiny (x << 0), so that gelu(x) = x/2 * (1 + erf(x/sqrt2))
+// keeps its relative accuracy for negative x instead of cancelling. With
+// a = |x| / sqrt(2): erfc(a) = t * exp(-a^2 + Q(t)), t = 1/(1 + a/2), Q of
+// degree 9: Numerical Recipes' erfcc (Press et al., 2nd ed., section 6.2),
+// whose relative error is < 1.2e-7 for every a >= 0; then 1 + erf is
+// erfc(a) for x < 0 and 2 - erfc(a) for x >= 0 (erfc(a) <= 1 there, so its
+// error stays below 1.2e-7 of a result >= 1). The exponent -a^2 = -x^2/2 is
+// formed from x, not from a rounded x/sqrt(2), and exactly: x = xh + xl with
+// xh's low 12 bits cleared, so xh^2 is exact, and -x^2/2 = -xh^2/2 -
+// xl*(x + xh)/2 goes to ExpCore in two parts. (Rounding x/sqrt(2), or -a^2 +
+// Q as one float, would cost a relative error of a^2 * 2^-23: 150 ULP near
+// x = -13.) x = +-inf gives 2 and 0 (|x| is clamped to 20 sqrt(2), where
+// erfc is 0 in f32), so gelu(-inf) = -inf * 0 = NaN, as the std:: formula
+// gives. f32 only: for f64 these bounds are too loose (f64 gelu stays on
+// std::erf, pointwise_kernels.cpp).
+template <class D, class V>
+HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V half = hn::Set(d, 0.5f);
+  const V xa = hn::Min(hn::Abs(x), hn::Set(d, 28.2842712f));
+  const V ac = hn::Mul(xa, hn::Set(d, 0.70710678118654752f));
+  const V t = Recip(d, hn::MulAdd(ac, half, one));
+  V q = hn::Set(d, 0.17087277f);
+  q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
+  q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
+  q = hn::MulAdd(q, t, hn::Set(d, -1.13520398f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.27886807f));
+  q = hn::MulAdd(q, t, hn::Set(d, -0.18628806f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.09678418f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.37409196f));
+  q = hn::MulAdd(q, t, hn::Set(d, 1.00002368f));
+  q = hn::MulAdd(q, t, hn::Set(d, -1.26551223f));
+  const hn::RebindToUnsigned<D> du;
+  const V xh = hn::BitCast(d, hn::And(hn::BitCast(du, xa), hn::Set(du, 0xFFFFF000u)));
+  const V xl = hn::Sub(xa, xh);
+  const V head = hn::Mul(hn::Neg(half), hn::Mul(xh, xh));  // exact
+  const V rest = hn::NegMulAdd(hn::Mul(half, xl), hn::Add(xa, xh), q);
+  // One exp of the exact sum (see ExpCore); where that leaves ExpCore's
+  // range, per lane, the product of the two parts' exps.
+  const auto fast = ExpCoreRange(d, hn::Add(head, rest));
+  V e = ExpCore(d, head, rest);
+  if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) e = hn::IfThenElse(fast, e, hn::Mul(ExpFull(d, head), ExpFull(d, rest)));
+  const V erfc = hn::Mul(t, e);
+  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
+}
+
+// 1/(1 + exp(-x)): the reciprocal of a denominator that can be huge (or
+// +inf, giving 0) takes the exact division, in the lanes that have one.
+template <class D, class V>
+HWY_INLINE V RecipOnePlusExpNeg(D d, V x) {
+  using T = hn::TFromD<D>;
+  const V den = hn::Add(hn::Set(d, T(1)), ExpFull(d, hn::Neg(x)));
+  const auto fast = hn::Lt(den, hn::Set(d, T(1e30)));
+  const V r = Recip(d, den);
+  if (HWY_LIKELY(hn::AllTrue(d, fast))) return r;
+  return hn::IfThenElse(fast, r, hn::Div(hn::Set(d, T(1)), den));  // per lane, as ExpFull
+}
+
+// tanh in f32: an odd polynomial below 0.625, x + x^3 P(x^2) with P of
+// degree 4 fitted as erf's above (relative error <= 4.8e-9 on [0, 0.625]);
+// above, sign(x) * (1 - 2/(exp(2|x|) + 1)), where the subtraction loses at
+// most one bit (the result is >= 0.55), |x| clamped to 20 (tanh = 1 in f32
+// from 9.01). Cheaper than Highway's Tanh (expm1 and a division); f64 uses
+// that one.
+template <class D, class V>
+HWY_INLINE V TanhF32(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V a = hn::Abs(x);
+  const V s = hn::Mul(x, x);
+  V p = hn::Set(d, -0.005691919159401061f);
+  p = hn::MulAdd(p, s, hn::Set(d, 0.020626234300064595f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.05373530185916289f));
+  p = hn::MulAdd(p, s, hn::Set(d, 0.13331381158733235f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.33333279201449856f));
+  const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
+  const V e = ExpCore(d, hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f))), NoLo{});
+  const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
+  const V y = hn::IfThenElse(hn::Lt(a, hn::Set(d, 0.625f)), small_abs, large_abs);
+  return hn::Or(y, hn::And(hn::SignBit(d), x));  // tanh is odd, -0 included
+}
+
+template <class D, class V>
+HWY_INLINE V Eval(D d, Fn fn, V x) {
+  using T = hn::TFromD<D>;
+  const V one = hn::Set(d, T(1));
+  switch (fn) {
+    case Fn::Exp: return ExpFull(d, x);
+    case Fn::Log: return LogFull(d, x);
+    case Fn::Tanh:
+      if constexpr (sizeof(T) == 4)
+        return hn::IfThenElse(hn::IsNaN(x), x, TanhF32(d, x));
+      else
+        return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
+    case Fn::Sigmoid: return RecipOnePlusExpNeg(d, x);
+    case Fn::Silu: return hn::Mul(x, RecipOnePlusExpNeg(d, x));
+    case Fn::Sqrt: return hn::Sqrt(x);
+    case Fn::Relu: return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x);  // NaN and -0 stay
+    case Fn::Rsqrt: return hn::Div(one, hn::Sqrt(x));
+    case Fn::Gelu:
+      if constexpr (sizeof(T) == 4) {
+        return hn::Mul(hn::Mul(hn::Set(d, T(0.5)), x), ErfPlusOneOfScaled(d, x));
+      }
+      break;
+  }
+  return x;  // unreachable: the callers send f64 gelu elsewhere
+}
+
+// Outputs at least this big are written with streaming stores: they would
+// not stay in cache anyway, and a streaming store skips reading the fresh
+// output's lines first (a third of the traffic of y = a + b).
+constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
+
+// The loop every function shares: whole vectors, then the tail through a
+// padded buffer (its unused lanes are zeros; no FP exception is unmasked).
+// Big outputs stream from the first vector-aligned element on.
+template <class T, class Body>
+HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  auto tail = [&](std::int64_t from, std::int64_t to) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    for (std::int64_t j = from; j < to; ++j) buf[j - from] = x[j];
+    hn::Store(body(d, hn::Load(d, buf)), d, buf);
+    for (std::int64_t j = from; j < to; ++j) y[j] = buf[j - from];
+  };
+  if (n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes) {
+    const auto misaligned = reinterpret_cast<std::uintptr_t>(y) % (N * sizeof(T));
+    if (misaligned % sizeof(T) == 0 && misaligned != 0) {
+      i = N - static_cast<std::int64_t>(misaligned / sizeof(T));
+      tail(0, i);
+    }
+    if (misaligned % sizeof(T) == 0) {
+      for (; i + N <= n; i += N) hn::Stream(body(d, hn::LoadU(d, x + i)), d, y + i);
+      hwy::FlushStream();
+    }
+  }
+  for (; i + N <= n; i += N) hn::StoreU(body(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) tail(i, n);
+}
+
+template <class T>
+HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
+  // One switch per array, not per vector: each case is its own loop.
+  switch (fn) {
+#define DTENSOR_VMATH_CASE(F) \
+  case Fn::F: return ForEachVector(x, y, n, [](auto d, auto v) { return Eval(d, Fn::F, v); });
+    DTENSOR_VMATH_CASE(Exp)
+    DTENSOR_VMATH_CASE(Log)
+    DTENSOR_VMATH_CASE(Tanh)
+    DTENSOR_VMATH_CASE(Sigmoid)
+    DTENSOR_VMATH_CASE(Silu)
+    DTENSOR_VMATH_CASE(Gelu)
+    DTENSOR_VMATH_CASE(Sqrt)
+    DTENSOR_VMATH_CASE(Rsqrt)
+    DTENSOR_VMATH_CASE(Relu)
+#undef DTENSOR_VMATH_CASE
+  }
+}
+void ApplyF32(Fn fn, const float* x, float* y, std::int64_t n) { ApplyT(fn, x, y, n); }
+void ApplyF64(Fn fn, const double* x, double* y, std::int64_t n) { ApplyT(fn, x, y, n); }
+
+// One step of a binary op, on vectors or (the loop's ends) single values.
+template <BinFn F, class V>
+HWY_INLINE V Combine(V u, V v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if constexpr (F == BinFn::Add) return u + v;
+    if constexpr (F == BinFn::Sub) return u - v;
+    if constexpr (F == BinFn::Mul) return u * v;
+    if constexpr (F == BinFn::Div) return u / v;
+  } else {
+    if constexpr (F == BinFn::Add) return hn::Add(u, v);
+    if constexpr (F == BinFn::Sub) return hn::Sub(u, v);
+    if constexpr (F == BinFn::Mul) return hn::Mul(u, v);
+    if constexpr (F == BinFn::Div) return hn::Div(u, v);
+  }
+}
+
+template <BinFn F, class T>
+HWY_INLINE void BinaryLoop(const T* a, const T* b, T* y, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes;
+  if (stream) {
+    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % (N * sizeof(T)) != 0; ++i) y[i] = Combine<F>(a[i], b[i]);
+    for (; i + N <= n; i += N) hn::Stream(Combine<F>(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+    hwy::FlushStream();
+  } else {
+    for (; i + N <= n; i += N) hn::StoreU(Combine<F>(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] = Combine<F>(a[i], b[i]);
+}
+
+template <class T>
+HWY_NOINLINE void BinaryT(BinFn fn, const T* a, const T* b, T* y, std::int64_t n) {
+  switch (fn) {
+    case BinFn::Add: return BinaryLoop<BinFn::Add>(a, b, y, n);
+    case BinFn::Sub: return BinaryLoop<BinFn::Sub>(a, b, y, n);
+    case BinFn::Mul: return BinaryLoop<BinFn::Mul>(a, b, y, n);
+    case BinFn::Div: return BinaryLoop<BinFn::Div>(a, b, y, n);
+  }
+}
+void BinaryF32(BinFn fn, const float* a, const float* b, float* y, std::int64_t n) { BinaryT(fn, a, b, y, n); }
+void BinaryF64(BinFn fn, const double* a, const double* b, double* y, std::int64_t n) { BinaryT(fn, a, b, y, n); }
+
+template <class T>
+HWY_NOINLINE T ExpSubSumT(const T* x, T m, T* y, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vm = hn::Set(d, m);
+  auto acc = hn::Zero(d);
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = ExpFull(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    hn::StoreU(e, d, y + i);
+    acc = hn::Add(acc, e);
+  }
+  T sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  if (i < n) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    for (std::int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    hn::Store(ExpFull(d, hn::Sub(hn::Load(d, buf), vm)), d, buf);
+    for (std::int64_t j = i; j < n; ++j) {
+      y[j] = buf[j - i];
+      sum += buf[j - i];
+    }
+  }
+  return sum;
+}
+float ExpSubSumF32(const float* x, float m, float* y, std::int64_t n) { return ExpSubSumT(x, m, y, n); }
+double ExpSubSumF64(const double* x, double m, double* y, std::int64_t n) { return ExpSubSumT(x, m, y, n); }
+
+template <class T>
+HWY_NOINLINE void ExpSubAccumulateT(const T* x, const T* m, T* y, T* s, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = ExpFull(d, hn::Sub(hn::LoadU(d, x + i), hn::LoadU(d, m + i)));
+    hn::StoreU(e, d, y + i);
+    hn::StoreU(hn::Add(hn::LoadU(d, s + i), e), d, s + i);
+  }
+  for (; i < n; ++i) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    buf[0] = x[i] - m[i];
+    hn::Store(ExpFull(d, hn::Load(d, buf)), d, buf);
+    y[i] = buf[0];
+    s[i] += buf[0];
+  }
+}
+void ExpSubAccumulateF32(const float* x, const float* m, float* y, float* s, std::int64_t n) {
+  ExpSubAccumulateT(x, m, y, s, n);
+}
+void ExpSubAccumulateF64(const double* x, const double* m, double* y, double* s, std::int64_t n) {
+  ExpSubAccumulateT(x, m, y, s, n);
+}
+
+}  // namespace dtensor::cpu::vmath::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace dtensor::cpu::vmath {
+
+HWY_EXPORT(ApplyF32);
+HWY_EXPORT(ApplyF64);
+HWY_EXPORT(BinaryF32);
+HWY_EXPORT(BinaryF64);
+HWY_EXPORT(ExpSubSumF32);
+HWY_EXPORT(ExpSubSumF64);
+HWY_EXPORT(ExpSubAccumulateF32);
+HWY_EXPORT(ExpSubAccumulateF64);
+
+void apply(Fn fn, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF32)(fn, x, y, n); }
+void apply(Fn fn, const double* x, double* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF64)(fn, x, y, n); }
+void binary(BinFn fn, const float* a, const float* b, float* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(BinaryF32)(fn, a, b, y, n);
+}
+void binary(BinFn fn, const double* a, const double* b, double* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(BinaryF64)(fn, a, b, y, n);
+}
+float exp_sub_sum(const float* x, float m, float* y, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ExpSubSumF32)(x, m, y, n);
+}
+double exp_sub_sum(const double* x, double m, double* y, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ExpSubSumF64)(x, m, y, n);
+}
+void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpSubAccumulateF32)(x, m, y, s, n);
+}
+void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpSubAccumulateF64)(x, m, y, s, n);
+}
+
+const char* target_name() {
+  // The best target is the lowest bit set of those compiled in and supported.
+  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(targets & -targets);
+}
+
+void for_each_target(const std::function<void()>& fn) {
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+}  // namespace dtensor::cpu::vmath
+#endif  // HWY_ONCE

@@ -1,0 +1,44 @@
+#pragma once
+// Internal: the CPU's vectorised elementwise math (vector_math.cpp), compiled
+// by Google Highway for several x86 (or other) targets and dispatched at run
+// time to the widest the CPU has. Every function takes contiguous arrays of
+// n elements; y may alias x. Accuracy, measured against the std:: function in
+// double by tests/test_vector_math.cpp, is documented there per function and
+// dtype. NaN, +-inf and +-0 give what the std:: formula gives (sigmoid is
+// 1/(1+exp(-x)), silu x/(1+exp(-x)), gelu x/2*(1+erf(x/sqrt(2))), rsqrt
+// 1/sqrt(x), relu x < 0 ? 0 : x).
+#include <cstdint>
+#include <functional>
+
+namespace dtensor::cpu::vmath {
+
+enum class Fn { Exp, Log, Tanh, Sigmoid, Silu, Gelu, Sqrt, Rsqrt, Relu };
+enum class BinFn { Add, Sub, Mul, Div };
+
+/// y = fn(x), f32 and f64; relu keeps NaN and -0 (x < 0 ? 0 : x). Outputs of
+/// 4 MiB or more are written with streaming stores, as binary's.
+void apply(Fn fn, const float* x, float* y, std::int64_t n);
+void apply(Fn fn, const double* x, double* y, std::int64_t n);
+
+/// y = fn(a, b) for same-length contiguous a and b; stores bypass the cache
+/// (streaming) for outputs too big for it, so a fresh output costs no
+/// read-for-ownership traffic.
+void binary(BinFn fn, const float* a, const float* b, float* y, std::int64_t n);
+void binary(BinFn fn, const double* a, const double* b, double* y, std::int64_t n);
+
+/// Softmax's inner loops: y = exp(x - m) and returns sum(y) (one row, a
+/// scalar max m); and the strided form y[j] = exp(x[j] - m[j]), s[j] += y[j].
+float exp_sub_sum(const float* x, float m, float* y, std::int64_t n);
+double exp_sub_sum(const double* x, double m, double* y, std::int64_t n);
+void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n);
+void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n);
+
+/// The SIMD target the dispatch chooses on this CPU ("AVX3", "AVX2", ...).
+const char* target_name();
+
+/// For the tests: runs fn once per SIMD target compiled in that this CPU
+/// can run, with the dispatch forced to that target, then restores the
+/// normal choice. (Once, with the fallback's name, without Highway.)
+void for_each_target(const std::function<void()>& fn);
+
+}  // namespace dtensor::cpu::vmath

@@ -1,0 +1,401 @@
+// The CPU's vectorised elementwise math (ops/cpu/vector_math.h) against the
+// std:: functions in higher precision (double for f32, long double for f64):
+// seeded random inputs across each function's range plus edge values (+-0,
+// +-inf, NaN, the largest and smallest normals, subnormals, and the
+// saturation and overflow ends), with a bound in ULP per function and dtype.
+// Then the ops themselves through call_op, f32, f64 and bf16.
+//
+// ULP here: |y - ref| / the spacing of T at |ref| (at least the smallest
+// subnormal, so subnormal results count in units of it). A NaN reference
+// needs a NaN, an infinite one the same infinity, a zero one a zero of the
+// same sign: the std:: formula's own NaN/inf/zero semantics.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <dtensor/dtensor.h>
+#include <fmt/format.h>
+
+#include "ops/cpu/vector_math.h"
+
+namespace {
+
+using dtensor::cpu::vmath::Fn;
+using Wide = long double;
+
+struct FnCase {
+  Fn fn;
+  const char* name;
+  // Max ULP, f32 and f64; a negative f64 bound: no f64 vector kernel.
+  double max_ulp_f32;
+  double max_ulp_f64;
+  // Half-width of the dense uniform range where the function varies.
+  double range;
+};
+
+// The documented bounds (vector_math.h points here), each a little above
+// the worst measured on any target: exp: Highway's polynomial (1 ULP) with
+// the reduction's rounding; log: Highway's documented 4 ULP (f64 tanh too);
+// f32 tanh: its fitted polynomial below 0.625, 1 - 2/(e^2x + 1) above (1.6
+// ULP measured); sigmoid and silu: exp's error scaled by the derivative plus
+// the reciprocal (f32: an approximate one and a Newton step; targets
+// without FMA, SSE4 and below, round more: silu 3.0 ULP measured); gelu
+// (f32): the erfc approximation's relative 1.2e-7 (2 ULP) plus the rounding
+// of Q(t), 2 - erfc and the products (5.8 ULP measured with FMA, 6.5
+// without); sqrt: correctly rounded; rsqrt: 1/sqrt(x) rounds twice.
+const FnCase kCases[] = {
+    {Fn::Exp, "exp", 2, 2, 110},         {Fn::Log, "log", 4, 4, 4},       {Fn::Tanh, "tanh", 2, 4, 20},
+    {Fn::Sigmoid, "sigmoid", 3, 3, 120}, {Fn::Silu, "silu", 3.5, 3, 120}, {Fn::Gelu, "gelu", 7, -1, 20},
+    {Fn::Relu, "relu", 0, 0, 4},         {Fn::Sqrt, "sqrt", 0.5, 0.5, 4}, {Fn::Rsqrt, "rsqrt", 1.5, 1.5, 4},
+};
+
+// exp(-x) as the formula in T sees it: +inf once it overflows T (so that
+// sigmoid and silu give +-0 there, not the subnormal of the exact value).
+template <class T>
+Wide exp_neg(Wide x) {
+  const Wide e = std::exp(-x);
+  return e > std::numeric_limits<T>::max() ? std::numeric_limits<Wide>::infinity() : e;
+}
+
+template <class T>
+Wide reference(Fn fn, Wide x) {
+  switch (fn) {
+    case Fn::Exp: return std::exp(x);
+    case Fn::Log: return std::log(x);
+    case Fn::Tanh: return std::tanh(x);
+    case Fn::Sigmoid: return 1 / (1 + exp_neg<T>(x));
+    case Fn::Silu: return x / (1 + exp_neg<T>(x));
+    // x/2 * (1 + erf(x/sqrt2)) written with erfc, which is the same number
+    // without the cancellation of 1 + erf for x << 0 (the reference must be
+    // exact where the kernel is; -inf * 0 is still NaN at x = -inf).
+    case Fn::Gelu: return x / 2 * std::erfc(-x / std::sqrt(Wide(2)));
+    case Fn::Sqrt: return std::sqrt(x);
+    case Fn::Rsqrt: return 1 / std::sqrt(x);
+    case Fn::Relu: return x < 0 ? Wide(0) : x;  // the old kernel's max(x, 0): NaN and -0 stay
+  }
+  return x;
+}
+
+template <class T>
+Wide ulp_at(Wide ref) {
+  const T r = static_cast<T>(ref);
+  const T a = std::fabs(r);
+  if (!std::isfinite(a)) return std::numeric_limits<T>::max();  // ref rounds to inf: count against max's spacing
+  const T up = std::nextafter(a, std::numeric_limits<T>::infinity());
+  return std::max<Wide>(static_cast<Wide>(up) - static_cast<Wide>(a), std::numeric_limits<T>::denorm_min());
+}
+
+// The error of y against ref in ULP, or infinity where the special-value
+// semantics differ.
+template <class T>
+double ulp_error(T y, Wide ref) {
+  constexpr double bad = std::numeric_limits<double>::infinity();
+  if (std::isnan(ref)) return std::isnan(y) ? 0 : bad;
+  if (std::isnan(y)) return bad;
+  const Wide rounded = static_cast<T>(ref);
+  if (std::isinf(rounded) && std::isinf(ref)) return y == rounded ? 0 : bad;
+  if (ref == 0) return y == 0 && std::signbit(y) == std::signbit(ref) ? 0 : bad;
+  if (std::isinf(y)) return std::isinf(rounded) && y == rounded ? 0 : bad;
+  return static_cast<double>(std::fabs(static_cast<Wide>(y) - ref) / ulp_at<T>(ref));
+}
+
+template <class T>
+std::vector<T> edge_values() {
+  using L = std::numeric_limits<T>;
+  std::vector<T> v{T(0),
+                   -T(0),
+                   L::infinity(),
+                   -L::infinity(),
+                   L::quiet_NaN(),
+                   L::max(),
+                   -L::max(),
+                   L::min(),
+                   -L::min(),
+                   L::denorm_min(),
+                   -L::denorm_min(),
+                   T(1),
+                   T(-1),
+                   T(0.5),
+                   T(-0.5),
+                   T(2),
+                   T(1e-30),
+                   T(-1e-30),
+                   T(88.72),
+                   T(88.7228),
+                   T(88.73),
+                   T(89),
+                   T(-87.33),
+                   T(-87.4),
+                   T(-103.9),
+                   T(-104),
+                   T(-105),
+                   T(9),
+                   T(-9),
+                   T(18.7),
+                   T(-18.7),
+                   T(19),
+                   T(-19),
+                   T(104),
+                   T(-104),
+                   T(1.41),
+                   T(-1.41),
+                   T(1.4143),
+                   T(-1.4143),
+                   T(13),
+                   T(-13),
+                   T(14),
+                   T(-14),
+                   T(std::nextafter(T(1), T(2))),
+                   T(std::nextafter(T(1), T(0)))};
+  if constexpr (sizeof(T) == 8) {
+    for (T x : {705.0, 706.0, 708.0, 709.0, 709.78, 709.79, 710.0, -708.0, -709.0, -744.0, -745.1, -746.0, -1000.0,
+                -1001.0, 37.0, -37.0})
+      v.push_back(x);
+  }
+  return v;
+}
+
+// Random inputs: log-uniform magnitudes over the whole finite range
+// (subnormals to max) with either sign, dense uniform ones on [-range,
+// range], and positive log-uniform ones for the functions of x > 0.
+template <class T>
+std::vector<T> random_values(std::mt19937_64& rng, double range, int count) {
+  using L = std::numeric_limits<T>;
+  const double lo = std::log10(static_cast<double>(L::denorm_min()));
+  const double hi = std::log10(static_cast<double>(L::max()));
+  std::uniform_real_distribution<double> exponent(lo, hi), dense(-range, range);
+  std::vector<T> v;
+  for (int i = 0; i < count; ++i) {
+    const double mag = std::pow(10.0, exponent(rng));
+    v.push_back(static_cast<T>(i % 2 ? mag : -mag));
+    v.push_back(static_cast<T>(dense(rng)));
+    v.push_back(static_cast<T>(std::pow(10.0, exponent(rng))));
+  }
+  return v;
+}
+
+template <class T>
+void check_function(const FnCase& c, std::uint64_t seed) {
+  const double bound = sizeof(T) == 4 ? c.max_ulp_f32 : c.max_ulp_f64;
+  if (bound < 0) return;
+  std::mt19937_64 rng(seed);
+  std::vector<T> x = edge_values<T>();
+  const std::vector<T> r = random_values<T>(rng, c.range, 20000);
+  x.insert(x.end(), r.begin(), r.end());
+  x.push_back(T(0.25));  // an odd length: the tail path runs too
+  std::vector<T> y(x.size());
+  dtensor::cpu::vmath::apply(c.fn, x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  double worst = 0;
+  T worst_x = 0;
+  int failures = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const Wide ref = reference<T>(c.fn, static_cast<Wide>(x[i]));
+    const double e = ulp_error<T>(y[i], ref);
+    if (e > worst) {
+      worst = e;
+      worst_x = x[i];
+    }
+    if (!(e <= bound) && ++failures <= 5)
+      BOOST_ERROR(fmt::format("seed {} {} {}: x = {:.9g} gives {:.9g}, reference {:.12Lg}: {} ULP, bound {}", seed,
+                              c.name, dtensor::dtype_of<T>(), x[i], y[i], ref, e, bound));
+  }
+  // Sorted, neighbours are alike (whole vectors of positive normals, of
+  // values in the fast ranges): every lane must still give what it gave
+  // among unlike neighbours, bit for bit.
+  std::vector<std::size_t> order(x.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) {
+    if (std::isnan(x[i]) || std::isnan(x[j])) return !std::isnan(x[i]) && std::isnan(x[j]);
+    return x[i] < x[j];
+  });
+  std::vector<T> xs(x.size()), ys(x.size());
+  for (std::size_t k = 0; k < order.size(); ++k) xs[k] = x[order[k]];
+  dtensor::cpu::vmath::apply(c.fn, xs.data(), ys.data(), static_cast<std::int64_t>(xs.size()));
+  int differ = 0;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const T a = ys[k], b = y[order[k]];
+    if (!(std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b))) && ++differ <= 3)
+      BOOST_ERROR(fmt::format("seed {} {} {}: x = {:.9g} gives {:.9g} sorted, {:.9g} unsorted", seed, c.name,
+                              dtensor::dtype_of<T>(), xs[k], a, b));
+  }
+  BOOST_TEST(differ == 0, "seed " << seed << " " << c.name << ": " << differ << " lanes depend on their neighbours");
+  BOOST_TEST_MESSAGE(fmt::format("{} {}: max {:.3g} ULP (at x = {:.9g}) over {} inputs, bound {} [{}]", c.name,
+                                 dtensor::dtype_of<T>(), worst, worst_x, x.size(), bound,
+                                 dtensor::cpu::vmath::target_name()));
+  BOOST_TEST(failures == 0, "seed " << seed << " " << c.name << ": " << failures << " inputs over the bound");
+}
+
+constexpr std::uint64_t kSeed = 20261201;
+
+void check_loops() {
+  using dtensor::cpu::vmath::BinFn;
+  std::mt19937_64 rng(kSeed);
+  std::normal_distribution<float> normal;
+  // The unary functions on outputs big enough to stream (and misaligned by
+  // one element): the same values as on small pieces, which do not stream.
+  {
+    const std::int64_t n = (std::int64_t{4} << 20) / 4 + 5;
+    std::vector<float> x(n + 1), big(n + 1), piece(n + 1);
+    for (auto& v : x) v = 3 * normal(rng);
+    for (const FnCase& c : kCases) {
+      dtensor::cpu::vmath::apply(c.fn, x.data() + 1, big.data() + 1, n);
+      for (std::int64_t i = 0; i < n; i += 1000)
+        dtensor::cpu::vmath::apply(c.fn, x.data() + 1 + i, piece.data() + 1 + i, std::min<std::int64_t>(1000, n - i));
+      int bad = 0;
+      for (std::int64_t i = 1; i <= n; ++i)
+        bad += !(big[i] == piece[i] || (std::isnan(big[i]) && std::isnan(piece[i])));
+      BOOST_TEST(bad == 0, "seed " << kSeed << " target " << dtensor::cpu::vmath::target_name() << " " << c.name
+                                   << " streamed: " << bad << " differ");
+    }
+  }
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{15}, std::int64_t{17}, std::int64_t{1000},
+                         (std::int64_t{4} << 20) / 4 + 3}) {
+    for (std::int64_t offset : {0, 1}) {
+      std::vector<float> a(n + offset), b(n + offset), y(n + offset);
+      for (auto& v : a) v = normal(rng);
+      for (auto& v : b) v = normal(rng);
+      for (BinFn fn : {BinFn::Add, BinFn::Sub, BinFn::Mul, BinFn::Div}) {
+        dtensor::cpu::vmath::binary(fn, a.data() + offset, b.data() + offset, y.data() + offset, n);
+        int bad = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float u = a[i + offset], v = b[i + offset];
+          const float want = fn == BinFn::Add ? u + v : fn == BinFn::Sub ? u - v : fn == BinFn::Mul ? u * v : u / v;
+          bad += y[i + offset] != want;
+        }
+        BOOST_TEST(bad == 0, "seed " << kSeed << " target " << dtensor::cpu::vmath::target_name() << " n " << n
+                                     << " offset " << offset << " fn " << static_cast<int>(fn) << ": " << bad
+                                     << " wrong");
+      }
+      if (n > 100000) continue;
+      const float m = 0.5f;
+      const float sum = dtensor::cpu::vmath::exp_sub_sum(a.data() + offset, m, y.data() + offset, n);
+      double want_sum = 0;
+      int bad = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double e = std::exp(static_cast<double>(a[i + offset] - m));  // the kernel's float subtraction
+        want_sum += e;
+        bad += ulp_error<float>(y[i + offset], e) > 2;
+      }
+      BOOST_TEST(bad == 0, "seed " << kSeed << " exp_sub_sum n " << n << ": " << bad << " wrong");
+      BOOST_TEST(std::fabs(sum - want_sum) <= 1e-5 * (want_sum + 1), "seed " << kSeed << " n " << n);
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(vector_math)
+
+// On every SIMD target this CPU runs (SSSE3 ... AVX-512 and the scalar
+// fallback), not only the one the dispatch picks here: other CPUs get those.
+BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f32) {
+  dtensor::cpu::vmath::for_each_target([] {
+    for (const FnCase& c : kCases) check_function<float>(c, kSeed + static_cast<std::uint64_t>(c.fn));
+  });
+}
+
+BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f64) {
+  dtensor::cpu::vmath::for_each_target([] {
+    for (const FnCase& c : kCases) check_function<double>(c, kSeed + 100 + static_cast<std::uint64_t>(c.fn));
+  });
+}
+
+// The binary loops and softmax's pieces, on lengths around the vector width
+// and the streaming threshold (4 MiB of output), offsets misaligned.
+BOOST_AUTO_TEST_CASE(binary_and_softmax_loops_match_scalar) { dtensor::cpu::vmath::for_each_target(check_loops); }
+
+// The ops through call_op on plain Tensors, each dtype the kernels see: the
+// result against the reference at a tolerance for the dtype (bf16 computes
+// in f32 and rounds to 8 bits).
+BOOST_AUTO_TEST_CASE(ops_through_call_op) {
+  using dtensor::DType;
+  using dtensor::Tensor;
+  const std::vector<std::pair<const char*, Fn>> ops{{"exp", Fn::Exp},         {"log", Fn::Log},    {"tanh", Fn::Tanh},
+                                                    {"sigmoid", Fn::Sigmoid}, {"silu", Fn::Silu},  {"gelu", Fn::Gelu},
+                                                    {"sqrt", Fn::Sqrt},       {"rsqrt", Fn::Rsqrt}};
+  for (DType dtype : {DType::Float32, DType::Float64, DType::BFloat16}) {
+    for (const auto& [name, fn] : ops) {
+      const bool positive = fn == Fn::Log || fn == Fn::Sqrt || fn == Fn::Rsqrt;
+      const std::uint64_t seed = kSeed + static_cast<std::uint64_t>(fn);
+      Tensor x = positive ? Tensor::rand({7, 301}, dtype, seed) : Tensor::randn({7, 301}, dtype, seed);
+      x = dtensor::call_op("mul_scalar", {x}, dtensor::ScalarAttrs{.value = positive ? 10.0 : 6.0});
+      const Tensor y = dtensor::call_op(name, {x});
+      BOOST_TEST((y.dtype() == dtype));
+      const Tensor xd = x.to(DType::Float64), yd = y.to(DType::Float64);
+      const double* xs = xd.data_as<double>();
+      const double* ys = yd.data_as<double>();
+      // f64 gelu keeps std::erf (1 + erf cancels for x << 0: absolute error).
+      const double rel = dtype == DType::BFloat16 ? 1.0 / 128 : dtype == DType::Float32 ? 5e-7 : 2e-15;
+      // Results below the dtype's (bf16: f32's) normals: a few units of its
+      // subnormal spacing (the products round there).
+      const double abs = dtype == DType::Float64 && fn == Fn::Gelu ? 1e-15
+                         : dtype == DType::Float64                 ? 0
+                         : dtype == DType::Float32                 ? 1.2e-44
+                                                                   : 9.2e-41;
+      int bad = 0;
+      for (std::int64_t i = 0; i < x.numel(); ++i) {
+        const double ref = static_cast<double>(reference<float>(fn, static_cast<Wide>(xs[i])));
+        if (!(std::fabs(ys[i] - ref) <= rel * std::fabs(ref) + abs) && !(std::isnan(ref) && std::isnan(ys[i])) &&
+            ++bad <= 3)
+          BOOST_ERROR(
+              fmt::format("seed {} {} {}: x = {} gives {}, reference {}", seed, name, dtype, xs[i], ys[i], ref));
+      }
+      BOOST_TEST(bad == 0, "seed " << seed << " " << name << " " << dtensor::dtype_name(dtype));
+    }
+  }
+}
+
+// softmax and log_softmax through call_op, along the last dim (the row
+// kernel) and the first (the strided one), with a NaN row and a row of -inf.
+BOOST_AUTO_TEST_CASE(softmax_through_call_op) {
+  using dtensor::DType;
+  using dtensor::Tensor;
+  for (bool log : {false, true}) {
+    for (std::int64_t dim : {-1, 0}) {
+      const std::uint64_t seed = kSeed + 7;
+      Tensor x = Tensor::randn({5, 37}, DType::Float32, seed);
+      x = dtensor::call_op("mul_scalar", {x}, dtensor::ScalarAttrs{.value = 10.0});
+      std::vector<float> v(x.data_as<float>(), x.data_as<float>() + x.numel());
+      v[2 * 37 + 3] = std::numeric_limits<float>::quiet_NaN();
+      for (int j = 0; j < 37; ++j) v[4 * 37 + j] = -std::numeric_limits<float>::infinity();
+      x = Tensor::from_vector(v, {5, 37});
+      const Tensor y = dtensor::call_op(log ? "log_softmax" : "softmax", {x}, dtensor::DimAttrs{.dim = dim});
+      const float* ys = y.data_as<float>();
+      const int rows = dim == -1 ? 5 : 37, n = dim == -1 ? 37 : 5;
+      auto at = [&](int r, int k) { return dim == -1 ? r * 37 + k : k * 37 + r; };
+      int bad = 0;
+      for (int r = 0; r < rows; ++r) {
+        double m = -INFINITY, s = 0;
+        bool nan = false;
+        for (int k = 0; k < n; ++k) {
+          nan = nan || std::isnan(v[at(r, k)]);
+          m = std::max(m, static_cast<double>(v[at(r, k)]));
+        }
+        for (int k = 0; k < n; ++k) s += std::exp(v[at(r, k)] - m);
+        for (int k = 0; k < n; ++k) {
+          const double e = v[at(r, k)] - m;
+          const double ref = nan || std::isinf(m) ? NAN : log ? e - std::log(s) : std::exp(e) / s;
+          const double got = ys[at(r, k)];
+          // log_softmax's x - (m + log s) is exact only to the rounding of its
+          // operands: the tolerance scales with them.
+          const double scale = log ? std::fabs(v[at(r, k)]) + std::fabs(m) + 1 : std::fabs(ref);
+          const bool ok =
+              std::isnan(ref) ? std::isnan(got) : got == ref || std::fabs(got - ref) <= 2e-6 * scale + 1e-30;
+          if (!ok && ++bad <= 3)
+            BOOST_ERROR(fmt::format("seed {} {} dim {} row {} k {}: {} vs {}", seed, log ? "log_softmax" : "softmax",
+                                    dim, r, k, got, ref));
+        }
+      }
+      BOOST_TEST(bad == 0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
