@@ -1,8 +1,8 @@
 #pragma once
 // Internal: the dense matrix product behind the einsum family. One backend
-// per build, chosen by meson (ops/meson.build): gemm_openblas.cpp where
-// OpenBLAS is found, gemm_eigen.cpp otherwise. Both compute int64 with
-// Eigen.
+// per build, chosen by meson (ops/meson.build): gemm_blis.cpp where BLIS is
+// found, else gemm_openblas.cpp where OpenBLAS is, else gemm_eigen.cpp. All
+// compute int64 with Eigen.
 #include <cstdint>
 #include <string_view>
 
@@ -17,7 +17,14 @@ namespace dtensor::cpu {
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
           std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
 
-/// "openblas" or "eigen": the backend this build computes f32/f64 with.
+/// The backend f32/f64 run on and the kernel set it chose for this CPU, for
+/// people: e.g. "blis 0.9.0 (skx, chosen from CPU features; BLIS chose
+/// haswell)", "openblas 0.3.21 (core Prescott)", "eigen".
 std::string_view gemm_backend();
+
+/// The kernel set alone, in the backend's own name: BLIS's sub-configuration
+/// ("skx", "haswell", "zen3", "generic"), OpenBLAS's core ("SkylakeX",
+/// "Prescott"), or "eigen".
+std::string_view gemm_kernels();
 
 }  // namespace dtensor::cpu

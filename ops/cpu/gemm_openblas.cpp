@@ -1,10 +1,14 @@
-// The GEMM backend with OpenBLAS: cblas_sgemm/dgemm for f32/f64 (OpenBLAS
-// picks its kernels for the CPU at run time, so the default build is fast
-// without -march=native); int64 through Eigen.
+// The GEMM backend with OpenBLAS, where BLIS is missing: cblas_sgemm/dgemm
+// for f32/f64; int64 through Eigen. OpenBLAS picks its kernels for the CPU
+// when it is loaded, by CPU model: Debian 12's 0.3.21 does not know recent
+// Xeons and runs them on its SSE3 "Prescott" kernels (4-5x slower) unless
+// OPENBLAS_CORETYPE is set, which it reads only then. gemm_backend() names
+// the core it runs, so that this is never silent.
 #include <cblas.h>
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "gemm.h"
 #include "gemm_eigen_impl.h"
@@ -62,6 +66,14 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   }
 }
 
-std::string_view gemm_backend() { return "openblas"; }
+std::string_view gemm_kernels() {
+  static const std::string core = openblas_get_corename();
+  return core;
+}
+
+std::string_view gemm_backend() {
+  static const std::string text = std::string("openblas (core ") + std::string(gemm_kernels()) + ")";
+  return text;
+}
 
 }  // namespace dtensor::cpu
