@@ -3,7 +3,8 @@
 // in the same run, single-threaded, printing GFLOP/s and the library's ratio
 // to the best of them. Run with OPENBLAS_CORETYPE unset, as a user would:
 //   build/bench/gemm [repetitions]
-// The reference kernels run in child processes (gemm_candidates.h): OpenBLAS
+// The reference kernels run in child processes (gemm_candidates.h,
+// bench/gemm_worker): OpenBLAS
 // as it loads by default and under each core type it knows, BLIS's pthread
 // build as it loads and with its skx sub-configuration forced, BLIS's serial
 // build, all through their CBLAS layer, and Eigen.
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -29,7 +31,7 @@ struct Row {
 
 // The squares, and the tensor-parallel MLP's two GEMMs on one of two ranks
 // (x 64x1024, W1 4096x1024 column-parallel, W2 1024x4096 row-parallel).
-const Row kRows[] = {{"matmul", 64, 64, 64},       {"matmul", 256, 256, 256}, {"matmul", 1024, 1024, 1024},
+const Row kRows[] = {{"matmul", 64, 64, 64},       {"matmul", 256, 256, 256},  {"matmul", 1024, 1024, 1024},
                      {"matmul", 2048, 2048, 2048}, {"linear", 64, 2048, 1024}, {"linear", 64, 1024, 2048}};
 
 std::vector<gbench::Candidate> candidates() {
@@ -90,21 +92,23 @@ void row(const Row& r, DType dtype, int reps, std::vector<gbench::Candidate>& re
     return;
   }
   fmt::print(" {:>7} {:>6.2f} {:>6.2f}\n", refs[best].name, t_ref[best] / t_lib, t_ref[best] / t_gemm);
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 3 && std::string_view(argv[1]) == "--worker") return gbench::worker_main(argv[2], argv[3]);
   const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   fmt::print("GEMM, one thread, GFLOP/s, best of {} rounds (OPENBLAS_CORETYPE={})\n", reps,
              coretype ? coretype : "unset");
   fmt::print("  lib: call_op (matmul or linear) on plain Tensors; gemm: the CPU backend alone, {}\n",
              cpu::gemm_backend());
+  // The children's program sits next to this one.
+  std::string worker = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "gemm_worker";
   std::vector<gbench::Candidate> refs;
   for (auto& c : candidates()) {
-    if (gbench::start(c, "/proc/self/exe")) {
+    if (gbench::start(c, worker)) {
       fmt::print("  {}: {}{}\n", c.name, c.info, c.setting.empty() ? "" : " (" + c.setting + ")");
       refs.push_back(std::move(c));
     } else {

@@ -22,29 +22,25 @@ struct Shape {
 
 /// A reference kernel: how to load it, and the child that runs it.
 struct Candidate {
-  std::string name;      // column header, e.g. "ob-skx"
-  std::string kind;      // "cblas" or "eigen"
-  std::string library;   // what dlopen opens (kind "cblas")
-  std::string setting;   // "VAR=value" for the child (OPENBLAS_CORETYPE, BLIS_ARCH_TYPE); empty: none
-  std::string info;      // what the child reports it loaded, e.g. "OpenBLAS ... SkylakeX"
+  std::string name;     // column header, e.g. "ob-skx"
+  std::string kind;     // "cblas" or "eigen"
+  std::string library;  // what dlopen opens (kind "cblas")
+  std::string setting;  // "VAR=value" for the child (OPENBLAS_CORETYPE, BLIS_ARCH_TYPE); empty: none
+  std::string info;     // what the child reports it loaded, e.g. "OpenBLAS ... SkylakeX"
   pid_t pid = -1;
   std::FILE* to = nullptr;
   std::FILE* from = nullptr;
 };
 
-/// Starts the child (this program with --worker); false, with info saying
-/// why, when the library is not there.
-bool start(Candidate& c, const char* self);
+/// Starts the child (the program `worker`, bench/gemm_worker); false, with
+/// info saying why, when the library is not there.
+bool start(Candidate& c, const std::string& worker);
 /// The best time per call of one round of the shape in the child.
 double time_in_child(Candidate& c, const Shape& s);
 void stop(Candidate& c);
 
-/// The child's side: reads shapes on stdin, answers seconds per call.
-int worker_main(const std::string& kind, const std::string& library);
-
-/// Seconds per call of fn: calls it until at least 2 ms have passed (after
-/// one call to warm up when asked), so that small shapes are not timed at
-/// the clock's resolution.
+/// Seconds per call of fn: calls it until at least 2 ms have passed, so that
+/// small shapes are not timed at the clock's resolution.
 template <class Fn>
 double seconds_per_call(Fn&& fn);
 

@@ -81,7 +81,7 @@ std::string check_case(const Case& c, std::mt19937& rng) {
   auto at_b = [&](std::int64_t p, std::int64_t j) { return c.trans_b ? b[j * c.ldb + p] : b[p * c.ldb + j]; };
   // f32 sums of k products of |x| <= 1 differ from the double sum by a few
   // ulps of k; f64 by far less; int64 not at all.
-  const double tol = std::is_same_v<T, float> ? 1e-5 * static_cast<double>(c.k + 1)
+  const double tol = std::is_same_v<T, float>    ? 1e-5 * static_cast<double>(c.k + 1)
                      : std::is_same_v<T, double> ? 1e-12 * static_cast<double>(c.k + 1)
                                                  : 0.0;
   for (std::int64_t i = 0; i < c.m; ++i)
@@ -162,10 +162,10 @@ BOOST_AUTO_TEST_CASE(uses_the_widest_kernels_the_cpu_has) {
   };
   if (has_avx512_for_skx())
     BOOST_TEST(in(avx512), "the CPU has AVX-512 (F, DQ, BW, VL) but GEMM runs " << kernels << " kernels ("
-                                                                                 << cpu::gemm_backend() << ")");
+                                                                                << cpu::gemm_backend() << ")");
   else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    BOOST_TEST(in(avx2), "the CPU has AVX2 and FMA but GEMM runs " << kernels << " kernels (" << cpu::gemm_backend()
-                                                                   << ")");
+    BOOST_TEST(in(avx2),
+               "the CPU has AVX2 and FMA but GEMM runs " << kernels << " kernels (" << cpu::gemm_backend() << ")");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

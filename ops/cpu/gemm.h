@@ -1,8 +1,8 @@
 #pragma once
 // Internal: the dense matrix product behind the einsum family. One backend
-// per build, chosen by meson (ops/meson.build): gemm_blis.cpp where BLIS is
-// found, else gemm_openblas.cpp where OpenBLAS is, else gemm_eigen.cpp. All
-// compute int64 with Eigen.
+// per build, chosen by meson (ops/meson.build): gemm_openblas.cpp where
+// OpenBLAS is found, gemm_eigen.cpp otherwise. Both compute int64 with
+// Eigen.
 #include <cstdint>
 #include <string_view>
 
@@ -18,13 +18,13 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
           std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
 
 /// The backend f32/f64 run on and the kernel set it chose for this CPU, for
-/// people: e.g. "blis 0.9.0 (skx, chosen from CPU features; BLIS chose
-/// haswell)", "openblas 0.3.21 (core Prescott)", "eigen".
+/// people: e.g. "openblas (Cooperlake, chosen from CPU features)",
+/// "openblas (Prescott, loaded before dtensor, ...; slower than this CPU
+/// allows: ...)", "eigen".
 std::string_view gemm_backend();
 
-/// The kernel set alone, in the backend's own name: BLIS's sub-configuration
-/// ("skx", "haswell", "zen3", "generic"), OpenBLAS's core ("SkylakeX",
-/// "Prescott"), or "eigen".
+/// The kernel set alone: OpenBLAS's core name ("SkylakeX", "Haswell",
+/// "Prescott", as openblas_get_corename says), or "eigen".
 std::string_view gemm_kernels();
 
 }  // namespace dtensor::cpu
