@@ -1,93 +1,126 @@
-// GEMM: the library's matmul (call_op on plain Tensors) against bare
-// OpenBLAS cblas_sgemm/dgemm on the same buffers, single-threaded, printing
-// GFLOP/s and the ratio. Run: build/bench/gemm [repetitions]
-//
-// OpenBLAS is looked up at run time (the library links it when the build
-// found it), so this program needs no BLAS headers or link flags of its own;
-// without OpenBLAS it prints the library's figures alone.
+// GEMM: the library's matmul/linear (call_op on plain Tensors, and the CPU
+// backend's gemm alone) against every GEMM kernel this machine has, measured
+// in the same run, single-threaded, printing GFLOP/s and the library's ratio
+// to the best of them. Run with OPENBLAS_CORETYPE unset, as a user would:
+//   build/bench/gemm [repetitions]
+// The reference kernels run in child processes (gemm_candidates.h,
+// bench/gemm_worker): OpenBLAS
+// as it loads by default and under each core type it knows, BLIS's pthread
+// build as it loads and with its skx sub-configuration forced, BLIS's serial
+// build, all through their CBLAS layer, and Eigen.
 #include <dtensor/dtensor.h>
 
-#include <dlfcn.h>
+#include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gemm_candidates.h"
+#include "ops/cpu/gemm.h"
 
 using namespace dtensor;
 
 namespace {
 
-// CBLAS ABI (LP64 OpenBLAS): enums and blasint are int.
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
-using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
-using DgemmFn = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int, double, double*,
-                         int);
-using SetThreadsFn = void (*)(int);
+struct Row {
+  const char* op;  // "matmul" (B is k x n) or "linear" (x W^T: B is n x k)
+  std::int64_t m, n, k;
+};
 
-void* blas_symbol(const char* name) {
-  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
-  static void* handle = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_GLOBAL);
-  return handle ? dlsym(handle, name) : nullptr;
-}
+// The squares, and the tensor-parallel MLP's two GEMMs on one of two ranks
+// (x 64x1024, W1 4096x1024 column-parallel, W2 1024x4096 row-parallel).
+const Row kRows[] = {{"matmul", 64, 64, 64},       {"matmul", 256, 256, 256},  {"matmul", 1024, 1024, 1024},
+                     {"matmul", 2048, 2048, 2048}, {"linear", 64, 2048, 1024}, {"linear", 64, 1024, 2048}};
 
-template <class Fn>
-double best_seconds(int reps, Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-/// One row: the library's op against the bare BLAS call it amounts to,
-/// alternated so that load from other processes hits both alike.
-void row(bool linear, DType dtype, std::int64_t n, int reps, SgemmFn sgemm, DgemmFn dgemm) {
-  const char* op = linear ? "linear" : "matmul";
-  Tensor a = Tensor::rand({n, n}, dtype, 1), b = Tensor::rand({n, n}, dtype, 2);
-  Tensor c = Tensor::empty({n, n}, dtype);
-  const int ni = static_cast<int>(n);
-  const int tb = linear ? kTrans : kNoTrans;  // linear is x W^T
-  auto bare = [&] {
-    if (dtype == DType::Float32)
-      sgemm(kRowMajor, kNoTrans, tb, ni, ni, ni, 1.0f, a.data_as<float>(), ni, b.data_as<float>(), ni, 0.0f,
-            c.data_as<float>(), ni);
-    else
-      dgemm(kRowMajor, kNoTrans, tb, ni, ni, ni, 1.0, a.data_as<double>(), ni, b.data_as<double>(), ni, 0.0,
-            c.data_as<double>(), ni);
+std::vector<gbench::Candidate> candidates() {
+  const std::string ob = "libopenblas.so.0", blis = "/usr/lib/x86_64-linux-gnu/blis-";
+  auto make = [](std::string name, std::string kind, std::string library, std::string setting) {
+    gbench::Candidate c;
+    c.name = std::move(name), c.kind = std::move(kind), c.library = std::move(library), c.setting = std::move(setting);
+    return c;
   };
-  auto library = [&] { c = call_op(op, {a, b}); };
-  library();  // warm up: registry, first-call thread pinning, page faults
-  if (sgemm) bare();
-  double t_lib = 1e30, t_blas = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    t_lib = std::min(t_lib, best_seconds(1, library));
-    if (sgemm) t_blas = std::min(t_blas, best_seconds(1, bare));
+  return {
+      make("ob", "cblas", ob, ""),
+      make("ob-skx", "cblas", ob, "OPENBLAS_CORETYPE=SkylakeX"),
+      make("ob-cpl", "cblas", ob, "OPENBLAS_CORETYPE=Cooperlake"),
+      make("ob-hsw", "cblas", ob, "OPENBLAS_CORETYPE=Haswell"),
+      make("blis", "cblas", blis + "pthread/libblis.so.4", ""),
+      make("blis-skx", "cblas", blis + "pthread/libblis.so.4", "BLIS_ARCH_TYPE=skx"),
+      make("blis-ser", "cblas", blis + "serial/libblis.so.4", ""),
+      make("eigen", "eigen", "", ""),
+  };
+}
+
+double gflops(const Row& r, double seconds) {
+  return seconds > 0 ? 2e-9 * static_cast<double>(r.m) * static_cast<double>(r.n) * static_cast<double>(r.k) / seconds
+                     : 0;
+}
+
+/// One row: the library (call_op, then its gemm alone) and each candidate,
+/// one timing each per round, best of `reps` rounds.
+void row(const Row& r, DType dtype, int reps, std::vector<gbench::Candidate>& refs) {
+  const bool linear = std::string_view(r.op) == "linear";
+  Tensor a = Tensor::rand({r.m, r.k}, dtype, 1);
+  Tensor b = linear ? Tensor::rand({r.n, r.k}, dtype, 2) : Tensor::rand({r.k, r.n}, dtype, 2);
+  Tensor c = Tensor::empty({r.m, r.n}, dtype);
+  auto library = [&] { c = call_op(r.op, {a, b}); };
+  Tensor out = Tensor::empty({r.m, r.n}, dtype);
+  auto backend = [&] {
+    cpu::gemm(dtype, false, linear, r.m, r.n, r.k, a.data(), r.k, b.data(), linear ? r.k : r.n, out.data(), r.n);
+  };
+  const gbench::Shape shape{dtype == DType::Float32 ? 's' : 'd', r.m, r.n, r.k, linear};
+  library();  // warm up: registry, first-call setup, page faults
+  backend();
+  double t_lib = 1e30, t_gemm = 1e30;
+  std::vector<double> t_ref(refs.size(), 1e30);
+  for (int rep = 0; rep < reps; ++rep) {
+    t_lib = std::min(t_lib, gbench::seconds_per_call(library));
+    t_gemm = std::min(t_gemm, gbench::seconds_per_call(backend));
+    for (std::size_t i = 0; i < refs.size(); ++i) t_ref[i] = std::min(t_ref[i], gbench::time_in_child(refs[i], shape));
   }
-  const double gflop = 2e-9 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  if (sgemm)
-    fmt::print("{:>6} {:>5} {:>5} {:>16.1f} {:>16.1f} {:>8.3f}\n", op, dtype, n, gflop / t_lib, gflop / t_blas,
-               t_blas / t_lib);
-  else
-    fmt::print("{:>6} {:>5} {:>5} {:>16.1f} {:>16} {:>8}\n", op, dtype, n, gflop / t_lib, "-", "-");
+  fmt::print("{:>6} {:>3} {:>4} {:>4} {:>4} {:>7.1f} {:>7.1f}", r.op, dtype == DType::Float32 ? "f32" : "f64", r.m, r.n,
+             r.k, gflops(r, t_lib), gflops(r, t_gemm));
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    fmt::print(" {:>7.1f}", gflops(r, t_ref[i]));
+    if (t_ref[i] < t_ref[best]) best = i;
+  }
+  if (refs.empty()) {
+    fmt::print("\n");
+    return;
+  }
+  fmt::print(" {:>7} {:>6.2f} {:>6.2f}\n", refs[best].name, t_ref[best] / t_lib, t_ref[best] / t_gemm);
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
-  auto sgemm = reinterpret_cast<SgemmFn>(blas_symbol("cblas_sgemm"));
-  auto dgemm = reinterpret_cast<DgemmFn>(blas_symbol("cblas_dgemm"));
-  if (auto set_threads = reinterpret_cast<SetThreadsFn>(blas_symbol("openblas_set_num_threads"))) set_threads(1);
-  fmt::print("GEMM, one thread, best of {} (OPENBLAS_CORETYPE={}); OpenBLAS {}\n", reps,
-             std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset",
-             sgemm ? "found" : "not loaded");
-  fmt::print("{:>6} {:>5} {:>5} {:>16} {:>16} {:>8}\n", "op", "dtype", "n", "library GFLOP/s", "OpenBLAS GFLOP/s",
-             "ratio");
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  fmt::print("GEMM, one thread, GFLOP/s, best of {} rounds (OPENBLAS_CORETYPE={})\n", reps,
+             coretype ? coretype : "unset");
+  fmt::print("  lib: call_op (matmul or linear) on plain Tensors; gemm: the CPU backend alone, {}\n",
+             cpu::gemm_backend());
+  // The children's program sits next to this one.
+  std::string worker = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "gemm_worker";
+  std::vector<gbench::Candidate> refs;
+  for (auto& c : candidates()) {
+    if (gbench::start(c, worker)) {
+      fmt::print("  {}: {}{}\n", c.name, c.info, c.setting.empty() ? "" : " (" + c.setting + ")");
+      refs.push_back(std::move(c));
+    } else {
+      fmt::print("  {}: not measured ({})\n", c.name, c.info);
+    }
+  }
+  fmt::print("  best: the fastest of those; ratios: its time over the library's (lib/best, gemm/best)\n");
+  fmt::print("{:>6} {:>3} {:>4} {:>4} {:>4} {:>7} {:>7}", "op", "dt", "m", "n", "k", "lib", "gemm");
+  for (auto& c : refs) fmt::print(" {:>7}", c.name);
+  fmt::print(" {:>7} {:>6} {:>6}\n", "best", "lib/b", "gemm/b");
   for (DType dtype : {DType::Float32, DType::Float64})
-    for (std::int64_t n : {1024, 2048}) row(false, dtype, n, reps, sgemm, dgemm);
-  // linear hands W^T to the BLAS as a transposition flag, not a copy.
-  for (DType dtype : {DType::Float32, DType::Float64}) row(true, dtype, 2048, reps, sgemm, dgemm);
+    for (const Row& r : kRows) row(r, dtype, reps, refs);
+  for (auto& c : refs) gbench::stop(c);
   return 0;
 }

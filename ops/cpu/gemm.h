@@ -17,7 +17,14 @@ namespace dtensor::cpu {
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
           std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
 
-/// "openblas" or "eigen": the backend this build computes f32/f64 with.
+/// The backend f32/f64 run on and the kernel set it chose for this CPU, for
+/// people: e.g. "openblas (Cooperlake, chosen from CPU features)",
+/// "openblas (Prescott, loaded before dtensor, ...; slower than this CPU
+/// allows: ...)", "eigen".
 std::string_view gemm_backend();
+
+/// The kernel set alone: OpenBLAS's core name ("SkylakeX", "Haswell",
+/// "Prescott", as openblas_get_corename says), or "eigen".
+std::string_view gemm_kernels();
 
 }  // namespace dtensor::cpu

@@ -16,4 +16,6 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 
 std::string_view gemm_backend() { return "eigen"; }
 
+std::string_view gemm_kernels() { return "eigen"; }
+
 }  // namespace dtensor::cpu
