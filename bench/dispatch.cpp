@@ -58,14 +58,9 @@ int main() {
       }
       DTensor probe = call_op(op_name, std::span<const DTensor>(args));
       OpAttrs attrs;
-      KernelArgs kargs{locals,
-                       metas,
-                       boxes,
-                       layouts,
-                       attrs,
-                       {probe.shape(), probe.dtype()},
-                       probe.local_box(),
-                       probe.placements()};
+      const TensorMeta out_meta{probe.shape(), probe.dtype()};
+      const Box out_box = probe.local_box();
+      KernelArgs kargs{locals, metas, boxes, layouts, attrs, out_meta, out_box, probe.placements()};
       double kernel = per_call_ns(reps, [&] { Tensor t = op.cpu_kernel(kargs); });
       double hit = per_call_ns(reps, [&] { DTensor t = call_op(op_name, std::span<const DTensor>(args)); });
       double miss = per_call_ns(reps / 50 + 1, [&] {
