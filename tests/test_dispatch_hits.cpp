@@ -7,7 +7,8 @@
 // The design's budget beyond the kernel: none for a lone input that stays
 // put; one per input otherwise, since the kernel takes its inputs as one
 // span of Tensors and a Tensor copy copies its shape (a vector). The output
-// DTensor's layout and global shape are the cache entry's, shared.
+// DTensor's layout and global shape are the cache entry's, shared, and
+// small attributes (ScalarAttrs) live inside their OpAttrs.
 #include <boost/test/unit_test.hpp>
 
 #include <array>
@@ -71,7 +72,7 @@ double allocations_per_call(Fn&& fn) {
 }
 
 template <class FrontEnd>
-Figures measure(const char* name, const DeviceMesh& mesh, std::vector<DTensor> args, FrontEnd&& front_end) {
+Figures measure(const char* name, std::vector<DTensor> args, const OpAttrs& attrs, FrontEnd&& front_end) {
   const OpDef& op = OpRegistry::global().get(name);
   std::vector<Tensor> locals;
   std::vector<TensorMeta> metas;
@@ -84,8 +85,7 @@ Figures measure(const char* name, const DeviceMesh& mesh, std::vector<DTensor> a
     layouts.push_back(a.placements());
   }
   const std::span<const DTensor> inputs(args);
-  const DTensor probe = call_op(name, inputs);  // the miss
-  const OpAttrs attrs;
+  const DTensor probe = call_op(name, inputs, attrs);  // the miss
   const TensorMeta out_meta{probe.shape(), probe.dtype()};
   const Box out_box = probe.local_box();
   const KernelArgs kargs{locals, metas, boxes, layouts, attrs, out_meta, out_box, probe.placements()};
@@ -93,7 +93,7 @@ Figures measure(const char* name, const DeviceMesh& mesh, std::vector<DTensor> a
   f.kernel = allocations_per_call([&] { Tensor t = op.cpu_kernel(kargs); });
   const PropagationCacheStats c0 = propagation_cache_stats();
   const PlanCacheStats p0 = plan_cache_stats();
-  f.hit_by_name = allocations_per_call([&] { DTensor t = call_op(name, inputs); });
+  f.hit_by_name = allocations_per_call([&] { DTensor t = call_op(name, inputs, attrs); });
   f.hit_front_end = allocations_per_call([&] { DTensor t = front_end(args); });
   const PropagationCacheStats c1 = propagation_cache_stats();
   const PlanCacheStats p1 = plan_cache_stats();
@@ -101,7 +101,7 @@ Figures measure(const char* name, const DeviceMesh& mesh, std::vector<DTensor> a
   f.misses = c1.misses - c0.misses;
   f.plan_hits = p1.hits - p0.hits;
   f.plan_misses = p1.misses - p0.misses;
-  const DTensor again = call_op(name, inputs);
+  const DTensor again = call_op(name, inputs, attrs);
   f.shared_meta = &again.placements() == &probe.placements() && &again.shape() == &probe.shape();
   return f;
 }
@@ -109,7 +109,7 @@ Figures measure(const char* name, const DeviceMesh& mesh, std::vector<DTensor> a
 BOOST_AUTO_TEST_CASE(a_hit_allocates_only_what_its_kernel_needs_and_propagates_nothing) {
   const std::uint64_t seed = 20261201;
   constexpr int kRanks = 4;
-  std::array<Figures, kRanks> add_f, mm_f, neg_f;
+  std::array<Figures, kRanks> add_f, mm_f, neg_f, scale_f;
   run_threads(kRanks, [&](Communicator& comm) {
     DeviceMesh mesh(comm, {2, 2});
     const Layout s0 = Layout::parse("S(0),R");
@@ -119,16 +119,21 @@ BOOST_AUTO_TEST_CASE(a_hit_allocates_only_what_its_kernel_needs_and_propagates_n
     DTensor a = dist({16, 8}, s0, 1), b = dist({16, 8}, s0, 2);
     DTensor x = dist({32, 16}, s0, 3), w = dist({16, 16}, Layout::parse("R,R"), 4);
     const int r = comm.rank();
-    add_f[r] = measure("add", mesh, {a, b}, [](const std::vector<DTensor>& v) { return add(v[0], v[1]); });
-    mm_f[r] = measure("matmul", mesh, {x, w}, [](const std::vector<DTensor>& v) { return matmul(v[0], v[1]); });
-    neg_f[r] = measure("neg", mesh, {a}, [](const std::vector<DTensor>& v) { return neg(v[0]); });
+    add_f[r] = measure("add", {a, b}, {}, [](const std::vector<DTensor>& v) { return add(v[0], v[1]); });
+    mm_f[r] = measure("matmul", {x, w}, {}, [](const std::vector<DTensor>& v) { return matmul(v[0], v[1]); });
+    neg_f[r] = measure("neg", {a}, {}, [](const std::vector<DTensor>& v) { return neg(v[0]); });
+    // Attributes built on every call (the front end's ScalarAttrs) are held
+    // in place: no allocation either.
+    scale_f[r] =
+        measure("mul_scalar", {a}, ScalarAttrs{.value = 2.0}, [](const std::vector<DTensor>& v) { return v[0] * 2.0; });
   });
   struct Case {
     const char* op;
     const std::array<Figures, kRanks>& figures;
     double budget;  // allocations per hit beyond the kernel's
   };
-  for (const Case& c : {Case{"add", add_f, 2}, Case{"matmul", mm_f, 2}, Case{"neg", neg_f, 0}}) {
+  for (const Case& c :
+       {Case{"add", add_f, 2}, Case{"matmul", mm_f, 2}, Case{"neg", neg_f, 0}, Case{"mul_scalar", scale_f, 0}}) {
     for (int r = 0; r < kRanks; ++r) {
       const Figures& f = c.figures[r];
       BOOST_TEST_CONTEXT("seed " << seed << ", op " << c.op << ", rank " << r << ": kernel " << f.kernel
