@@ -97,11 +97,11 @@ struct CallInputs {
   const Layout& layout(std::size_t i) const { return *inputs[i].layout; }
 };
 
-// The attributes and the cost model are compared, not hashed: the cost
-// model's hash of its doubles would cost more than the rest of a hit's key,
-// and calls differing only in it are rare.
+// The cost model is compared, not hashed: its hash of its doubles would
+// cost more than the rest of a hit's key, and calls differing only in it
+// are rare.
 template <class Inputs>
-std::size_t key_hash(const OpDef& op, const Shape& mesh, const Inputs& inputs) {
+std::size_t key_hash(const OpDef& op, const Shape& mesh, const Inputs& inputs, const OpAttrs& attrs) {
   std::size_t h = std::hash<const void*>{}(&op);
   auto mix = [&](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   for (auto s : mesh) mix(static_cast<std::size_t>(s));
@@ -110,6 +110,7 @@ std::size_t key_hash(const OpDef& op, const Shape& mesh, const Inputs& inputs) {
     for (auto s : inputs.shape(i)) mix(static_cast<std::size_t>(s));
     mix(inputs.layout(i).hash());
   }
+  mix(attrs.hash());
   return h;
 }
 
@@ -322,7 +323,7 @@ void make_decision(Entry& entry) {
 Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
                     std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
   const MetaInputs key{inputs, layouts};
-  const std::size_t h = key_hash(op, mesh_shape, key);
+  const std::size_t h = key_hash(op, mesh_shape, key, attrs);
   if (Entry* e = find_entry(cache, h, op, mesh_shape, key, attrs, cost)) {
     ++cache.stats.hits;
     return *e;
@@ -400,7 +401,7 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
                        const OpAttrs& attrs, const CostModel& cost) {
   const CallInputs call{inputs};
   Cache& c = cache;  // one thread-local lookup
-  Entry* found = find_entry(c, key_hash(op, mesh.shape(), call), op, mesh.shape(), call, attrs, cost);
+  Entry* found = find_entry(c, key_hash(op, mesh.shape(), call, attrs), op, mesh.shape(), call, attrs, cost);
   if (found)
     ++c.stats.hits;
   else
