@@ -59,7 +59,10 @@ class DTensor {
   DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost);
   Tensor local_;
   DeviceMesh mesh_;
-  std::shared_ptr<const ShardedMeta> meta_;  // never null
+  // Layout and global shape, immutable and shared (never null): copies and
+  // the outputs of one propagation-cache entry point at the same one, so
+  // that neither copies vectors.
+  std::shared_ptr<const ShardedMeta> meta_;
   CostModel cost_;
 };
 

@@ -55,7 +55,7 @@ struct OpName {
 };
 }  // namespace detail
 
-/// The handle of a registered op, looked up by name once per program (on
+/// The handle of a registered op, looked up by name once (on
 /// first use; thread-safe), so that front-end functions called in a loop
 /// skip the registry's hash lookup.
 template <detail::OpName Name>
