@@ -19,11 +19,12 @@ Box distributed_box(const DeviceMesh& mesh, const Shape& global, const Layout& l
 }  // namespace
 
 DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost)
-    : local_(std::move(local)),
-      mesh_(std::move(mesh)),
-      layout_(std::move(layout)),
-      global_shape_(std::move(global_shape)),
-      cost_(std::move(cost)) {}
+    : DTensor(std::move(local), std::move(mesh),
+              std::make_shared<const ShardedMeta>(ShardedMeta{std::move(layout), std::move(global_shape)}),
+              std::move(cost)) {}
+
+DTensor::DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost)
+    : local_(std::move(local)), mesh_(std::move(mesh)), meta_(std::move(meta)), cost_(std::move(cost)) {}
 
 DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
                             std::optional<Shape> global_shape) {
@@ -83,30 +84,28 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
   return DTensor(std::move(local), mesh, std::move(layout), std::move(global), CostModel{});
 }
 
-Box DTensor::local_box() const { return dtensor::local_box(mesh_.shape(), global_shape_, layout_, mesh_.coordinate()); }
+Box DTensor::local_box() const { return dtensor::local_box(mesh_.shape(), shape(), placements(), mesh_.coordinate()); }
 
 const Plan& DTensor::plan_to(const Layout& placements) const {
   PlanRequest request{mesh_.shape(),
-                      global_shape_,
+                      shape(),
                       local_.dtype(),
-                      layout_,
-                      validate_layout(placements, mesh_.shape(), global_shape_),
+                      this->placements(),
+                      validate_layout(placements, mesh_.shape(), shape()),
                       cost_};
   return cached_plan(request);
 }
 
 DTensor DTensor::redistribute(const Layout& placements) const {
-  if (placements == layout_) return *this;
+  if (placements == this->placements()) return *this;
   const Plan& plan = plan_to(placements);
   Tensor out = execute_plan(plan, mesh_, local_);
-  return DTensor(std::move(out), mesh_, plan.to, global_shape_, cost_);
+  return DTensor(std::move(out), mesh_, plan.to, shape(), cost_);
 }
 
 Tensor DTensor::full_tensor() const { return redistribute(Layout::replicated(mesh_.ndim())).to_local(); }
 
-DTensor DTensor::with_cost_model(CostModel cost) const {
-  return DTensor(local_, mesh_, layout_, global_shape_, std::move(cost));
-}
+DTensor DTensor::with_cost_model(CostModel cost) const { return DTensor(local_, mesh_, meta_, std::move(cost)); }
 
 DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layout& placements, int src_rank) {
   Communicator& comm = mesh.comm();

@@ -1,5 +1,7 @@
 #include "dtensor/ops/dispatch.h"
 
+#include <algorithm>
+#include <array>
 #include <limits>
 #include <memory>
 #include <unordered_map>
@@ -47,7 +49,7 @@ Tensor run_kernel(const OpDef& op, const KernelArgs& args) {
 }
 
 // One cached decision with the key it was made for. A hit compares the key
-// field by field against the call's own spans, so a hit allocates nothing.
+// field by field against the call's own inputs, so a hit allocates nothing.
 struct Entry {
   const OpDef* op;
   Shape mesh_shape;
@@ -64,6 +66,9 @@ struct Entry {
   Shape boxes_coordinate;
   std::vector<Box> input_boxes;
   Box output_box;
+  /// The layout and global shape of every output this entry makes, shared
+  /// by them (made on the first dispatch through the entry).
+  std::shared_ptr<const ShardedMeta> output_meta;
 };
 
 struct Cache {
@@ -73,27 +78,62 @@ struct Cache {
 thread_local Cache cache;
 thread_local std::function<void(const std::string&)> explain_sink;
 
-std::size_t key_hash(const OpDef& op, const Shape& mesh, std::span<const TensorMeta> inputs,
-                     std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
+// A call's inputs as the cache key reads them, in the two forms calls come
+// in: the metadata spans of decide() and a miss, and the inputs by address
+// of dispatch(), which a hit reads in place.
+struct MetaInputs {
+  std::span<const TensorMeta> metas;
+  std::span<const Layout> layouts;
+  std::size_t size() const { return metas.size(); }
+  const Shape& shape(std::size_t i) const { return metas[i].shape; }
+  DType dtype(std::size_t i) const { return metas[i].dtype; }
+  const Layout& layout(std::size_t i) const { return layouts[i]; }
+};
+struct CallInputs {
+  std::span<const ShardedInput> inputs;
+  std::size_t size() const { return inputs.size(); }
+  const Shape& shape(std::size_t i) const { return *inputs[i].global_shape; }
+  DType dtype(std::size_t i) const { return inputs[i].local->dtype(); }
+  const Layout& layout(std::size_t i) const { return *inputs[i].layout; }
+};
+
+// The cost model is compared, not hashed: its hash of its doubles would
+// cost more than the rest of a hit's key, and calls differing only in it
+// are rare.
+template <class Inputs>
+std::size_t key_hash(const OpDef& op, const Shape& mesh, const Inputs& inputs, const OpAttrs& attrs) {
   std::size_t h = std::hash<const void*>{}(&op);
   auto mix = [&](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   for (auto s : mesh) mix(static_cast<std::size_t>(s));
-  for (const auto& m : inputs) {
-    mix(static_cast<std::size_t>(m.dtype) + 0x100);
-    for (auto s : m.shape) mix(static_cast<std::size_t>(s));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    mix(static_cast<std::size_t>(inputs.dtype(i)) + 0x100);
+    for (auto s : inputs.shape(i)) mix(static_cast<std::size_t>(s));
+    mix(inputs.layout(i).hash());
   }
-  for (const auto& l : layouts) mix(l.hash());
   mix(attrs.hash());
-  mix(cost.hash());
   return h;
 }
 
-bool same_key(const Entry& e, const OpDef& op, const Shape& mesh, std::span<const TensorMeta> inputs,
-              std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
-  return e.op == &op && e.mesh_shape == mesh &&
-         std::equal(e.inputs.begin(), e.inputs.end(), inputs.begin(), inputs.end()) &&
-         std::equal(e.layouts.begin(), e.layouts.end(), layouts.begin(), layouts.end()) && e.attrs == attrs &&
-         e.cost == cost;
+template <class Inputs>
+bool same_key(const Entry& e, const OpDef& op, const Shape& mesh, const Inputs& inputs, const OpAttrs& attrs,
+              const CostModel& cost) {
+  if (e.op != &op || e.inputs.size() != inputs.size() || e.mesh_shape != mesh) return false;
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (e.inputs[i].dtype != inputs.dtype(i) || e.inputs[i].shape != inputs.shape(i) ||
+        e.layouts[i] != inputs.layout(i))
+      return false;
+  return e.attrs == attrs && e.cost == cost;
+}
+
+// The cached entry for a call, or null; counts nothing.
+template <class Inputs>
+Entry* find_entry(Cache& c, std::size_t h, const OpDef& op, const Shape& mesh, const Inputs& inputs,
+                  const OpAttrs& attrs, const CostModel& cost) {
+  const auto it = c.entries.find(h);
+  if (it == c.entries.end()) return nullptr;
+  for (const auto& e : it->second)
+    if (same_key(*e, op, mesh, inputs, attrs, cost)) return e.get();
+  return nullptr;
 }
 
 std::string layouts_text(std::span<const Layout> layouts) {
@@ -282,13 +322,12 @@ void make_decision(Entry& entry) {
 // The cached entry for a call, made on a miss.
 Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
                     std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost) {
-  const std::size_t h = key_hash(op, mesh_shape, inputs, layouts, attrs, cost);
-  auto& bucket = cache.entries[h];
-  for (const auto& e : bucket)
-    if (same_key(*e, op, mesh_shape, inputs, layouts, attrs, cost)) {
-      ++cache.stats.hits;
-      return *e;
-    }
+  const MetaInputs key{inputs, layouts};
+  const std::size_t h = key_hash(op, mesh_shape, key, attrs);
+  if (Entry* e = find_entry(cache, h, op, mesh_shape, key, attrs, cost)) {
+    ++cache.stats.hits;
+    return *e;
+  }
   ++cache.stats.misses;
   if (op.num_inputs >= 0 && static_cast<int>(inputs.size()) != op.num_inputs)
     throw ValueError(fmt::format("[{}] takes {} tensor inputs, got {}", op.name, op.num_inputs, inputs.size()));
@@ -300,6 +339,7 @@ Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const Te
   entry->attrs = attrs;
   entry->cost = cost;
   make_decision(*entry);
+  auto& bucket = cache.entries[h];
   bucket.push_back(std::move(entry));
   return *bucket.back();
 }
@@ -324,55 +364,86 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
   return decide_entry(op, mesh_shape, inputs, layouts, attrs, cost).decision;
 }
 
-ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedTensor* const> inputs,
+namespace {
+
+// Small calls keep their tensors and metadata on the stack.
+constexpr std::size_t kInline = 4;
+
+// A miss: the call's metadata by value, for the new entry's key.
+Entry& decide_miss(const OpDef& op, const Shape& mesh_shape, const CallInputs& call, const OpAttrs& attrs,
+                   const CostModel& cost) {
+  std::vector<TensorMeta> metas(call.size());
+  std::vector<Layout> layouts(call.size());
+  for (std::size_t i = 0; i < call.size(); ++i) {
+    metas[i] = TensorMeta{call.shape(i), call.dtype(i)};
+    layouts[i] = call.layout(i);
+  }
+  return decide_entry(op, mesh_shape, metas, layouts, attrs, cost);
+}
+
+// What an entry keeps for this rank: the boxes (per mesh coordinate) and
+// the outputs' shared metadata.
+void fill_rank_parts(Entry& e, const DeviceMesh& mesh) {
+  const OpDecision& d = e.decision;
+  if (e.boxes_coordinate != mesh.coordinate()) {
+    e.input_boxes.resize(e.inputs.size());
+    for (std::size_t i = 0; i < e.inputs.size(); ++i)
+      e.input_boxes[i] = local_box(mesh.shape(), e.inputs[i].shape, d.chosen.inputs[i], mesh.coordinate());
+    e.output_box = local_box(mesh.shape(), d.output.shape, d.chosen.output, mesh.coordinate());
+    e.boxes_coordinate = mesh.coordinate();
+  }
+  if (!e.output_meta) e.output_meta = std::make_shared<const ShardedMeta>(ShardedMeta{d.chosen.output, d.output.shape});
+}
+
+}  // namespace
+
+ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedInput> inputs,
                        const OpAttrs& attrs, const CostModel& cost) {
-  // Small calls keep their metadata on the stack.
-  constexpr std::size_t kInline = 4;
-  const std::size_t n = inputs.size();
-  std::array<TensorMeta, kInline> meta_inline;
-  std::array<Layout, kInline> layout_inline;
-  std::vector<TensorMeta> meta_heap;
-  std::vector<Layout> layout_heap;
-  std::span<TensorMeta> metas;
-  std::span<Layout> layouts;
-  if (n <= kInline) {
-    metas = std::span<TensorMeta>(meta_inline.data(), n);
-    layouts = std::span<Layout>(layout_inline.data(), n);
-  } else {
-    meta_heap.resize(n);
-    layout_heap.resize(n);
-    metas = meta_heap;
-    layouts = layout_heap;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    metas[i].shape = inputs[i]->global_shape;
-    metas[i].dtype = inputs[i]->local.dtype();
-    layouts[i] = inputs[i]->layout;
-  }
-  Entry& e = decide_entry(op, mesh.shape(), metas, layouts, attrs, cost);
+  const CallInputs call{inputs};
+  Cache& c = cache;  // one thread-local lookup
+  Entry* found = find_entry(c, key_hash(op, mesh.shape(), call, attrs), op, mesh.shape(), call, attrs, cost);
+  if (found)
+    ++c.stats.hits;
+  else
+    found = &decide_miss(op, mesh.shape(), call, attrs, cost);
+  Entry& e = *found;
   const OpDecision& d = e.decision;
 
   const bool explaining = static_cast<bool>(explain_sink);
   CommStats before;
   if (explaining) before = mesh.comm().stats();
-  if (e.boxes_coordinate != mesh.coordinate()) {
-    e.input_boxes.resize(n);
-    for (std::size_t i = 0; i < n; ++i)
-      e.input_boxes[i] = local_box(mesh.shape(), metas[i].shape, d.chosen.inputs[i], mesh.coordinate());
-    e.output_box = local_box(mesh.shape(), d.output.shape, d.chosen.output, mesh.coordinate());
-    e.boxes_coordinate = mesh.coordinate();
+  fill_rank_parts(e, mesh);
+  // The kernel takes its inputs as one span of Tensors: a lone input that
+  // stays put is passed as it is, others are copied (or moved) into place.
+  const std::size_t n = inputs.size();
+  std::array<Tensor, kInline> local_inline;
+  std::vector<Tensor> local_heap;
+  std::span<const Tensor> locals;
+  if (n == 1 && !d.input_plans[0]) {
+    locals = std::span<const Tensor>(inputs[0].local, 1);
+  } else {
+    std::span<Tensor> slots(local_inline.data(), std::min(n, kInline));
+    if (n > kInline) {
+      local_heap.resize(n);
+      slots = local_heap;
+    }
+    // (Not a conditional expression: with a const Tensor operand it would
+    // be a const prvalue and copy twice.)
+    for (std::size_t i = 0; i < n; ++i) {
+      if (d.input_plans[i])
+        slots[i] = execute_plan(*d.input_plans[i], mesh, *inputs[i].local);
+      else
+        slots[i] = *inputs[i].local;
+    }
+    locals = slots;
   }
-  std::vector<Tensor> locals(n);
-  for (std::size_t i = 0; i < n; ++i)
-    locals[i] = d.input_plans[i] ? execute_plan(*d.input_plans[i], mesh, inputs[i]->local) : inputs[i]->local;
-  const Box& out_box = e.output_box;
-  KernelArgs args{locals, metas, e.input_boxes, d.chosen.inputs, attrs, d.output, out_box, d.chosen.output};
+  KernelArgs args{locals, e.inputs, e.input_boxes, d.chosen.inputs, attrs, d.output, e.output_box, d.chosen.output};
   Tensor out = run_kernel(op, args);
-  if (out.shape() != out_box.size)
+  if (out.shape() != e.output_box.size)
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
-                            fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(out_box.size, "x")));
-  if (explaining) explain(op, d, layouts, mesh.comm().stats() - before);
-  return ShardedTensor{std::move(out), d.chosen.output, d.output.shape};
+                            fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(e.output_box.size, "x")));
+  if (explaining) explain(op, d, e.layouts, mesh.comm().stats() - before);
+  return ShardedTensor{std::move(out), e.output_meta};
 }
 
 Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -386,8 +457,10 @@ Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAt
     metas[i] = TensorMeta{inputs[i].shape(), inputs[i].dtype()};
     boxes[i] = full_box(inputs[i].shape());
   }
-  TensorMeta out = op.meta(metas, attrs);
-  KernelArgs args{inputs, metas, boxes, layouts, attrs, out, full_box(out.shape), Layout()};
+  const TensorMeta out = op.meta(metas, attrs);
+  const Box out_box = full_box(out.shape);
+  const Layout out_layout;
+  KernelArgs args{inputs, metas, boxes, layouts, attrs, out, out_box, out_layout};
   return run_kernel(op, args);
 }
 

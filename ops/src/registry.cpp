@@ -51,10 +51,10 @@ const OpDef& OpRegistry::add(OpDef def) {
   return *it->second;
 }
 
-bool OpRegistry::contains(std::string_view name) const { return defs_.count(std::string(name)) != 0; }
+bool OpRegistry::contains(std::string_view name) const { return defs_.find(name) != defs_.end(); }
 
 const OpDef& OpRegistry::get(std::string_view name) const {
-  if (auto it = defs_.find(std::string(name)); it != defs_.end()) return *it->second;
+  if (auto it = defs_.find(name); it != defs_.end()) return *it->second;
   std::vector<std::string> close;
   for (const auto& [n, d] : defs_)
     if (n.find(name.substr(0, 3)) != std::string::npos) close.push_back(n);

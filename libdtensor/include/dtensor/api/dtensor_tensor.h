@@ -1,6 +1,7 @@
 #pragma once
 // DTensor: a global tensor of which each rank holds only its own shard.
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "dtensor/core/placement.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/device_mesh.h"
+#include "dtensor/ops/dispatch.h"
 #include "dtensor/redistribute/cost_model.h"
 #include "dtensor/redistribute/plan.h"
 
@@ -37,9 +39,9 @@ class DTensor {
   /// The plan redistribute() would run.
   const Plan& plan_to(const Layout& placements) const;
 
-  const Layout& placements() const { return layout_; }
-  const Shape& shape() const { return global_shape_; }
-  int dim() const { return static_cast<int>(global_shape_.size()); }
+  const Layout& placements() const { return meta_->layout; }
+  const Shape& shape() const { return meta_->global_shape; }
+  int dim() const { return static_cast<int>(meta_->global_shape.size()); }
   DType dtype() const { return local_.dtype(); }
   const DeviceMesh& mesh() const { return mesh_; }
   /// The box of the global tensor this rank holds.
@@ -54,10 +56,13 @@ class DTensor {
   // dispatch already derived the layout and shapes.
   friend struct detail::DispatchAccess;
   DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost);
+  DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost);
   Tensor local_;
   DeviceMesh mesh_;
-  Layout layout_;
-  Shape global_shape_;
+  // Layout and global shape, immutable and shared (never null): copies and
+  // the outputs of one propagation-cache entry point at the same one, so
+  // that neither copies vectors.
+  std::shared_ptr<const ShardedMeta> meta_;
   CostModel cost_;
 };
 

@@ -32,12 +32,49 @@ inline Tensor call_op(std::string_view op, std::initializer_list<Tensor> inputs,
 }
 /// The same through a handle to a registered op, without a lookup.
 DTensor call_op(Op op, std::span<const DTensor> inputs, const OpAttrs& attrs = {});
+/// The same on DTensors given by address, so that a caller holding them
+/// apart (the front-end functions) need not copy them into one array.
+DTensor call_op(Op op, std::span<const DTensor* const> inputs, const OpAttrs& attrs = {});
 Tensor call_op(Op op, std::span<const Tensor> inputs, const OpAttrs& attrs = {});
 inline DTensor call_op(Op op, std::initializer_list<DTensor> inputs, const OpAttrs& attrs = {}) {
   return call_op(op, std::span<const DTensor>(inputs.begin(), inputs.size()), attrs);
 }
 inline Tensor call_op(Op op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs = {}) {
   return call_op(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs);
+}
+
+namespace detail {
+/// A string literal as a template argument (registered_op<"add">).
+template <std::size_t N>
+struct OpName {
+  char text[N];
+  constexpr OpName(const char (&name)[N]) {  // NOLINT: implicit from a literal by design
+    for (std::size_t i = 0; i < N; ++i) text[i] = name[i];
+  }
+  constexpr std::string_view view() const { return std::string_view(text, N - 1); }
+};
+}  // namespace detail
+
+/// The handle of a registered op, looked up by name once (on
+/// first use; thread-safe), so that front-end functions called in a loop
+/// skip the registry's hash lookup.
+template <detail::OpName Name>
+Op registered_op() {
+  static const Op op = Op::find(Name.view());
+  return op;
+}
+
+/// Runs `op` on its inputs listed as arguments, all Tensors or all DTensors.
+/// DTensors are passed by address (no copies); Tensors go into the kernel's
+/// span, as call_op does.
+template <TensorOrDTensor X, std::same_as<X>... Xs>
+X call_op_on(Op op, const OpAttrs& attrs, const X& x, const Xs&... xs) {
+  if constexpr (std::same_as<X, DTensor>) {
+    const DTensor* inputs[] = {&x, &xs...};
+    return call_op(op, std::span<const DTensor* const>(inputs), attrs);
+  } else {
+    return call_op(op, {x, xs...}, attrs);
+  }
 }
 
 /// Counts the collectives a scope issues on one mesh, by kind and bytes

@@ -27,14 +27,14 @@ X embedding(const X& indices, const X& table) {
   if (table.dim() != 2)
     throw ShapeError(
         fmt::format("[embedding] table of shape {}; expected 2 dims [rows, dim]", fmt::join(table.shape(), "x")));
-  return call_op("embedding", {indices, table});
+  return call_op_on(registered_op<"embedding">(), {}, indices, table);
 }
 
 /// logits[n, targets[n]] for logits [N, C] and i64 targets [N]: an [N]
 /// tensor. ValueError for a target outside [0, C).
 template <TensorOrDTensor X>
 X pick(const X& logits, const X& targets) {
-  return call_op("pick", {logits, targets});
+  return call_op_on(registered_op<"pick">(), {}, logits, targets);
 }
 
 /// Mean over N of -log softmax(logits)[n, targets[n]] for floating logits
@@ -53,12 +53,13 @@ X cross_entropy(const X& logits, const X& targets) {
   if (targets.dim() != 1 || targets.shape()[0] != logits.shape()[0])
     throw ShapeError(fmt::format("[cross_entropy] targets of shape {}; expected [{}] to match logits {}",
                                  fmt::join(targets.shape(), "x"), logits.shape()[0], fmt::join(logits.shape(), "x")));
-  const X m = call_op("max", {logits}, ReduceAttrs{.dims = {1}, .keepdim = true});
-  const X z = call_op("sub", {logits, m});
+  const X m = call_op_on(registered_op<"max">(), ReduceAttrs{.dims = {1}, .keepdim = true}, logits);
+  const X z = call_op_on(registered_op<"sub">(), {}, logits, m);
   const ReduceAttrs row_sum{.dims = {1}};
-  const X lse = call_op("log", {call_op("sum", {call_op("exp", {z})}, row_sum)});
-  const X loss = call_op("sub", {lse, call_op("pick", {z, targets})});
-  return call_op("mean", {loss});
+  const X lse = call_op_on(registered_op<"log">(), {},
+                           call_op_on(registered_op<"sum">(), row_sum, call_op_on(registered_op<"exp">(), {}, z)));
+  const X loss = call_op_on(registered_op<"sub">(), {}, lse, call_op_on(registered_op<"pick">(), {}, z, targets));
+  return call_op_on(registered_op<"mean">(), {}, loss);
 }
 
 }  // namespace dtensor

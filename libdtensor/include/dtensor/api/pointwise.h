@@ -38,13 +38,13 @@
 namespace dtensor {
 
 namespace pointwise_detail {
-template <class X>
-X call(std::string_view op, std::initializer_list<X> inputs) {
-  return call_op(op, inputs);
+template <class X, std::same_as<X>... Xs>
+X call(Op op, const X& x, const Xs&... xs) {
+  return call_op_on<X>(op, {}, x, xs...);
 }
 template <class X>
-X call(std::string_view op, std::initializer_list<X> inputs, double scalar) {
-  return call_op(op, inputs, ScalarAttrs{.value = scalar});
+X call(Op op, const X& x, double scalar) {
+  return call_op_on<X>(op, ScalarAttrs{.value = scalar}, x);
 }
 }  // namespace pointwise_detail
 
@@ -53,60 +53,60 @@ X call(std::string_view op, std::initializer_list<X> inputs, double scalar) {
 // clang-format off
 // ---- Unary ------------------------------------------------------------------
 /// -x.
-template <TensorOrDTensor X> X neg(const X& x) { return pointwise_detail::call<X>("neg", {x}); }
+template <TensorOrDTensor X> X neg(const X& x) { return pointwise_detail::call<X>(registered_op<"neg">(), x); }
 /// |x|.
-template <TensorOrDTensor X> X abs(const X& x) { return pointwise_detail::call<X>("abs", {x}); }
+template <TensorOrDTensor X> X abs(const X& x) { return pointwise_detail::call<X>(registered_op<"abs">(), x); }
 /// e^x (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X exp(const X& x) { return pointwise_detail::call<X>("exp", {x}); }
+template <TensorOrDTensor X> X exp(const X& x) { return pointwise_detail::call<X>(registered_op<"exp">(), x); }
 /// Natural log (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X log(const X& x) { return pointwise_detail::call<X>("log", {x}); }
+template <TensorOrDTensor X> X log(const X& x) { return pointwise_detail::call<X>(registered_op<"log">(), x); }
 /// Square root (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X sqrt(const X& x) { return pointwise_detail::call<X>("sqrt", {x}); }
+template <TensorOrDTensor X> X sqrt(const X& x) { return pointwise_detail::call<X>(registered_op<"sqrt">(), x); }
 /// 1/sqrt(x) (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X rsqrt(const X& x) { return pointwise_detail::call<X>("rsqrt", {x}); }
+template <TensorOrDTensor X> X rsqrt(const X& x) { return pointwise_detail::call<X>(registered_op<"rsqrt">(), x); }
 /// tanh (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X tanh(const X& x) { return pointwise_detail::call<X>("tanh", {x}); }
+template <TensorOrDTensor X> X tanh(const X& x) { return pointwise_detail::call<X>(registered_op<"tanh">(), x); }
 /// 1/(1+e^-x) (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X sigmoid(const X& x) { return pointwise_detail::call<X>("sigmoid", {x}); }
+template <TensorOrDTensor X> X sigmoid(const X& x) { return pointwise_detail::call<X>(registered_op<"sigmoid">(), x); }
 /// max(x, 0).
-template <TensorOrDTensor X> X relu(const X& x) { return pointwise_detail::call<X>("relu", {x}); }
+template <TensorOrDTensor X> X relu(const X& x) { return pointwise_detail::call<X>(registered_op<"relu">(), x); }
 /// x * Phi(x), the exact erf form (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X gelu(const X& x) { return pointwise_detail::call<X>("gelu", {x}); }
+template <TensorOrDTensor X> X gelu(const X& x) { return pointwise_detail::call<X>(registered_op<"gelu">(), x); }
 /// x * sigmoid(x) (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X silu(const X& x) { return pointwise_detail::call<X>("silu", {x}); }
+template <TensorOrDTensor X> X silu(const X& x) { return pointwise_detail::call<X>(registered_op<"silu">(), x); }
 
 // ---- With a scalar ------------------------------------------------------------
 /// x + s.
-template <TensorOrDTensor X> X add(const X& x, double s) { return pointwise_detail::call<X>("add_scalar", {x}, s); }
+template <TensorOrDTensor X> X add(const X& x, double s) { return pointwise_detail::call<X>(registered_op<"add_scalar">(), x, s); }
 /// x * s.
-template <TensorOrDTensor X> X mul(const X& x, double s) { return pointwise_detail::call<X>("mul_scalar", {x}, s); }
+template <TensorOrDTensor X> X mul(const X& x, double s) { return pointwise_detail::call<X>(registered_op<"mul_scalar">(), x, s); }
 /// x / s (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X div(const X& x, double s) { return pointwise_detail::call<X>("div_scalar", {x}, s); }
+template <TensorOrDTensor X> X div(const X& x, double s) { return pointwise_detail::call<X>(registered_op<"div_scalar">(), x, s); }
 /// x ^ s (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X pow(const X& x, double s) { return pointwise_detail::call<X>("pow_scalar", {x}, s); }
+template <TensorOrDTensor X> X pow(const X& x, double s) { return pointwise_detail::call<X>(registered_op<"pow_scalar">(), x, s); }
 
 // ---- Binary, broadcasting -------------------------------------------------------
-template <TensorOrDTensor X> X add(const X& a, const X& b) { return pointwise_detail::call<X>("add", {a, b}); }
-template <TensorOrDTensor X> X sub(const X& a, const X& b) { return pointwise_detail::call<X>("sub", {a, b}); }
-template <TensorOrDTensor X> X mul(const X& a, const X& b) { return pointwise_detail::call<X>("mul", {a, b}); }
+template <TensorOrDTensor X> X add(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"add">(), a, b); }
+template <TensorOrDTensor X> X sub(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"sub">(), a, b); }
+template <TensorOrDTensor X> X mul(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"mul">(), a, b); }
 /// a / b (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X div(const X& a, const X& b) { return pointwise_detail::call<X>("div", {a, b}); }
+template <TensorOrDTensor X> X div(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"div">(), a, b); }
 /// a ^ b (floating dtypes: f32, f64, bf16, f16).
-template <TensorOrDTensor X> X pow(const X& a, const X& b) { return pointwise_detail::call<X>("pow", {a, b}); }
-template <TensorOrDTensor X> X maximum(const X& a, const X& b) { return pointwise_detail::call<X>("maximum", {a, b}); }
-template <TensorOrDTensor X> X minimum(const X& a, const X& b) { return pointwise_detail::call<X>("minimum", {a, b}); }
+template <TensorOrDTensor X> X pow(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"pow">(), a, b); }
+template <TensorOrDTensor X> X maximum(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"maximum">(), a, b); }
+template <TensorOrDTensor X> X minimum(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"minimum">(), a, b); }
 
 /// Comparisons: 1 where true, 0 where false, in the inputs' dtype.
-template <TensorOrDTensor X> X eq(const X& a, const X& b) { return pointwise_detail::call<X>("eq", {a, b}); }
-template <TensorOrDTensor X> X ne(const X& a, const X& b) { return pointwise_detail::call<X>("ne", {a, b}); }
-template <TensorOrDTensor X> X lt(const X& a, const X& b) { return pointwise_detail::call<X>("lt", {a, b}); }
-template <TensorOrDTensor X> X le(const X& a, const X& b) { return pointwise_detail::call<X>("le", {a, b}); }
-template <TensorOrDTensor X> X gt(const X& a, const X& b) { return pointwise_detail::call<X>("gt", {a, b}); }
-template <TensorOrDTensor X> X ge(const X& a, const X& b) { return pointwise_detail::call<X>("ge", {a, b}); }
+template <TensorOrDTensor X> X eq(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"eq">(), a, b); }
+template <TensorOrDTensor X> X ne(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"ne">(), a, b); }
+template <TensorOrDTensor X> X lt(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"lt">(), a, b); }
+template <TensorOrDTensor X> X le(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"le">(), a, b); }
+template <TensorOrDTensor X> X gt(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"gt">(), a, b); }
+template <TensorOrDTensor X> X ge(const X& a, const X& b) { return pointwise_detail::call<X>(registered_op<"ge">(), a, b); }
 
 /// a where cond != 0, else b; all three broadcast together and share a dtype.
 template <TensorOrDTensor X> X where(const X& cond, const X& a, const X& b) {
-  return pointwise_detail::call<X>("where", {cond, a, b});
+  return pointwise_detail::call<X>(registered_op<"where">(), cond, a, b);
 }
 
 // ---- Operators ----------------------------------------------------------------------

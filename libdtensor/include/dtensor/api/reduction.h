@@ -25,59 +25,59 @@ namespace dtensor {
 
 namespace detail {
 template <TensorOrDTensor X>
-X reduce_call(std::string_view op, const X& x, std::vector<std::int64_t> dims, bool keepdim, double p = 2) {
-  return call_op(op, {x}, ReduceAttrs{.dims = std::move(dims), .keepdim = keepdim, .p = p});
+X reduce_call(Op op, const X& x, std::vector<std::int64_t> dims, bool keepdim, double p = 2) {
+  return call_op_on<X>(op, ReduceAttrs{.dims = std::move(dims), .keepdim = keepdim, .p = p}, x);
 }
 }  // namespace detail
 
 /// Sum over `dims` (empty: all dims); f32, f64, bf16, f16, i64.
 template <TensorOrDTensor X>
 X sum(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
-  return detail::reduce_call("sum", x, std::move(dims), keepdim);
+  return detail::reduce_call(registered_op<"sum">(), x, std::move(dims), keepdim);
 }
 /// Mean over `dims` (empty: all dims); f32, f64, bf16, f16 (DTypeError for i64, as PyTorch).
 template <TensorOrDTensor X>
 X mean(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
-  return detail::reduce_call("mean", x, std::move(dims), keepdim);
+  return detail::reduce_call(registered_op<"mean">(), x, std::move(dims), keepdim);
 }
 /// Max over `dims` (empty: all dims); ShapeError over an empty extent.
 template <TensorOrDTensor X>
 X max(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
-  return detail::reduce_call("max", x, std::move(dims), keepdim);
+  return detail::reduce_call(registered_op<"max">(), x, std::move(dims), keepdim);
 }
 /// Min over `dims` (empty: all dims); ShapeError over an empty extent.
 template <TensorOrDTensor X>
 X min(const X& x, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
-  return detail::reduce_call("min", x, std::move(dims), keepdim);
+  return detail::reduce_call(registered_op<"min">(), x, std::move(dims), keepdim);
 }
 /// Index (i64) of the first maximum along `dim`; without a dim, over the
 /// flattened tensor.
 template <TensorOrDTensor X>
 X argmax(const X& x, std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) {
-  return detail::reduce_call("argmax", x, dim ? std::vector<std::int64_t>{*dim} : std::vector<std::int64_t>{}, keepdim);
+  return detail::reduce_call(registered_op<"argmax">(), x,
+                             dim ? std::vector<std::int64_t>{*dim} : std::vector<std::int64_t>{}, keepdim);
 }
 /// p-norm over `dims` (empty: all dims): (sum |x|^p)^(1/p); p = inf gives
 /// max |x|, p = 0 the count of nonzeros. f32, f64, bf16, f16.
 template <TensorOrDTensor X>
 X norm(const X& x, double p = 2, std::vector<std::int64_t> dims = {}, bool keepdim = false) {
-  return detail::reduce_call("norm", x, std::move(dims), keepdim, p);
+  return detail::reduce_call(registered_op<"norm">(), x, std::move(dims), keepdim, p);
 }
 
 /// exp(x) / sum(exp(x)) along `dim` (computed as exp(x - max)).
 template <TensorOrDTensor X>
 X softmax(const X& x, std::int64_t dim) {
-  return call_op("softmax", {x}, DimAttrs{.dim = dim});
+  return call_op_on<X>(registered_op<"softmax">(), DimAttrs{.dim = dim}, x);
 }
 /// x - max - log(sum(exp(x - max))) along `dim`.
 template <TensorOrDTensor X>
 X log_softmax(const X& x, std::int64_t dim) {
-  return call_op("log_softmax", {x}, DimAttrs{.dim = dim});
+  return call_op_on<X>(registered_op<"log_softmax">(), DimAttrs{.dim = dim}, x);
 }
 
 namespace detail {
 template <TensorOrDTensor X>
-X normalize_call(std::string_view op, const X& x, int normalized_ndim,
-                 const std::optional<std::type_identity_t<X>>& weight,
+X normalize_call(Op op, const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight,
                  const std::optional<std::type_identity_t<X>>& bias, double eps) {
   const NormAttrs attrs{.normalized_ndim = normalized_ndim,
                         .weight = weight.has_value(),
@@ -106,7 +106,7 @@ int normalized_ndim_of(std::string_view op, const X& x, const Shape& normalized_
 template <TensorOrDTensor X>
 X layer_norm(const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
              const std::optional<std::type_identity_t<X>>& bias = std::nullopt, double eps = 1e-5) {
-  return detail::normalize_call("layer_norm", x, normalized_ndim, weight, bias, eps);
+  return detail::normalize_call(registered_op<"layer_norm">(), x, normalized_ndim, weight, bias, eps);
 }
 /// layer_norm with the normalized shape spelled out, as torch.nn.functional.
 template <TensorOrDTensor X>
@@ -126,7 +126,7 @@ X layer_norm(const X& x, std::initializer_list<std::int64_t> normalized_shape,
 template <TensorOrDTensor X>
 X rms_norm(const X& x, int normalized_ndim, const std::optional<std::type_identity_t<X>>& weight = std::nullopt,
            double eps = 1e-6) {
-  return detail::normalize_call("rms_norm", x, normalized_ndim, weight, std::optional<X>{}, eps);
+  return detail::normalize_call(registered_op<"rms_norm">(), x, normalized_ndim, weight, std::optional<X>{}, eps);
 }
 template <TensorOrDTensor X>
 X rms_norm(const X& x, const Shape& normalized_shape,

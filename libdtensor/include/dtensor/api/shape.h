@@ -15,7 +15,7 @@ namespace dtensor {
 
 namespace detail {
 template <TensorOrDTensor T>
-T shape_op(std::string_view op, const T& x, const OpAttrs& attrs) {
+T shape_op(Op op, const T& x, const OpAttrs& attrs) {
   return call_op(op, std::span<const T>(&x, 1), attrs);
 }
 }  // namespace detail
@@ -23,57 +23,57 @@ T shape_op(std::string_view op, const T& x, const OpAttrs& attrs) {
 /// Swaps dims d0 and d1.
 template <TensorOrDTensor T>
 T transpose(const T& x, std::int64_t d0, std::int64_t d1) {
-  return detail::shape_op("transpose", x, TransposeAttrs{.dim0 = d0, .dim1 = d1});
+  return detail::shape_op(registered_op<"transpose">(), x, TransposeAttrs{.dim0 = d0, .dim1 = d1});
 }
 /// Output dim i is input dim perm[i].
 template <TensorOrDTensor T>
 T permute(const T& x, std::vector<std::int64_t> perm) {
-  return detail::shape_op("permute", x, DimsAttrs{.dims = std::move(perm)});
+  return detail::shape_op(registered_op<"permute">(), x, DimsAttrs{.dims = std::move(perm)});
 }
 /// Same elements in row-major order, as `shape` (one -1 is inferred).
 template <TensorOrDTensor T>
 T reshape(const T& x, Shape shape) {
-  return detail::shape_op("reshape", x, ShapeAttrs{.shape = std::move(shape)});
+  return detail::shape_op(registered_op<"reshape">(), x, ShapeAttrs{.shape = std::move(shape)});
 }
 /// Same as reshape (the result never shares storage with the input).
 template <TensorOrDTensor T>
 T view(const T& x, Shape shape) {
-  return detail::shape_op("view", x, ShapeAttrs{.shape = std::move(shape)});
+  return detail::shape_op(registered_op<"view">(), x, ShapeAttrs{.shape = std::move(shape)});
 }
 /// Merges dims start..end (inclusive) into one.
 template <TensorOrDTensor T>
 T flatten(const T& x, std::int64_t start = 0, std::int64_t end = -1) {
-  return detail::shape_op("flatten", x, FlattenAttrs{.start_dim = start, .end_dim = end});
+  return detail::shape_op(registered_op<"flatten">(), x, FlattenAttrs{.start_dim = start, .end_dim = end});
 }
 /// Splits dim `dim` into `sizes` (one -1 is inferred).
 template <TensorOrDTensor T>
 T unflatten(const T& x, std::int64_t dim, std::vector<std::int64_t> sizes) {
-  return detail::shape_op("unflatten", x, UnflattenAttrs{.dim = dim, .sizes = std::move(sizes)});
+  return detail::shape_op(registered_op<"unflatten">(), x, UnflattenAttrs{.dim = dim, .sizes = std::move(sizes)});
 }
 /// Drops dim `dim` if its size is 1 (PyTorch keeps other dims as they are).
 template <TensorOrDTensor T>
 T squeeze(const T& x, std::int64_t dim) {
-  return detail::shape_op("squeeze", x, DimsAttrs{.dims = {dim}});
+  return detail::shape_op(registered_op<"squeeze">(), x, DimsAttrs{.dims = {dim}});
 }
 /// Drops every size-1 dim.
 template <TensorOrDTensor T>
 T squeeze(const T& x) {
-  return detail::shape_op("squeeze", x, DimsAttrs{});
+  return detail::shape_op(registered_op<"squeeze">(), x, DimsAttrs{});
 }
 /// Inserts a size-1 dim at `dim` (-1: at the end).
 template <TensorOrDTensor T>
 T unsqueeze(const T& x, std::int64_t dim) {
-  return detail::shape_op("unsqueeze", x, DimAttrs{.dim = dim});
+  return detail::shape_op(registered_op<"unsqueeze">(), x, DimAttrs{.dim = dim});
 }
 /// Broadcasts size-1 dims (and new leading dims) to `shape`; -1 keeps a size.
 template <TensorOrDTensor T>
 T expand(const T& x, Shape shape) {
-  return detail::shape_op("expand", x, ShapeAttrs{.shape = std::move(shape)});
+  return detail::shape_op(registered_op<"expand">(), x, ShapeAttrs{.shape = std::move(shape)});
 }
 /// Elements start .. start+length of dim `dim`.
 template <TensorOrDTensor T>
 T narrow(const T& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
-  return detail::shape_op("narrow", x, NarrowAttrs{.dim = dim, .start = start, .length = length});
+  return detail::shape_op(registered_op<"narrow">(), x, NarrowAttrs{.dim = dim, .start = start, .length = length});
 }
 /// Python's x[..., start:end, ...] on dim `dim` (step 1; negative ends count
 /// from the end; clamped like Python).
@@ -87,7 +87,7 @@ T slice(const T& x, std::int64_t dim, std::int64_t start, std::int64_t end) {
 /// Concatenates along `dim`; the inputs agree on every other dim.
 template <TensorOrDTensor T>
 T cat(std::span<const T> xs, std::int64_t dim) {
-  return call_op("cat", xs, DimAttrs{.dim = dim});
+  return call_op(registered_op<"cat">(), xs, DimAttrs{.dim = dim});
 }
 template <TensorOrDTensor T>
 T cat(std::initializer_list<T> xs, std::int64_t dim) {
@@ -96,7 +96,7 @@ T cat(std::initializer_list<T> xs, std::int64_t dim) {
 /// Stacks same-shaped inputs along a new dim `dim`.
 template <TensorOrDTensor T>
 T stack(std::span<const T> xs, std::int64_t dim) {
-  return call_op("stack", xs, DimAttrs{.dim = dim});
+  return call_op(registered_op<"stack">(), xs, DimAttrs{.dim = dim});
 }
 template <TensorOrDTensor T>
 T stack(std::initializer_list<T> xs, std::int64_t dim) {
@@ -137,7 +137,7 @@ std::vector<T> split(const T& x, std::int64_t dim, std::int64_t size) {
 /// to one, is reduced first).
 template <TensorOrDTensor T>
 T to(const T& x, DType dtype) {
-  return detail::shape_op("to", x, ToAttrs{.dtype = dtype});
+  return detail::shape_op(registered_op<"to">(), x, ToAttrs{.dtype = dtype});
 }
 
 // ---- Factories: each rank fills only its own box --------------------------

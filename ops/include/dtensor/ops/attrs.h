@@ -7,7 +7,9 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <cstddef>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -78,13 +80,32 @@ std::string_view attrs_name() {
 }
 
 /// One op call's attributes, of whichever struct the op reads (empty for ops
-/// that take none). Cheap to copy (shared, immutable).
+/// that take none). Immutable and cheap to copy: a small trivially copyable
+/// struct (ScalarAttrs, DimAttrs, TransposeAttrs, ...) is held in place, so
+/// that building one per call (x * 2.0) allocates nothing; others are
+/// shared.
 class OpAttrs {
  public:
   OpAttrs() = default;
   template <AttrStruct T>
-  requires(!std::same_as<std::remove_cvref_t<T>, OpAttrs>) OpAttrs(T value)
-      : value_(std::make_shared<const Model<T>>(std::move(value))) {}  // NOLINT: implicit by design
+  requires(!std::same_as<std::remove_cvref_t<T>, OpAttrs>) OpAttrs(T value) {  // NOLINT: implicit by design
+    if constexpr (held_in_place<T>()) {
+      value_ = ::new (static_cast<void*>(buf_)) Model<T>(std::move(value));
+    } else {
+      shared_ = std::make_shared<const Model<T>>(std::move(value));
+      value_ = shared_.get();
+    }
+  }
+  OpAttrs(const OpAttrs& other) : shared_(other.shared_) { value_ = other.copy_into(buf_); }
+  OpAttrs& operator=(const OpAttrs& other) {
+    if (this != &other) {
+      destroy_in_place();
+      shared_ = other.shared_;
+      value_ = other.copy_into(buf_);
+    }
+    return *this;
+  }
+  ~OpAttrs() { destroy_in_place(); }
 
   bool empty() const { return !value_; }
   /// The held struct if it is a T, else null.
@@ -120,8 +141,11 @@ class OpAttrs {
   std::size_t hash() const { return value_ ? value_->hash() : 0; }
 
  private:
+  static constexpr std::size_t kInPlaceBytes = 32;
   struct Concept {
     virtual ~Concept() = default;
+    /// Copies this (held in place) into `buf`.
+    virtual const Concept* copy_into(void* buf) const = 0;
     virtual const std::type_info& type() const = 0;
     virtual bool equals(const Concept& other) const = 0;
     virtual std::size_t hash() const = 0;
@@ -131,6 +155,12 @@ class OpAttrs {
   template <class T>
   struct Model final : Concept {
     explicit Model(T v) : value(std::move(v)) {}
+    const Concept* copy_into(void* buf) const override {
+      if constexpr (held_in_place<T>())
+        return ::new (buf) Model(value);
+      else
+        return nullptr;  // never called: a shared value is not copied
+    }
     const std::type_info& type() const override { return typeid(T); }
     bool equals(const Concept& other) const override {
       return other.type() == typeid(T) && static_cast<const Model&>(other).value == value;
@@ -145,7 +175,20 @@ class OpAttrs {
     std::string_view name() const override { return attrs_name<T>(); }
     T value;
   };
-  std::shared_ptr<const Concept> value_;
+  template <class T>
+  static constexpr bool held_in_place() {
+    return std::is_trivially_copyable_v<T> && sizeof(Model<T>) <= kInPlaceBytes &&
+           alignof(Model<T>) <= alignof(std::max_align_t);
+  }
+  bool in_place() const { return value_ && !shared_; }
+  // This value as another OpAttrs holds it: the shared one, or a copy in `buf`.
+  const Concept* copy_into(void* buf) const { return in_place() ? value_->copy_into(buf) : value_; }
+  void destroy_in_place() {
+    if (in_place()) value_->~Concept();
+  }
+  std::shared_ptr<const Concept> shared_;  // null when empty or held in place
+  const Concept* value_ = nullptr;         // the held value: in buf_ or *shared_
+  alignas(std::max_align_t) unsigned char buf_[kInPlaceBytes];
 };
 
 // ---- The library's attribute structs, by family -------------------------------

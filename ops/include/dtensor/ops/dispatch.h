@@ -6,6 +6,7 @@
 // Decisions are cached per thread per (op, input metas and layouts, attrs,
 // mesh, cost model).
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,11 +18,26 @@
 
 namespace dtensor {
 
-/// A sharded tensor without its mesh: what ops see of a DTensor.
-struct ShardedTensor {
-  Tensor local;
+/// A sharded tensor's layout and global shape. Immutable, hence shared by
+/// every tensor that has them: a DTensor's copies, and all the outputs one
+/// propagation-cache entry makes (so that a cache hit builds its output
+/// without copying either).
+struct ShardedMeta {
   Layout layout;
   Shape global_shape;
+};
+
+/// An input of dispatch: a DTensor's parts by address (not copied on a hit).
+struct ShardedInput {
+  const Tensor* local = nullptr;
+  const Layout* layout = nullptr;
+  const Shape* global_shape = nullptr;
+};
+
+/// A sharded tensor without its mesh: what dispatch returns.
+struct ShardedTensor {
+  Tensor local;
+  std::shared_ptr<const ShardedMeta> meta;
 };
 
 /// The outcome of propagation for one call signature.
@@ -48,12 +64,14 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
 
 /// Propagates, redistributes the inputs and runs the local kernel on this
 /// rank. Every rank of the mesh calls it with the same metadata.
-ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedTensor* const> inputs,
+ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedInput> inputs,
                        const OpAttrs& attrs, const CostModel& cost = {});
 
 /// Runs an op on plain (unsharded) tensors: meta, then the kernel.
 Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAttrs& attrs);
 
+/// This thread's propagation cache: a hit runs no meta or strategy function
+/// and prices nothing; only a miss does (and counts in `misses`).
 struct PropagationCacheStats {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;

@@ -64,10 +64,12 @@ struct KernelArgs {
   std::span<const Box> boxes;          // each input's box in its global tensor
   std::span<const Layout> layouts;     // the layouts the inputs are in
   const OpAttrs& attrs;
-  TensorMeta output;  // global metadata of the output (a CPU kernel sees a bf16/f16
-                      // output in its compute dtype, f32)
-  Box output_box;     // this rank's box of the output
-  Layout output_layout;
+  // By reference, like the spans: a cache hit hands the kernel its entry's
+  // own copies instead of copying vectors on every call.
+  const TensorMeta& output;  // global metadata of the output (a CPU kernel sees a
+                             // bf16/f16 output in its compute dtype, f32)
+  const Box& output_box;     // this rank's box of the output
+  const Layout& output_layout;
 };
 using Kernel = std::function<Tensor(const KernelArgs&)>;
 
@@ -138,7 +140,12 @@ class OpRegistry {
 
  private:
   OpRegistry() = default;
-  std::unordered_map<std::string, std::unique_ptr<OpDef>> defs_;
+  // Looked up by string_view without building a std::string.
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view name) const { return std::hash<std::string_view>{}(name); }
+  };
+  std::unordered_map<std::string, std::unique_ptr<OpDef>, NameHash, std::equal_to<>> defs_;
 };
 
 // ---- Expanding per-mesh-dim options --------------------------------------------
