@@ -32,6 +32,19 @@ struct PlanRequest {
 /// without a reduction in between only where no plan exists.
 Plan plan_redistribute(const PlanRequest& request);
 
+/// How one search went, for tests and benchmarks: the layouts it reached
+/// and how many it took from its queue and expanded (paths, for a Partial
+/// source ranked by bytes).
+struct PlanSearchStats {
+  std::size_t states = 0;
+  std::size_t expanded = 0;
+};
+
+/// plan_redistribute with the search's lower bound (A*) on, as there, or
+/// off (a plain Dijkstra search): a plan of the same cost either way, off
+/// expanding more states. Fills `stats` where given.
+Plan plan_redistribute(const PlanRequest& request, bool lower_bound, PlanSearchStats* stats = nullptr);
+
 /// The plan from the calling thread's cache (computed on a miss). A hit
 /// costs a hash and a compare of the request: well under a microsecond.
 const Plan& cached_plan(const PlanRequest& request);
