@@ -40,6 +40,19 @@ void Search::fill_boxes(State& s) const {
 void Search::fill_leaders(State& s) const {
   if (!s.leader.empty()) return;
   dtensor::fill_leaders(s, P_.ranks, P_.nd, s.leader, s.leaders);
+  // Buckets by leader, so that the exchange looks through each box's
+  // holders only, not through every rank for every box.
+  const std::size_t L = s.leaders.size();
+  std::vector<int> index(P_.ranks, -1);
+  for (std::size_t i = 0; i < L; ++i) index[s.leaders[i]] = static_cast<int>(i);
+  s.holder_start.assign(L + 1, 0);
+  for (int r = 0; r < P_.ranks; ++r)
+    if (s.leader[r] >= 0) ++s.holder_start[index[s.leader[r]] + 1];
+  for (std::size_t i = 0; i < L; ++i) s.holder_start[i + 1] += s.holder_start[i];
+  s.holders.resize(s.holder_start[L]);
+  std::vector<int> next(s.holder_start.begin(), s.holder_start.end() - 1);
+  for (int r = 0; r < P_.ranks; ++r)
+    if (s.leader[r] >= 0) s.holders[next[index[s.leader[r]]]++] = r;
 }
 
 bool Search::better(const Cost& a, const Cost& b) const {
@@ -278,7 +291,8 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
     const int own = S.leader[r];
     int peers = 0;
     double bw_time = 0;
-    for (int l : S.leaders) {
+    for (std::size_t li = 0; li < S.leaders.size(); ++li) {
+      const int l = S.leaders[li];
       std::int64_t n = inter_numel(S, l, T, r, nd);
       if (n == 0) continue;
       if (l == own) {
@@ -288,8 +302,8 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
       // Holder: the replica reached over the fastest link (sharing the
       // receiver's coordinates on slow dims), then the least loaded, then the lowest rank.
       int best = -1;
-      for (int h = l; h < R; ++h) {
-        if (S.leader[h] != l) continue;
+      for (int j = S.holder_start[li]; j < S.holder_start[li + 1]; ++j) {
+        const int h = S.holders[j];
         if (best < 0) {
           best = h;
           continue;

@@ -65,6 +65,9 @@ struct State : RankBoxes {
   // the same non-empty box (-1 for an empty box), and the leaders in order.
   std::vector<int> leader;
   std::vector<int> leaders;
+  // The ranks holding each leader's box, ascending: leaders[i]'s are
+  // holders[holder_start[i] .. holder_start[i + 1]).
+  std::vector<int> holder_start, holders;
   // The lower bound from here to the goal (Search::bound): per rank the
   // bytes it must still receive, their largest, and a time.
   std::vector<std::int64_t> rest;
