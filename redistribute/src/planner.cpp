@@ -3,6 +3,7 @@
 #include "dtensor/redistribute/planner.h"
 
 #include <algorithm>
+#include <array>
 
 #include <fmt/ranges.h>
 
@@ -368,13 +369,22 @@ Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& t
   }
   P.pair_bw.assign(static_cast<std::size_t>(ranks) * ranks, 0);
   P.pair_lat.assign(static_cast<std::size_t>(ranks) * ranks, 0);
+  // A pair's link depends only on the mesh dims the two ranks differ on:
+  // one group_link per subset of them, not per pair.
+  std::array<LinkParams, 1 << planner::kMaxDims> by_mask{};
   std::vector<int> diff;
+  for (int mask = 0; mask < (1 << P.k); ++mask) {
+    diff.clear();
+    for (int i = 0; i < P.k; ++i)
+      if (mask & (1 << i)) diff.push_back(P.full[i]);
+    by_mask[mask] = req.cost.group_link(diff);
+  }
   for (int a = 0; a < ranks; ++a)
     for (int b = 0; b < ranks; ++b) {
-      diff.clear();
+      int mask = 0;
       for (int i = 0; i < P.k; ++i)
-        if (P.c(a, i) != P.c(b, i)) diff.push_back(P.full[i]);
-      LinkParams l = req.cost.group_link(diff);
+        if (P.c(a, i) != P.c(b, i)) mask |= 1 << i;
+      const LinkParams& l = by_mask[mask];
       P.pair_bw[static_cast<std::size_t>(a) * ranks + b] = l.bandwidth_Bps;
       P.pair_lat[static_cast<std::size_t>(a) * ranks + b] = l.hop_latency_s;
       if (a != b) P.max_bw = std::max(P.max_bw, l.bandwidth_Bps);
