@@ -132,7 +132,8 @@ class Search {
   using EdgeList = std::vector<std::pair<Edge, Pls>>;
   Search(Problem& problem, const Pls& src, const Pls& dst);
 
-  /// Runs Dijkstra; returns the chain of (from state, to state, edge).
+  /// Runs the search (A* where Problem::lower_bound, else Dijkstra);
+  /// returns the chain of (from state, to state, edge).
   struct Link {
     int from;
     int to;

@@ -25,7 +25,8 @@ struct PlanRequest {
   std::size_t hash() const;
 };
 
-/// Searches over intermediate layouts (Dijkstra) with per-mesh-dim and
+/// Searches over intermediate layouts (A*: guided by a lower bound on the
+/// cost still to come) with per-mesh-dim and
 /// per-group collectives, local steps, and a direct Exchange. Validates the
 /// request (LayoutError / ShapeError naming the bad value). Rejects
 /// Partial(op1) -> Partial(op2) on the same mesh dim and Shard -> Partial
