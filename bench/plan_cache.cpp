@@ -1,5 +1,9 @@
-// Planner costs: a plan-cache hit against a miss (the full Dijkstra search)
-// for a few typical requests, in the same run. Run: build/bench/plan_cache
+// Planner costs: a plan-cache hit against a miss (the full search, guided by
+// its lower bound) for a few typical requests, and the miss of the plain
+// search (the bound off) next to it, in the same run: 3-D and 4-D meshes
+// with several Partial mesh dims are where the bound matters. Run:
+// build/bench/plan_cache (--benchmark_enable_random_interleaving=true
+// alternates the variants)
 #include <dtensor/dtensor.h>
 
 #include <benchmark/benchmark.h>
@@ -22,6 +26,10 @@ std::vector<Named> requests() {
       {"2x4_S0S1_to_RR", req({2, 4}, {64, 128}, "S(0),S(1)", "R,R")},
       {"2x4_PS1_to_S1S0", req({2, 4}, {64, 128}, "P(sum),S(1)", "S(1),S(0)")},
       {"2x2x2_S0S0S0_to_S1S1S1", req({2, 2, 2}, {8, 8, 8}, "S(0),S(0),S(0)", "S(1),S(1),S(1)")},
+      {"2x2x2_PPS0_to_S1RS2", req({2, 2, 2}, {64, 64, 64}, "P(sum),P(sum),S(0)", "S(1),R,S(2)")},
+      {"2x2x2x2_PPPR_to_S0RS1R", req({2, 2, 2, 2}, {64, 64}, "P(sum),P(sum),P(sum),R", "S(0),R,S(1),R")},
+      {"4x4x4x4_PPS0R_to_RS1RS0", req({4, 4, 4, 4}, {16, 16}, "P(sum),P(sum),S(0),R", "R,S(1),R,S(0)")},
+      {"4x4x4x4_PPRR_to_S0S1RR", req({4, 4, 4, 4}, {1000, 1001}, "P(sum),P(sum),R,R", "S(0),S(1),R,R")},
   };
 }
 
@@ -40,8 +48,22 @@ void BM_PlanCacheMiss(benchmark::State& state) {
   state.SetLabel(all[state.range(0)].name);
 }
 
+// The same miss without the search's lower bound: what it saves.
+void BM_PlanCacheMissPlain(benchmark::State& state) {
+  auto all = requests();
+  const PlanRequest& r = all[state.range(0)].request;
+  PlanSearchStats bounded, plain;
+  plan_redistribute(r, true, &bounded);
+  for (auto _ : state) benchmark::DoNotOptimize(plan_redistribute(r, false, &plain));
+  state.SetLabel(
+      fmt::format("{} (expanded {} plain, {} bounded)", all[state.range(0)].name, plain.expanded, bounded.expanded));
+}
+
+constexpr int kLast = 7;
+
 }  // namespace
 
-BENCHMARK(BM_PlanCacheHit)->DenseRange(0, 3);
-BENCHMARK(BM_PlanCacheMiss)->DenseRange(0, 3);
+BENCHMARK(BM_PlanCacheHit)->DenseRange(0, kLast);
+BENCHMARK(BM_PlanCacheMiss)->DenseRange(0, kLast);
+BENCHMARK(BM_PlanCacheMissPlain)->DenseRange(0, kLast);
 BENCHMARK_MAIN();

@@ -1,6 +1,7 @@
 #include "dtensor/core/placement.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 
@@ -120,7 +121,16 @@ void Layout::compact_levels() {
   // Shards that have no level yet go innermost, in mesh-dim order; then
   // levels of each tensor dim are renumbered 0..k-1 keeping their order.
   const int n = mesh_ndim();
-  std::vector<std::int64_t> dims(static_cast<std::size_t>(n), -1);
+  // On the stack for the usual few mesh dims: propagation builds many
+  // layouts on a cache miss.
+  std::array<std::int64_t, 8> small;
+  std::vector<std::int64_t> large;
+  std::span<std::int64_t> dims(small.data(), static_cast<std::size_t>(n));
+  if (n > static_cast<int>(small.size())) {
+    large.resize(static_cast<std::size_t>(n));
+    dims = large;
+  }
+  std::fill(dims.begin(), dims.end(), -1);
   for (int m = 0; m < n; ++m) {
     if (const auto* s = std::get_if<Shard>(&placements_[m])) {
       dims[m] = s->dim;

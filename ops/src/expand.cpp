@@ -74,6 +74,9 @@ std::vector<Strategy> expand_to_mesh(std::span<const DimStrategy> per_dim, const
   const std::size_t nin = query.inputs.size();
   std::vector<Strategy> out;
   if (per_dim.empty()) return out;
+  std::size_t combinations = 1;
+  for (int m = 0; m < mesh_nd && combinations <= 4096; ++m) combinations *= per_dim.size();
+  out.reserve(std::min<std::size_t>(combinations, 4096));
   // Odometer over one option per mesh dim.
   std::vector<std::size_t> pick(static_cast<std::size_t>(mesh_nd), 0);
   std::vector<std::vector<Placement>> in(nin, std::vector<Placement>(static_cast<std::size_t>(mesh_nd)));

@@ -3,6 +3,7 @@
 #include "dtensor/redistribute/planner.h"
 
 #include <algorithm>
+#include <array>
 
 #include <fmt/ranges.h>
 
@@ -56,8 +57,6 @@ Layout check_layout(const Layout& l, std::string_view which, const PlanRequest& 
   }
   return validate_layout(l, mesh, req.global_shape);
 }
-
-Pls reduce(const Layout& l, const Problem& P) { return compact(l, std::span(P.full.data(), P.k)); }
 
 // Size-1 mesh dims are Replicate in intermediate layouts (always valid).
 Layout lift(const Pls& p, const Problem& P, int mesh_ndim) {
@@ -151,45 +150,6 @@ Box needed_box(std::span<const std::int64_t> mesh_shape, std::span<const std::in
 }
 
 namespace {
-
-// The request reduced to its mesh dims of size > 1, with the exchange links
-// between every pair of ranks.
-Problem make_problem(const PlanRequest& req) {
-  const int mesh_ndim = static_cast<int>(req.mesh_shape.size());
-  const int ranks = static_cast<int>(numel(req.mesh_shape));
-  Problem P;
-  for (int m = 0; m < mesh_ndim; ++m)
-    if (req.mesh_shape[m] > 1) {
-      P.full[P.k] = m;
-      P.n[P.k] = req.mesh_shape[m];
-      ++P.k;
-    }
-  P.nd = static_cast<int>(req.global_shape.size());
-  P.global = req.global_shape;
-  P.ranks = ranks;
-  P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
-  P.cost = &req.cost;
-  P.avg_in_one_step = !is_floating(req.dtype);
-  P.coord.resize(static_cast<std::size_t>(ranks) * P.k);
-  for (int r = 0; r < ranks; ++r) {
-    Shape c = unravel_index(r, req.mesh_shape);
-    for (int i = 0; i < P.k; ++i) P.coord[static_cast<std::size_t>(r) * P.k + i] = c[P.full[i]];
-  }
-  P.pair_bw.assign(static_cast<std::size_t>(ranks) * ranks, 0);
-  P.pair_lat.assign(static_cast<std::size_t>(ranks) * ranks, 0);
-  std::vector<int> diff;
-  for (int a = 0; a < ranks; ++a)
-    for (int b = 0; b < ranks; ++b) {
-      diff.clear();
-      for (int i = 0; i < P.k; ++i)
-        if (P.c(a, i) != P.c(b, i)) diff.push_back(P.full[i]);
-      LinkParams l = req.cost.group_link(diff);
-      P.pair_bw[static_cast<std::size_t>(a) * ranks + b] = l.bandwidth_Bps;
-      P.pair_lat[static_cast<std::size_t>(a) * ranks + b] = l.hop_latency_s;
-      if (a != b) P.max_bw = std::max(P.max_bw, l.bandwidth_Bps);
-    }
-  return P;
-}
 
 // Only size-1 mesh dims differ: they never split, so no data moves.
 PlanStep relabel_step(const Plan& plan, int ranks) {
@@ -288,6 +248,10 @@ std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_
     }
   }
   const std::size_t considered = std::max<std::size_t>(search.considered(), 1);
+  // A layout reached but never expanded was ruled out by the search's lower
+  // bound, and with it every plan through it.
+  if (considered == 1 && search.num_states() > search.expanded())
+    return "; cheapest of all plans (a lower bound ruled out the others unexplored)";
   if (considered == 1) return "; the only plan found";
   if (!next || !best) return fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
   std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);
@@ -298,7 +262,9 @@ std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_
 
 }  // namespace
 
-Plan plan_redistribute(const PlanRequest& req) {
+Plan plan_redistribute(const PlanRequest& req) { return plan_redistribute(req, true); }
+
+Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats* stats) {
   check_mesh_and_shape(req);
   Plan plan;
   plan.mesh_shape = req.mesh_shape;
@@ -311,13 +277,10 @@ Plan plan_redistribute(const PlanRequest& req) {
   plan.recv_bytes.assign(ranks, 0);
   if (plan.from == plan.to) return plan;
 
-  Problem P = make_problem(req);
-  const Pls src = reduce(plan.from, P), dst = reduce(plan.to, P);
-  // Partial on mesh dims of size 1 is already the full value.
+  Pls src, dst;
+  Problem P = planner::make_problem(req, plan.from, plan.to, src, dst);
+  P.lower_bound = lower_bound;
   const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
-  P.bytes_first =
-      !src_partial || planner::bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
-  P.exact_busiest = src_partial && P.bytes_first;
   if (src == dst) {
     plan.steps.push_back(relabel_step(plan, ranks));
     return plan;
@@ -325,6 +288,7 @@ Plan plan_redistribute(const PlanRequest& req) {
 
   Search search(P, src, dst);
   std::vector<Search::Link> chain = search.run();
+  if (stats) *stats = PlanSearchStats{search.num_states(), search.expanded()};
   std::vector<std::int64_t> bytes;
   std::vector<PlanStep> steps;
   std::vector<int> step_target;  // reduced state each step ends in
@@ -377,5 +341,63 @@ Plan plan_redistribute(const PlanRequest& req) {
   plan.steps = std::move(steps);
   return plan;
 }
+
+namespace planner {
+
+// The request reduced to its mesh dims of size > 1, with the exchange links
+// between every pair of ranks.
+Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& to, Pls& src, Pls& dst) {
+  const int mesh_ndim = static_cast<int>(req.mesh_shape.size());
+  const int ranks = static_cast<int>(numel(req.mesh_shape));
+  Problem P;
+  for (int m = 0; m < mesh_ndim; ++m)
+    if (req.mesh_shape[m] > 1) {
+      P.full[P.k] = m;
+      P.n[P.k] = req.mesh_shape[m];
+      ++P.k;
+    }
+  P.nd = static_cast<int>(req.global_shape.size());
+  P.global = req.global_shape;
+  P.ranks = ranks;
+  P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
+  P.cost = &req.cost;
+  P.avg_in_one_step = !is_floating(req.dtype);
+  P.coord.resize(static_cast<std::size_t>(ranks) * P.k);
+  for (int r = 0; r < ranks; ++r) {
+    Shape c = unravel_index(r, req.mesh_shape);
+    for (int i = 0; i < P.k; ++i) P.coord[static_cast<std::size_t>(r) * P.k + i] = c[P.full[i]];
+  }
+  P.pair_bw.assign(static_cast<std::size_t>(ranks) * ranks, 0);
+  P.pair_lat.assign(static_cast<std::size_t>(ranks) * ranks, 0);
+  // A pair's link depends only on the mesh dims the two ranks differ on:
+  // one group_link per subset of them, not per pair.
+  std::array<LinkParams, 1 << planner::kMaxDims> by_mask{};
+  std::vector<int> diff;
+  for (int mask = 0; mask < (1 << P.k); ++mask) {
+    diff.clear();
+    for (int i = 0; i < P.k; ++i)
+      if (mask & (1 << i)) diff.push_back(P.full[i]);
+    by_mask[mask] = req.cost.group_link(diff);
+  }
+  for (int a = 0; a < ranks; ++a)
+    for (int b = 0; b < ranks; ++b) {
+      int mask = 0;
+      for (int i = 0; i < P.k; ++i)
+        if (P.c(a, i) != P.c(b, i)) mask |= 1 << i;
+      const LinkParams& l = by_mask[mask];
+      P.pair_bw[static_cast<std::size_t>(a) * ranks + b] = l.bandwidth_Bps;
+      P.pair_lat[static_cast<std::size_t>(a) * ranks + b] = l.hop_latency_s;
+      if (a != b) P.max_bw = std::max(P.max_bw, l.bandwidth_Bps);
+    }
+  src = compact(from, std::span(P.full.data(), P.k));
+  dst = compact(to, std::span(P.full.data(), P.k));
+  // Partial on mesh dims of size 1 is already the full value.
+  const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
+  P.bytes_first = !src_partial || bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
+  P.exact_busiest = src_partial && P.bytes_first;
+  return P;
+}
+
+}  // namespace planner
 
 }  // namespace dtensor

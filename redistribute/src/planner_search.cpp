@@ -16,6 +16,8 @@ Search::Search(Problem& problem, const Pls& src, const Pls& dst) : P_(problem) {
   goal_needs_.assign(P_.ranks, 1);
   for (int r = 0; r < P_.ranks; ++r)
     if (holds_zeros(dst, [&](int m) { return P_.c(r, m); })) goal_needs_[r] = 0;
+  bounded_ = true;
+  for (State& s : states_) fill_bound(s);
 }
 
 int Search::intern(const Pls& p) {
@@ -26,6 +28,7 @@ int Search::intern(const Pls& p) {
   s.pl = p;
   for (int m = 0; m < P_.k; ++m) s.partial = s.partial || p[m].kind == kPar;
   fill_boxes(s);
+  if (bounded_) fill_bound(s);
   states_.push_back(std::move(s));
   return it->second;
 }
@@ -37,6 +40,19 @@ void Search::fill_boxes(State& s) const {
 void Search::fill_leaders(State& s) const {
   if (!s.leader.empty()) return;
   dtensor::fill_leaders(s, P_.ranks, P_.nd, s.leader, s.leaders);
+  // Buckets by leader, so that the exchange looks through each box's
+  // holders only, not through every rank for every box.
+  const std::size_t L = s.leaders.size();
+  std::vector<int> index(P_.ranks, -1);
+  for (std::size_t i = 0; i < L; ++i) index[s.leaders[i]] = static_cast<int>(i);
+  s.holder_start.assign(L + 1, 0);
+  for (int r = 0; r < P_.ranks; ++r)
+    if (s.leader[r] >= 0) ++s.holder_start[index[s.leader[r]] + 1];
+  for (std::size_t i = 0; i < L; ++i) s.holder_start[i + 1] += s.holder_start[i];
+  s.holders.resize(s.holder_start[L]);
+  std::vector<int> next(s.holder_start.begin(), s.holder_start.end() - 1);
+  for (int r = 0; r < P_.ranks; ++r)
+    if (s.leader[r] >= 0) s.holders[next[index[s.leader[r]]]++] = r;
 }
 
 bool Search::better(const Cost& a, const Cost& b) const {
@@ -275,7 +291,8 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
     const int own = S.leader[r];
     int peers = 0;
     double bw_time = 0;
-    for (int l : S.leaders) {
+    for (std::size_t li = 0; li < S.leaders.size(); ++li) {
+      const int l = S.leaders[li];
       std::int64_t n = inter_numel(S, l, T, r, nd);
       if (n == 0) continue;
       if (l == own) {
@@ -285,8 +302,8 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
       // Holder: the replica reached over the fastest link (sharing the
       // receiver's coordinates on slow dims), then the least loaded, then the lowest rank.
       int best = -1;
-      for (int h = l; h < R; ++h) {
-        if (S.leader[h] != l) continue;
+      for (int j = S.holder_start[li]; j < S.holder_start[li + 1]; ++j) {
+        const int h = S.holders[j];
         if (best < 0) {
           best = h;
           continue;
@@ -345,7 +362,13 @@ std::vector<StepKind> Search::path_kinds(int s, int label) const {
   return kinds;
 }
 
+Cost Search::keyed(const Cost& c, int s) const {
+  const State& S = states_[s];
+  return Cost{c.bytes + S.rest_max, c.time + S.rest_time};
+}
+
 std::vector<Search::Link> Search::run() {
+  expanded_count_ = 0;
   if (P_.exact_busiest) return run_exact();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   const Cost unreached{std::numeric_limits<std::int64_t>::max(), kInf};
@@ -353,14 +376,8 @@ std::vector<Search::Link> Search::run() {
   pred_.assign(states_.size(), {-1, Edge{}});
   std::vector<char> done(states_.size(), 0);
   dist_[0] = Cost{};
-
-  struct Item {
-    Cost c;
-    int s;
-  };
-  auto cmp = [this](const Item& a, const Item& b) { return better(b.c, a.c); };
-  std::priority_queue<Item, std::vector<Item>, decltype(cmp)> pq(cmp);
-  pq.push({Cost{}, 0});
+  Queue pq(Later{this});
+  pq.push({keyed(Cost{}, 0), 0});
 
   std::vector<std::int64_t> bytes;
   EdgeList out_edges;
@@ -380,16 +397,19 @@ std::vector<Search::Link> Search::run() {
     if (better(c, dist_[t])) {
       dist_[t] = c;
       pred_[t] = {u, e};
-      pq.push({c, t});
+      pq.push({keyed(c, t), t});
     }
   };
 
+  // A*: states leave the queue by cost so far plus their bound, which is
+  // consistent (planner_bound.cpp), so a state's cost is final when it
+  // leaves, as in Dijkstra's search (the bound off).
   while (!pq.empty()) {
-    Item it = pq.top();
+    const int u = pq.top().id;
     pq.pop();
-    const int u = it.s;
     if (done[u]) continue;
     done[u] = 1;
+    ++expanded_count_;
     if (u == goal_) break;
     out_edges.clear();
     edges(u, out_edges);
@@ -416,6 +436,7 @@ std::vector<Search::Link> Search::run() {
     }
   }
   if (pred_[goal_].first < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
+  found_ = dist_[goal_];
 
   std::vector<Link> chain;
   for (int s = goal_; s != 0; s = pred_[s].first) chain.push_back(Link{pred_[s].first, s, pred_[s].second});
@@ -428,10 +449,11 @@ std::vector<Search::Link> Search::run() {
 // shards), so for a Partial source, where no single step reaches a known
 // bound, paths are labels carrying every rank's total. A state keeps the
 // labels no other label there beats on every rank and on time; both parts of
-// the key (busiest total, time) only grow along a path, so the first label
-// of the goal taken from the queue is the best plan over these edges.
+// the key (busiest total plus the bound, time plus the bound) only grow
+// along a path, so the first label of the goal taken from the queue is the
+// best plan over these edges.
 std::vector<Search::Link> Search::run_exact() {
-  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, std::vector<std::int64_t>(P_.ranks, 0), 0});
+  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, keyed(Cost{}, 0), std::vector<std::int64_t>(P_.ranks, 0), 0});
   dead_.assign(1, 0);
   live_.assign(states_.size(), {});
   live_[0].push_back(0);
@@ -439,29 +461,26 @@ std::vector<Search::Link> Search::run_exact() {
   expanded_.assign(states_.size(), 0);
   exchanged_.assign(states_.size(), 0);
   best_goal_ = Cost{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
-  struct Item {
-    Cost c;
-    int label;
-  };
-  auto cmp = [this](const Item& a, const Item& b) { return better(b.c, a.c); };
-  std::priority_queue<Item, std::vector<Item>, decltype(cmp)> pq(cmp);
-  pq.push({Cost{}, 0});
+  Queue pq(Later{this});
+  pq.push({labels_[0].key, 0});
   int found = -1;
   while (!pq.empty()) {
-    const Item it = pq.top();
+    const int label = pq.top().id;
     pq.pop();
-    if (dead_[it.label]) continue;
-    const int u = labels_[it.label].state;
+    if (dead_[label]) continue;
+    ++expanded_count_;
+    const int u = labels_[label].state;
     if (u == goal_) {
-      found = it.label;
+      found = label;
       break;
     }
     expand_exact(u);
-    price_exchange_if_useful(it.label);
+    price_exchange_if_useful(label);
     for (std::size_t i = 0; i < outs_[u].size(); ++i)
-      if (const int id = offer(it.label, outs_[u][i]); id >= 0) pq.push({labels_[id].cost, id});
+      if (const int id = offer(label, outs_[u][i]); id >= 0) pq.push({labels_[id].key, id});
   }
   if (found < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
+  found_ = labels_[found].cost;
   std::vector<Link> chain;
   for (int l = found; labels_[l].parent >= 0; l = labels_[l].parent)
     chain.push_back(Link{labels_[labels_[l].parent].state, labels_[l].state, labels_[l].edge});
@@ -517,19 +536,22 @@ void Search::price_exchange_if_useful(int label) {
 int Search::offer(int from_label, const Out& o) {
   const int R = P_.ranks;
   const Label& from = labels_[from_label];
-  Label next{o.to, from_label, o.edge, Cost{0, from.cost.time + o.ev.time}, from.total, 0};
+  const State& to = states_[o.to];
+  Label next{o.to, from_label, o.edge, Cost{0, from.cost.time + o.ev.time}, Cost{}, from.total, 0};
   for (int r = 0; r < R; ++r) {
     next.total[r] += o.bytes[r];
     next.cost.bytes = std::max(next.cost.bytes, next.total[r]);
+    next.key.bytes = std::max(next.key.bytes, next.total[r] + to.rest[r]);
     next.sum += next.total[r];
   }
+  next.key.time = next.cost.time + to.rest_time;
   if (o.to == goal_) {
     cands_.push_back(Candidate{next.cost, from.state, o.edge.kind, from_label});
     if (o.edge.kind != StepKind::Exchange) ++considered_;
   }
-  // Keys only grow along a path: one that does not beat a plan found
-  // already cannot lead to a better one.
-  if (!better(next.cost, best_goal_)) return -1;
+  // No plan through this label costs less than its key: one that does not
+  // beat a plan found already cannot lead to a better one.
+  if (!better(next.key, best_goal_)) return -1;
   if (o.to == goal_) best_goal_ = next.cost;
   // Whether a is nowhere worse than b (the totals' maximum and sum first:
   // they rule out most pairs).

@@ -3,6 +3,7 @@
 // their per-rank boxes, the edges between them and the Dijkstra search.
 #include <array>
 #include <cstdint>
+#include <queue>
 #include <span>
 #include <utility>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include "dtensor/core/shape.h"
 #include "dtensor/redistribute/cost_model.h"
 #include "dtensor/redistribute/plan.h"
+#include "dtensor/redistribute/planner.h"
 
 namespace dtensor::planner {
 
@@ -49,6 +51,9 @@ struct Problem {
   std::vector<double> pair_bw, pair_lat;
   double max_bw = 0;  // the fastest of them
   std::vector<int> full_dims_scratch;
+  // Whether the search is guided by Search::bound (A*); off only to compare
+  // against the plain search, which must find plans of the same cost.
+  bool lower_bound = true;
 
   std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
 };
@@ -60,6 +65,14 @@ struct State : RankBoxes {
   // the same non-empty box (-1 for an empty box), and the leaders in order.
   std::vector<int> leader;
   std::vector<int> leaders;
+  // The ranks holding each leader's box, ascending: leaders[i]'s are
+  // holders[holder_start[i] .. holder_start[i + 1]).
+  std::vector<int> holder_start, holders;
+  // The lower bound from here to the goal (Search::bound): per rank the
+  // bytes it must still receive, their largest, and a time.
+  std::vector<std::int64_t> rest;
+  std::int64_t rest_max = 0;
+  double rest_time = 0;
 };
 
 struct Edge {
@@ -119,7 +132,8 @@ class Search {
   using EdgeList = std::vector<std::pair<Edge, Pls>>;
   Search(Problem& problem, const Pls& src, const Pls& dst);
 
-  /// Runs Dijkstra; returns the chain of (from state, to state, edge).
+  /// Runs the search (A* where Problem::lower_bound, else Dijkstra);
+  /// returns the chain of (from state, to state, edge).
   struct Link {
     int from;
     int to;
@@ -138,6 +152,14 @@ class Search {
   int goal() const { return goal_; }
   std::int64_t limit() const { return limit_; }
   const std::vector<Candidate>& candidates() const { return cands_; }
+  /// The cost of the chain run() returned.
+  const Cost& found() const { return found_; }
+  /// A lower bound on the cost of every path from state s to the goal, for
+  /// either objective (zero where Problem::lower_bound is off). See
+  /// planner_bound.cpp for why it never exceeds the true cost.
+  Cost bound(int s) const { return Cost{states_[s].rest_max, states_[s].rest_time}; }
+  /// States (labels, in run_exact) taken from the queue and expanded.
+  std::size_t expanded() const { return expanded_count_; }
   /// The step kinds of the best known path to a settled state, or of the
   /// path of a label of run_exact.
   std::vector<StepKind> path_kinds(int s, int label = -1) const;
@@ -148,6 +170,7 @@ class Search {
  private:
   int intern(const Pls& p);
   void fill_boxes(State& s) const;
+  void fill_bound(State& s) const;
   void fill_leaders(State& s) const;
   bool needs(int r) const { return goal_needs_[r] != 0; }
   /// Every edge out of state s, one function per transition case; each
@@ -166,6 +189,18 @@ class Search {
     Eval ev;
     std::vector<std::int64_t> bytes;
   };
+  // The open list of both searches: ids by key (cost so far plus the
+  // bound), best first.
+  struct Queued {
+    Cost key;
+    int id;
+  };
+  struct Later {
+    const Search* search;
+    bool operator()(const Queued& a, const Queued& b) const { return search->better(b.key, a.key); }
+  };
+  using Queue = std::priority_queue<Queued, std::vector<Queued>, Later>;
+  Cost keyed(const Cost& c, int s) const;
   std::vector<Link> run_exact();
   void expand_exact(int u);
   void price_exchange_if_useful(int label);
@@ -181,12 +216,16 @@ class Search {
   std::vector<std::pair<int, Edge>> pred_;
   std::vector<Candidate> cands_;
   std::size_t considered_ = 0;
+  std::size_t expanded_count_ = 0;
+  bool bounded_ = false;  // the goal is known: new states get their bound
+  Cost found_;
   // run_exact: a path's per-rank totals, its cost, and where it came from.
   struct Label {
     int state;
     int parent;
     Edge edge;
     Cost cost;  // bytes: the largest total
+    Cost key;   // cost plus the state's bound: the queue's order
     std::vector<std::int64_t> total;
     std::int64_t sum;  // of the totals
   };
@@ -197,5 +236,9 @@ class Search {
   std::vector<char> expanded_, exchanged_;
   Cost best_goal_;
 };
+
+/// The request reduced for the search (its layouts validated): the problem
+/// with its objective chosen, and the two ends as compact layouts.
+Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& to, Pls& src, Pls& dst);
 
 }  // namespace dtensor::planner

@@ -31,6 +31,11 @@ struct Scratch {
   Shape mesh, shape;
   Layout from_layout;
   bool from_valid = false;
+  // What `to` was computed for: the lower bound often follows a closed
+  // form that declined the same move.
+  Shape to_shape;
+  Layout to_layout;
+  bool to_valid = false;
   std::vector<int> leader;           // per rank: first rank with the same non-empty source box, or -1
   std::vector<int> leaders;          // those ranks, ascending
   std::vector<std::int64_t> coords;  // ranks*mesh_ndim
@@ -54,6 +59,7 @@ void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std
   if (!std::equal(mesh.begin(), mesh.end(), s.mesh.begin(), s.mesh.end())) {
     s.mesh.assign(mesh.begin(), mesh.end());
     s.from_valid = false;
+    s.to_valid = false;
     s.coords.resize(static_cast<std::size_t>(ranks) * M);
     for (int r = 0, left; r < ranks; ++r) {
       left = r;
@@ -70,6 +76,17 @@ void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std
   s.from_layout = from;
   fill_boxes(s.from, from, mesh, shape, s.coords, static_cast<int>(ranks));
   s.from_valid = true;
+}
+
+// The boxes of `to` in s.to, unless they are there already (after prepare).
+void prepare_target(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+                    const Layout& to, int ranks) {
+  if (s.to_valid && s.to_layout == to && std::equal(shape.begin(), shape.end(), s.to_shape.begin(), s.to_shape.end()))
+    return;
+  s.to_shape.assign(shape.begin(), shape.end());
+  s.to_layout = to;
+  fill_boxes(s.to, to, mesh, shape, s.coords, ranks);
+  s.to_valid = true;
 }
 
 // Shard dim of mesh dim m resolved against nd tensor dims; -1 if m does not shard.
@@ -283,7 +300,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
   }
   Scratch& s = scratch();
   prepare(s, mesh, shape, from, false);
-  fill_boxes(s.to, to, mesh, shape, s.coords, R);
+  prepare_target(s, mesh, shape, to, R);
   const Move mv{mesh, shape, from, to, cost, M, nd, R, static_cast<std::int64_t>(itemsize(dtype)), differ, ndiffer, s};
 
   if (to.has_partial()) return to_partial(mv, partial->op);
@@ -322,7 +339,7 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   }
   Scratch& s = scratch();
   prepare(s, mesh, shape, from, true);
-  fill_boxes(s.to, to, mesh, shape, s.coords, R);
+  prepare_target(s, mesh, shape, to, R);
   std::int64_t most_lacking = 0;
   for (int r = 0; r < R; ++r)
     if (!holds_zeros(to, std::span(s.coords.data() + static_cast<std::size_t>(r) * M, M)))
@@ -344,7 +361,7 @@ std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh
   if (!q || (q->op == ReduceOp::Avg && !is_floating(dtype))) return std::nullopt;
   Scratch& s = scratch();
   prepare(s, mesh, shape, layout, false);
-  fill_boxes(s.to, layout, mesh, shape, s.coords, R);
+  prepare_target(s, mesh, shape, layout, R);
   const std::int64_t n = mesh[mesh_dim], isz = static_cast<std::int64_t>(itemsize(dtype));
   std::int64_t busiest = 0;
   for (int r = 0; r < R; ++r)

@@ -25,12 +25,26 @@ struct PlanRequest {
   std::size_t hash() const;
 };
 
-/// Searches over intermediate layouts (Dijkstra) with per-mesh-dim and
+/// Searches over intermediate layouts (A*: guided by a lower bound on the
+/// cost still to come) with per-mesh-dim and
 /// per-group collectives, local steps, and a direct Exchange. Validates the
 /// request (LayoutError / ShapeError naming the bad value). Rejects
 /// Partial(op1) -> Partial(op2) on the same mesh dim and Shard -> Partial
 /// without a reduction in between only where no plan exists.
 Plan plan_redistribute(const PlanRequest& request);
+
+/// How one search went, for tests and benchmarks: the layouts it reached
+/// and how many it took from its queue and expanded (paths, for a Partial
+/// source ranked by bytes).
+struct PlanSearchStats {
+  std::size_t states = 0;
+  std::size_t expanded = 0;
+};
+
+/// plan_redistribute with the search's lower bound (A*) on, as there, or
+/// off (a plain Dijkstra search): a plan of the same cost either way, off
+/// expanding more states. Fills `stats` where given.
+Plan plan_redistribute(const PlanRequest& request, bool lower_bound, PlanSearchStats* stats = nullptr);
 
 /// The plan from the calling thread's cache (computed on a miss). A hit
 /// costs a hash and a compare of the request: well under a microsecond.
