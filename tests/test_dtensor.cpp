@@ -95,6 +95,21 @@ BOOST_AUTO_TEST_CASE(replicate_to_shard_is_local_chunk) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(moved_from_dtensor_reads_as_empty) {
+  // Outputs share their layout and shape through one pointer; a moved-from
+  // DTensor must still answer its accessors (empty), not dereference null.
+  BOOST_CHECK_NO_THROW(run_threads(2, [](Communicator& comm) {
+    DeviceMesh mesh(comm, {2});
+    DTensor a = DTensor::from_local(Tensor::ones({4, 3}), mesh, Layout::parse("S(0)"));
+    DTensor b = std::move(a);
+    if (b.placements() != Layout::parse("S(0)") || b.shape() != Shape{8, 3})
+      throw Error(fmt::format("moved-to DTensor reads {} {}", b.placements(), fmt::join(b.shape(), "x")));
+    // NOLINTNEXTLINE(bugprone-use-after-move): reading a moved-from object is the point
+    if (a.placements().mesh_ndim() != 0 || !a.shape().empty() || a.dim() != 0)
+      throw Error(fmt::format("moved-from DTensor reads {} with {} dims", a.placements(), a.dim()));
+  }));
+}
+
 BOOST_AUTO_TEST_CASE(partial_to_replicate_is_one_all_reduce) {
   // A rank's Error fails the case through run_threads' RankFailed.
   BOOST_CHECK_NO_THROW(run_threads(4, [](Communicator& comm) {

@@ -105,6 +105,11 @@ DTensor DTensor::redistribute(const Layout& placements) const {
 
 Tensor DTensor::full_tensor() const { return redistribute(Layout::replicated(mesh_.ndim())).to_local(); }
 
+const ShardedMeta& DTensor::empty_meta() {
+  static const ShardedMeta empty{};
+  return empty;
+}
+
 DTensor DTensor::with_cost_model(CostModel cost) const { return DTensor(local_, mesh_, meta_, std::move(cost)); }
 
 DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layout& placements, int src_rank) {

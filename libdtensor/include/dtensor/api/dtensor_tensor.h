@@ -39,9 +39,9 @@ class DTensor {
   /// The plan redistribute() would run.
   const Plan& plan_to(const Layout& placements) const;
 
-  const Layout& placements() const { return meta_->layout; }
-  const Shape& shape() const { return meta_->global_shape; }
-  int dim() const { return static_cast<int>(meta_->global_shape.size()); }
+  const Layout& placements() const { return meta().layout; }
+  const Shape& shape() const { return meta().global_shape; }
+  int dim() const { return static_cast<int>(meta().global_shape.size()); }
   DType dtype() const { return local_.dtype(); }
   const DeviceMesh& mesh() const { return mesh_; }
   /// The box of the global tensor this rank holds.
@@ -59,10 +59,13 @@ class DTensor {
   DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost);
   Tensor local_;
   DeviceMesh mesh_;
-  // Layout and global shape, immutable and shared (never null): copies and
-  // the outputs of one propagation-cache entry point at the same one, so
-  // that neither copies vectors.
+  // Layout and global shape, immutable and shared: copies and the outputs of
+  // one propagation-cache entry point at the same one, so that neither
+  // copies vectors. Null only in a moved-from DTensor, which then reads as
+  // empty (no placements, 0-d), as it did when these were plain members.
   std::shared_ptr<const ShardedMeta> meta_;
+  const ShardedMeta& meta() const { return meta_ ? *meta_ : empty_meta(); }
+  static const ShardedMeta& empty_meta();
   CostModel cost_;
 };
 
