@@ -29,8 +29,8 @@ constexpr std::size_t kInlineDims = 12;
 constexpr std::size_t kMemcpyMinBytes = 128;
 
 // The edge of a square tile, in elements, and the strips that tiles go in,
-// for the transposes that transpose_plane does not take (a stride other
-// than 1 on the fast side): the same blocking as there.
+// for the rare transposes that transpose_plane does not take (a stride
+// other than 1 on a fast side): plain loops, so only the cache blocking.
 template <class T>
 constexpr std::int64_t kTileEdge = 128 / static_cast<std::int64_t>(sizeof(T));
 constexpr std::int64_t kStrip = 256;
