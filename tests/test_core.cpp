@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,11 @@
 #include "dtensor/core/tensor.h"
 #include "libdtensor/core/host_blocks.h"
 #include "libdtensor/core/strided_copy.h"
+#ifdef DTENSOR_TEST_HIGHWAY
+// The targets the library's transpose_plane.cpp is compiled for.
+#define HWY_DISABLED_TARGETS HWY_AVX3_DL
+#include <hwy/targets.h>
+#endif
 
 using namespace dtensor;
 using dtensor::testing::check_throws;
@@ -389,8 +395,11 @@ BOOST_AUTO_TEST_CASE(matches_the_element_by_element_copy, *boost::unit_test::tim
   }
 }
 
-BOOST_AUTO_TEST_CASE(transposes_of_every_element_size_hit_full_and_partial_tiles) {
-  // Larger planes than the random cases: many full tiles plus ragged edges.
+namespace {
+
+// Transposes of every element size, larger planes than the random cases:
+// many full tiles plus ragged edges. `where` names the SIMD target.
+void check_transposes(std::string_view where) {
   for (std::size_t is : {1, 2, 4, 8})
     for (Shape size : {Shape{129, 200}, Shape{3, 67, 130}, Shape{64, 64}, Shape{260, 300}}) {
       const int nd = static_cast<int>(size.size());
@@ -405,8 +414,63 @@ BOOST_AUTO_TEST_CASE(transposes_of_every_element_size_hit_full_and_partial_tiles
       cpu::copy_strided(src.data(), ss, fast.data(), ds, size, is);
       cpu::copy_strided_reference(src.data(), ss, slow.data(), ds, size, is);
       const bool same = fast == slow;
-      BOOST_TEST(same, fmt::format("transpose of size [{}], {}-byte elements", fmt::join(size, ","), is));
+      BOOST_TEST(same, fmt::format("{}: transpose of size [{}], {}-byte elements", where, fmt::join(size, ","), is));
     }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(transposes_of_every_element_size_hit_full_and_partial_tiles) { check_transposes("best target"); }
+
+#ifdef DTENSOR_TEST_HIGHWAY
+BOOST_AUTO_TEST_CASE(transposes_on_every_simd_target_the_cpu_has) {
+  // The transposes are compiled once per SIMD target (16-, 32- and 64-byte
+  // vectors on x86-64) and the CPU's best is chosen at run time; here each
+  // target this CPU can run takes its turn.
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    check_transposes(hwy::TargetName(target));
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+#endif
+
+BOOST_AUTO_TEST_CASE(large_transposes_take_the_streaming_path, *boost::unit_test::timeout(120)) {
+  // Outputs of 4 MiB and more are written with non-temporal stores, which
+  // need aligned rows: odd sizes (ragged tiles on both edges), destinations
+  // one element off alignment and padded destination rows (every row
+  // aligned differently), around planes of a batch too.
+  const std::uint64_t seed = 20261202;
+  std::mt19937_64 rng(seed);
+  for (std::size_t is : {1, 2, 4, 8}) {
+    const std::int64_t rows = 1031, cols = static_cast<std::int64_t>((std::size_t{4} << 20) / is) / rows + 5;
+    for (Shape size : {Shape{rows, cols}, Shape{3, cols / 3 + 1, rows}})
+      for (std::int64_t dst_offset : {0, 1})
+        for (std::int64_t pad : {0, 3}) {
+          const int nd = static_cast<int>(size.size());
+          Shape src_shape = size;
+          std::swap(src_shape[nd - 1], src_shape[nd - 2]);
+          Shape ss = row_major_strides(src_shape);
+          std::swap(ss[nd - 1], ss[nd - 2]);
+          Shape dst_shape = size;
+          dst_shape[nd - 1] += pad;
+          const Shape ds = row_major_strides(dst_shape);
+          const auto n = static_cast<std::size_t>(numel(size)), m = static_cast<std::size_t>(numel(dst_shape));
+          std::vector<std::byte> src(n * is), fast((m + 1) * is), slow;
+          for (auto& b : src) b = static_cast<std::byte>(rng());
+          for (auto& b : fast) b = static_cast<std::byte>(rng());
+          slow = fast;
+          cpu::copy_strided(src.data(), ss, fast.data() + dst_offset * static_cast<std::int64_t>(is), ds, size, is);
+          cpu::copy_strided_reference(src.data(), ss, slow.data() + dst_offset * static_cast<std::int64_t>(is), ds,
+                                      size, is);
+          const auto diff = std::mismatch(fast.begin(), fast.end(), slow.begin());
+          const bool same = diff.first == fast.end();
+          BOOST_TEST(same, fmt::format("seed {}: transpose of size [{}] into rows padded by {} at offset {}, {}-byte "
+                                       "elements: first wrong byte {} of {}",
+                                       seed, fmt::join(size, ","), pad, dst_offset, is, diff.first - fast.begin(),
+                                       fast.size()));
+        }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(zero_dims_and_bad_element_sizes) {

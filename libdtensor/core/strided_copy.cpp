@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/core/error.h"
+#include "libdtensor/core/transpose_plane.h"
 
 namespace dtensor::cpu {
 namespace {
@@ -27,17 +28,18 @@ constexpr std::size_t kInlineDims = 12;
 // memcpy costs more than moving them.
 constexpr std::size_t kMemcpyMinBytes = 128;
 
-// The edge of a square tile, in elements, and the strips that tiles go in
-// (kStrip rows of the destination-contiguous dim). A tile's row is two cache
-// lines on each side; within a strip the pages of its source rows stay in the
-// TLB (a source row is often a page of its own). Measured on 4096x1024
-// transposes of 4- and 2-byte elements (edges of 8 to 128 elements, strips of
-// 16 to 1024 rows, one thread's CPU time): these were best for both, at about
-// 0.45 of memcpy; a tiled memcpy with the same access pattern is no faster,
-// so the pattern, not the shuffles, is the limit there.
+// The edge of a square tile, in elements, and the strips that tiles go in,
+// for the rare transposes that transpose_plane does not take (a stride
+// other than 1 on a fast side): plain loops, so only the cache blocking.
 template <class T>
 constexpr std::int64_t kTileEdge = 128 / static_cast<std::int64_t>(sizeof(T));
 constexpr std::int64_t kStrip = 256;
+
+// From this many bytes of output on, the transposes' destination is written
+// with non-temporal stores: it will not stay in L2 anyway, and a plain store
+// would first read each line in. Below it the output stays in cache for
+// whatever reads it next. The size at which the pointwise kernels stream too.
+constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
 
 // Calls fn(src_offset, dst_offset) for every index of `dims` (outermost first).
 template <class Fn>
@@ -64,62 +66,18 @@ void copy_row(const T* s, std::int64_t ss, T* d, std::int64_t ds, std::int64_t n
   }
 }
 
-// A block of kLanes x kLanes elements transposed in registers: one 16-byte
-// vector per row, log2(kLanes) rounds of interleaving (each round pairs row i
-// with row i + kLanes/2), which every SIMD ISA has as an instruction and the
-// compiler's generic vectors lower to (SSE2's unpack on x86-64, zip on Arm).
-template <class T>
-struct Block {
-  static constexpr int kLanes = 16 / static_cast<int>(sizeof(T));
-  typedef T Vec __attribute__((vector_size(16)));
-
-  template <int... J>
-  static Vec interleave_low(Vec x, Vec y, std::integer_sequence<int, J...>) {
-    return __builtin_shufflevector(x, y, (J % 2 ? kLanes + J / 2 : J / 2)...);
-  }
-  template <int... J>
-  static Vec interleave_high(Vec x, Vec y, std::integer_sequence<int, J...>) {
-    return __builtin_shufflevector(x, y, (J % 2 ? kLanes + kLanes / 2 + J / 2 : kLanes / 2 + J / 2)...);
-  }
-
-  // d[i * ds + j] = s[j * ss + i] for i, j < kLanes.
-  static void transpose(const T* s, std::int64_t ss, T* d, std::int64_t ds) {
-    Vec row[kLanes], next[kLanes];
-    for (int j = 0; j < kLanes; ++j) std::memcpy(&row[j], s + j * ss, sizeof(Vec));
-    constexpr auto lanes = std::make_integer_sequence<int, kLanes>{};
-    for (int round = 1; round < kLanes; round *= 2) {
-      for (int i = 0; i < kLanes / 2; ++i) {
-        next[2 * i] = interleave_low(row[i], row[i + kLanes / 2], lanes);
-        next[2 * i + 1] = interleave_high(row[i], row[i + kLanes / 2], lanes);
-      }
-      std::memcpy(row, next, sizeof(row));
-    }
-    for (int i = 0; i < kLanes; ++i) std::memcpy(d + i * ds, &row[i], sizeof(Vec));
-  }
-};
-
-// A full tile of the common transpose (unit source stride along a, unit
-// destination stride along b), through a buffer on the stack: each source
-// row is read whole and each destination row written whole, so the tile's
-// rows, whose power-of-two strides map them to one cache set, are never
-// evicted half used.
-template <class T>
-void full_tile(const T* s, std::int64_t sb, T* d, std::int64_t da) {
-  constexpr std::int64_t kEdge = kTileEdge<T>, kLanes = Block<T>::kLanes;
-  static_assert(kEdge % kLanes == 0);
-  alignas(64) T tile[kEdge * kEdge];
-  for (std::int64_t b = 0; b < kEdge; b += kLanes)
-    for (std::int64_t a = 0; a < kEdge; a += kLanes)
-      Block<T>::transpose(s + a + b * sb, sb, tile + a * kEdge + b, kEdge);
-  for (std::int64_t a = 0; a < kEdge; ++a) std::memcpy(d + a * da, tile + a * kEdge, sizeof(T) * kEdge);
-}
-
 // The plane of dims a (the fastest on the source) and b (the fastest on the
-// destination), tile by tile, in strips of kStrip along b.
+// destination), tile by tile, in strips of kStrip along b. With unit strides
+// on the fast sides (nearly every transpose and permute) transpose_plane
+// does it with vectors.
 template <class T>
-void copy_plane(const T* s, T* d, const Dim& a, const Dim& b) {
+void copy_plane(const T* s, T* d, const Dim& a, const Dim& b, bool stream) {
+  if (a.src == 1 && b.dst == 1) {
+    transpose_plane(reinterpret_cast<const std::byte*>(s), b.src, reinterpret_cast<std::byte*>(d), a.dst, a.size,
+                    b.size, sizeof(T), stream);
+    return;
+  }
   constexpr std::int64_t kEdge = kTileEdge<T>;
-  const bool unit = a.src == 1 && b.dst == 1;
   for (std::int64_t b00 = 0; b00 < b.size; b00 += kStrip) {
     const std::int64_t b_end = std::min(b.size, b00 + kStrip);
     for (std::int64_t a0 = 0; a0 < a.size; a0 += kEdge) {
@@ -128,10 +86,6 @@ void copy_plane(const T* s, T* d, const Dim& a, const Dim& b) {
         const std::int64_t nb = std::min(kEdge, b_end - b0);
         const T* st = s + a0 * a.src + b0 * b.src;
         T* dt = d + a0 * a.dst + b0 * b.dst;
-        if (unit && na == kEdge && nb == kEdge) {
-          full_tile(st, b.src, dt, a.dst);
-          continue;
-        }
         for (std::int64_t i = 0; i < na; ++i) copy_row(st + i * a.src, b.src, dt + i * a.dst, b.dst, nb);
       }
     }
@@ -170,7 +124,10 @@ void copy_typed(const T* src, T* dst, std::span<Dim> dims) {
   std::size_t r = 0;
   for (std::size_t i = 0; i + 1 < n; ++i)
     if (i != fast) rest[r++] = dims[i];
-  auto plane = [&](std::int64_t s, std::int64_t d) { copy_plane(src + s, dst + d, a, inner); };
+  std::int64_t bytes = static_cast<std::int64_t>(sizeof(T));
+  for (const Dim& dim : dims) bytes *= dim.size;
+  const bool stream = bytes >= kStreamBytes;
+  auto plane = [&](std::int64_t s, std::int64_t d) { copy_plane(src + s, dst + d, a, inner, stream); };
   walk(rest, r, 0, 0, plane);
 }
 

@@ -19,8 +19,9 @@ namespace dtensor::cpu {
 /// Dims of size 1 are dropped and dims that stay contiguous on both sides
 /// are merged; then a unit-stride innermost dim is copied by memcpy, a swap
 /// of the fastest source dim and the fastest destination dim (a transpose
-/// or permute) goes tile by tile so that both sides stay in cache, and the
-/// rest is a plain strided loop.
+/// or permute) goes tile by tile so that both sides stay in cache (with unit
+/// strides there, transpose_plane.h: SIMD blocks, and non-temporal stores for
+/// outputs of 4 MiB and more), and the rest is a plain strided loop.
 void copy_strided(const std::byte* src, std::span<const std::int64_t> src_strides, std::byte* dst,
                   std::span<const std::int64_t> dst_strides, std::span<const std::int64_t> shape, std::size_t itemsize);
 
