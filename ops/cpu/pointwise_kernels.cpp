@@ -176,19 +176,19 @@ constexpr std::int64_t kHalfBlock = 1024;
 
 template <class H>
 void widen_block(const H* x, float* y, std::int64_t n) {
-  if constexpr (std::is_same_v<H, bfloat16>) {
-    vmath::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(x), y, n);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
-  }
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(x);
+  if constexpr (std::is_same_v<H, bfloat16>)
+    vmath::bf16_to_f32(bits, y, n);
+  else
+    vmath::f16_to_f32(bits, y, n);
 }
 template <class H>
 void round_block(const float* x, H* y, std::int64_t n) {
-  if constexpr (std::is_same_v<H, bfloat16>) {
-    vmath::f32_to_bf16(x, reinterpret_cast<std::uint16_t*>(y), n);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = H(x[i]);
-  }
+  auto* bits = reinterpret_cast<std::uint16_t*>(y);
+  if constexpr (std::is_same_v<H, bfloat16>)
+    vmath::f32_to_bf16(x, bits, n);
+  else
+    vmath::f32_to_f16(x, bits, n);
 }
 
 // Calls f(i, m) for each block [i, i + m) of n elements.

@@ -32,6 +32,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "dtensor/core/half.h"
 #include "ops/cpu/vector_math.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -465,6 +466,41 @@ HWY_NOINLINE void F32ToBf16(const float* x, std::uint16_t* y, std::int64_t n) {
   }
 }
 
+// f16 <-> f32 likewise, with the hardware's conversions where Highway has
+// them (F16C, on its AVX2 and AVX-512 targets; the others convert one value
+// at a time, as float16 does). The hardware rounds to nearest even as
+// float16(float) does; only NaN differs (it keeps the payload), so NaN
+// lanes are first made the quiet NaN that converts to float16's +-0x7e00.
+HWY_NOINLINE void F16ToF32(const std::uint16_t* x, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(x + i))), df, y + i);
+#endif
+  for (; i < n; ++i) y[i] = static_cast<float>(float16::from_bits(x[i]));
+}
+
+HWY_NOINLINE void F32ToF16(const float* x, std::uint16_t* y, std::int64_t n) {
+  std::int64_t i = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto sign = hn::Set(du, 0x80000000u), quiet = hn::Set(du, 0x7fc00000u);
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(df, x + i);
+    const auto canonical = hn::BitCast(df, hn::Or(hn::And(hn::BitCast(du, v), sign), quiet));
+    hn::StoreU(hn::DemoteTo(dh, hn::IfThenElse(hn::IsNaN(v), canonical, v)), dh,
+               reinterpret_cast<hwy::float16_t*>(y + i));
+  }
+#endif
+  for (; i < n; ++i) y[i] = float16(x[i]).bits;
+}
+
 }  // namespace dtensor::cpu::vmath::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -481,6 +517,8 @@ HWY_EXPORT(ExpSubAccumulateF32);
 HWY_EXPORT(ExpSubAccumulateF64);
 HWY_EXPORT(Bf16ToF32);
 HWY_EXPORT(F32ToBf16);
+HWY_EXPORT(F16ToF32);
+HWY_EXPORT(F32ToF16);
 
 void apply(Fn fn, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF32)(fn, x, y, n); }
 void apply(Fn fn, const double* x, double* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF64)(fn, x, y, n); }
@@ -505,6 +543,9 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
 
 void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(Bf16ToF32)(x, y, n); }
 void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16)(x, y, n); }
+
+void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F16ToF32)(x, y, n); }
+void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(x, y, n); }
 
 const char* target_name() {
   // The best target is the lowest bit set of those compiled in and supported.

@@ -37,6 +37,10 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
 /// rounding (nearest even, NaN kept a quiet NaN), bit for bit.
 void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
 void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
+/// f16 likewise: to f32 exactly (a NaN stays a NaN of the same sign), and
+/// back with float16(float)'s rounding, bit for bit.
+void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
+void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n);
 
 /// The SIMD target the dispatch chooses on this CPU ("AVX3", "AVX2", ...).
 const char* target_name();

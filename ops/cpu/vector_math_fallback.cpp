@@ -5,6 +5,7 @@
 #include <cstring>
 #include <cstdint>
 
+#include "dtensor/core/half.h"
 #include "vector_math.h"
 
 namespace dtensor::cpu::vmath {
@@ -87,6 +88,12 @@ void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
     const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     y[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
   }
+}
+void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(float16::from_bits(x[i]));
+}
+void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = float16(x[i]).bits;
 }
 const char* target_name() { return "none (built without Highway)"; }
 void for_each_target(const std::function<void()>& fn) { fn(); }
