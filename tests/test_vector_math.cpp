@@ -3,7 +3,9 @@
 // seeded random inputs across each function's range plus edge values (+-0,
 // +-inf, NaN, the largest and smallest normals, subnormals, and the
 // saturation and overflow ends), with a bound in ULP per function and dtype.
-// Then the ops themselves through call_op, f32, f64 and bf16.
+// Then the ops themselves through call_op, f32, f64 and bf16; and bf16/f16
+// pointwise ops (computed in f32 blocks) bit for bit against widening whole
+// tensors, and moves of bf16/f16 keeping their bits.
 //
 // ULP here: |y - ref| / the spacing of T at |ref| (at least the smallest
 // subnormal, so subnormal results count in units of it). A NaN reference
