@@ -17,9 +17,10 @@ DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f
           "i64": torch.int64}
 
 
+# dtype: the row's name ("f32") or, as kernels_torch.py passes it, a torch dtype.
 def _rand(shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.rand(*shape, generator=g, dtype=torch.float32).to(DTYPES[dtype])
+    return torch.rand(*shape, generator=g, dtype=torch.float32).to(DTYPES.get(dtype, dtype))
 
 
 def _transpose01(shape, dtype):
@@ -30,7 +31,7 @@ def _transpose01(shape, dtype):
 def _transpose01_into(shape, dtype):
     # The "[kernel]" row: the copy alone into an output made once (no allocation).
     x = _rand(shape, dtype, 9)
-    out = torch.empty(shape[1], shape[0], dtype=DTYPES[dtype])
+    out = torch.empty(shape[1], shape[0], dtype=DTYPES.get(dtype, dtype))
     return lambda: out.copy_(x.transpose(0, 1))
 
 

@@ -33,6 +33,15 @@ double exp_sub_sum(const double* x, double m, double* y, std::int64_t n);
 void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n);
 void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n);
 
+/// bf16 (as its bits) to f32, exactly; and f32 to bf16 with bfloat16(float)'s
+/// rounding (nearest even, NaN kept a quiet NaN), bit for bit.
+void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
+void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
+/// f16 likewise: to f32 exactly (a NaN stays a NaN of the same sign), and
+/// back with float16(float)'s rounding, bit for bit.
+void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
+void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n);
+
 /// The SIMD target the dispatch chooses on this CPU ("AVX3", "AVX2", ...).
 const char* target_name();
 

@@ -2,8 +2,10 @@
 // time): the same functions as plain loops over the std:: functions, which
 // the compiler vectorises only for the cheap ones.
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 
+#include "dtensor/core/half.h"
 #include "vector_math.h"
 
 namespace dtensor::cpu::vmath {
@@ -72,6 +74,26 @@ void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std:
 }
 void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n) {
   exp_sub_accumulate_t(x, m, y, s, n);
+}
+void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t u = static_cast<std::uint32_t>(x[i]) << 16;
+    std::memcpy(y + i, &u, sizeof u);
+  }
+}
+void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, x + i, sizeof u);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    y[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+  }
+}
+void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(float16::from_bits(x[i]));
+}
+void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = float16(x[i]).bits;
 }
 const char* target_name() { return "none (built without Highway)"; }
 void for_each_target(const std::function<void()>& fn) { fn(); }

@@ -32,7 +32,7 @@ Tensor run_kernel(const OpDef& op, const KernelArgs& args) {
   if (!kernel)
     throw UnsupportedError(fmt::format("[{}] has no {} kernel{}", op.name, device,
                                        device == Device::CUDA && !cuda::built() ? " (this build has no CUDA)" : ""));
-  if (device != Device::CPU) return kernel(args);
+  if (device != Device::CPU || op.cpu_handles_half) return kernel(args);
   bool widen = is_half(args.output.dtype);
   for (std::size_t i = 0; i < n; ++i) widen = widen || is_half(args.inputs[i].dtype());
   if (!widen) return kernel(args);

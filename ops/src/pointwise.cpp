@@ -205,6 +205,7 @@ void add_unary(OpRegistry& reg, const UnarySpec& spec) {
     return pointwise_strategy(q, unary_rules(alg, scalar_of(name, scalar, q.attrs)));
   };
   def.prefer_kept_layouts = true;
+  def.cpu_handles_half = true;  // pointwise::unary converts in blocks
   const Unary fn = spec.fn;
   device::bind_kernels(def, [fn, name, scalar](const device::Kernels& k) {
     return [&k, fn, name, scalar](const KernelArgs& a) {
@@ -228,6 +229,7 @@ void add_binary(OpRegistry& reg, BinarySpec spec) {
   };
   def.dim_strategy = [rules = std::move(spec.rules)](const StrategyQuery& q) { return pointwise_strategy(q, rules); };
   def.prefer_kept_layouts = true;
+  def.cpu_handles_half = true;  // pointwise::binary converts in blocks
   const Binary fn = spec.fn;
   device::bind_kernels(def, [fn](const device::Kernels& k) {
     return [&k, fn](const KernelArgs& a) { return k.binary(fn, a.inputs[0], a.inputs[1], a.output_box.size); };

@@ -123,9 +123,12 @@ KernelMaker any_device(Kernel kernel) {
   return [kernel = std::move(kernel)](const device::Kernels&) { return kernel; };
 }
 
+// moves_only: the kernel only moves elements (views, copies, gathers), so it
+// takes bf16/f16 as they are (OpDef::cpu_handles_half).
 void add_op(OpRegistry& reg, std::string name, int num_inputs, std::string doc, MetaFn meta, RuleFn rule,
-            const KernelMaker& kernel) {
+            const KernelMaker& kernel, bool moves_only = true) {
   OpDef def;
+  def.cpu_handles_half = moves_only;
   def.name = std::move(name);
   def.num_inputs = num_inputs;
   def.doc = std::move(doc);
@@ -444,7 +447,7 @@ void register_shape_ops(OpRegistry& reg) {
         r.linear = is_floating(in[0].dtype) && is_floating(attrs.get<ToAttrs>("to").dtype);
         return r;
       },
-      to_kernel);
+      to_kernel, /*moves_only=*/false);
 }
 
 }  // namespace dtensor

@@ -100,6 +100,10 @@ struct OpDef {
   /// which dispatch reports as UnsupportedError naming the op and the device.
   Kernel cpu_kernel;
   Kernel cuda_kernel;
+  /// The CPU kernel takes bf16/f16 tensors as they are (it only moves
+  /// values, or converts in blocks itself); otherwise dispatch widens each
+  /// such input to f32 around it and rounds the output back.
+  bool cpu_handles_half = false;
   /// One line for people (explain mode, errors).
   std::string doc;
 
