@@ -22,7 +22,9 @@ namespace {
 // baseline, picked when the library loads (GCC's target_clones): SSE2 has
 // no 32-to-16-bit pack, and its loop (0.55 ns an element on 64x4096) cost
 // as much as the vectorised gelu it rounds the output of (0.17 ns with it).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// Not under ThreadSanitizer: the clones' ifunc resolver runs while the
+// loader relocates the library, before TSan's runtime is up, and crashes it.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void floats_to_bf16(const float* src, bfloat16* dst, std::int64_t n) {
