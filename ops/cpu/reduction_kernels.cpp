@@ -7,6 +7,7 @@
 
 #include <Eigen/Core>
 
+#include "libdtensor/core/strided_copy.h"
 #include "vector_math.h"
 
 namespace dtensor::cpu {
@@ -241,7 +242,16 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
     if constexpr (std::is_floating_point_v<T>) {
       const T* xp = x.data_as<T>();
       T* yp = out.data_as<T>();
-      std::vector<T> m(static_cast<std::size_t>(a.inner)), s(static_cast<std::size_t>(a.inner));
+      // Every slice is softmaxed as one contiguous row, whatever its stride:
+      // a plane [n, inner] is transposed to [inner, n] first and back after.
+      // The row's sum is added in SIMD lanes, so one summation order for all
+      // strides keeps a sharded softmax bit-equal to the unsharded one, where
+      // sharding a dim after `dim` turns inner > 1 into inner == 1.
+      std::vector<T> rows(a.inner == 1 ? 0 : static_cast<std::size_t>(a.n * a.inner)), out_rows(rows.size());
+      const std::int64_t plane[] = {a.n, a.inner};
+      const std::int64_t by_row[] = {a.inner, 1}, by_column[] = {1, a.n};
+      const auto bytes = [](const T* p) { return reinterpret_cast<const std::byte*>(p); };
+      const auto bytes_out = [](T* p) { return reinterpret_cast<std::byte*>(p); };
       for (std::int64_t q = 0; q < a.outer; ++q) {
         const T* base = xp + q * a.n * a.inner;
         T* ybase = yp + q * a.n * a.inner;
@@ -249,21 +259,10 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
           softmax_row(base, ybase, a.n, log);
           continue;
         }
-        std::fill(m.begin(), m.end(), lowest<T>());
-        std::fill(s.begin(), s.end(), T(0));
-        for (std::int64_t r = 0; r < a.n; ++r)
-          for (std::int64_t j = 0; j < a.inner; ++j) m[j] = std::max(m[j], base[r * a.inner + j]);
-        for (std::int64_t r = 0; r < a.n; ++r)
-          vmath::exp_sub_accumulate(base + r * a.inner, m.data(), ybase + r * a.inner, s.data(), a.inner);
-        if (log) {
-          for (std::int64_t j = 0; j < a.inner; ++j) s[j] = m[j] + std::log(s[j]);
-          for (std::int64_t r = 0; r < a.n; ++r)
-            for (std::int64_t j = 0; j < a.inner; ++j) ybase[r * a.inner + j] = base[r * a.inner + j] - s[j];
-        } else {
-          for (std::int64_t j = 0; j < a.inner; ++j) s[j] = T(1) / s[j];
-          for (std::int64_t r = 0; r < a.n; ++r)
-            for (std::int64_t j = 0; j < a.inner; ++j) ybase[r * a.inner + j] *= s[j];
-        }
+        cpu::copy_strided(bytes(base), by_row, bytes_out(rows.data()), by_column, plane, sizeof(T));
+        for (std::int64_t j = 0; j < a.inner; ++j)
+          softmax_row(rows.data() + j * a.n, out_rows.data() + j * a.n, a.n, log);
+        cpu::copy_strided(bytes(out_rows.data()), by_column, bytes_out(ybase), by_row, plane, sizeof(T));
       }
     }
   });
