@@ -19,6 +19,7 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -48,10 +49,14 @@ const char* core_for_this_cpu() {
   return nullptr;
 }
 
-/// Whether a core OpenBLAS runs uses narrower vectors than the CPU has.
-bool narrower_than_cpu(const std::string& core) {
-  const bool avx512 = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
-  const bool avx2 = avx512 || core == "Haswell" || core == "Zen";
+/// Whether a core OpenBLAS runs uses narrower vectors than the CPU has. A
+/// DYNAMIC_ARCH build names its core in mixed case ("SkylakeX"), a build for
+/// one target in upper case ("SKYLAKEX"): compared without case.
+bool narrower_than_cpu(std::string core) {
+  __builtin_cpu_init();
+  for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool avx512 = core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+  const bool avx2 = avx512 || core == "haswell" || core == "zen";
   if (has_avx512_for_skylakex()) return !avx512;
   if (has_avx2_fma()) return !avx2;
   return false;
