@@ -248,10 +248,10 @@ std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_
     }
   }
   const std::size_t considered = std::max<std::size_t>(search.considered(), 1);
-  // A layout reached but never expanded was ruled out by the search's lower
-  // bound, and with it every plan through it.
+  // A layout reached but never expanded could not lead to a cheaper plan
+  // (by its cost so far, plus the search's lower bound where it has one).
   if (considered == 1 && search.num_states() > search.expanded())
-    return "; cheapest of all plans (a lower bound ruled out the others unexplored)";
+    return "; cheapest of all plans (the others could not cost less and were left unexplored)";
   if (considered == 1) return "; the only plan found";
   if (!next || !best) return fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
   std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);

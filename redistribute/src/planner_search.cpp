@@ -404,26 +404,52 @@ std::vector<Search::Link> Search::run() {
   // A*: states leave the queue by cost so far plus their bound, which is
   // consistent (planner_bound.cpp), so a state's cost is final when it
   // leaves, as in Dijkstra's search (the bound off).
+  //
+  // Once the goal leaves, the search goes on a little to find the runner-up
+  // the plan's reason names (the best complete plan whose last step differs):
+  // until no state left in the queue could lead to a cheaper one, within a
+  // budget of expansions; nothing it finds changes the chosen plan.
+  bool goal_done = false;
+  std::size_t runner_budget = 0;
+  Cost runner = unreached;
+  std::size_t runner_seen = 0;  // candidates already compared with the runner-up
+  auto note_runner = [&] {
+    for (; runner_seen < cands_.size(); ++runner_seen) {
+      const Candidate& c = cands_[runner_seen];
+      const bool chosen = c.pred == pred_[goal_].first && c.last == pred_[goal_].second.kind;
+      if (!chosen && better(c.cost, runner)) runner = c.cost;
+    }
+  };
   while (!pq.empty()) {
-    const int u = pq.top().id;
+    const Queued top = pq.top();
     pq.pop();
+    const int u = top.id;
     if (done[u]) continue;
+    if (goal_done) {
+      note_runner();
+      if (!better(top.key, runner) || runner_budget-- == 0) break;
+    }
     done[u] = 1;
-    ++expanded_count_;
-    if (u == goal_) break;
+    if (!goal_done) ++expanded_count_;
+    if (u == goal_) {
+      goal_done = true;
+      runner_budget = std::max<std::size_t>(16, expanded_count_);
+      continue;
+    }
     out_edges.clear();
     edges(u, out_edges);
     for (const auto& [e, tp] : out_edges) {
       const int t = intern(tp);
       grow();
-      if (t == u || done[t]) continue;
+      if (t == u || (done[t] && t != goal_)) continue;
       if (t != goal_ && states_[t].max_numel > limit_) continue;  // memory bound
       relax(u, t, e, eval(u, t, e, bytes));
     }
-    if (!states_[u].partial && u != goal_) {
+    if (!states_[u].partial) {
       // The holders are the costly part of an exchange: skip it when even a
       // lower bound on its cost (its exact bytes, at the fastest bandwidth
-      // with no latency) cannot beat the best plan found so far.
+      // with no latency) cannot beat the best plan found so far (or, after
+      // the goal, the runner-up so far).
       const State& S = states_[u];
       const State& T = states_[goal_];
       std::int64_t most = 0;
@@ -432,7 +458,12 @@ std::vector<Search::Link> Search::run() {
       most *= P_.itemsize;
       const Cost bound{dist_[u].bytes + most, dist_[u].time + static_cast<double>(most) / P_.max_bw};
       ++considered_;
-      if (better(bound, dist_[goal_])) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, bytes, nullptr));
+      // After the goal, exchanges are priced only to beat a runner-up already
+      // found: pricing one from every state left would cost more than the
+      // search (the exchange from the source was priced before).
+      const bool worth =
+          goal_done ? runner.bytes != unreached.bytes && better(bound, runner) : better(bound, dist_[goal_]);
+      if (worth) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, bytes, nullptr));
     }
   }
   if (pred_[goal_].first < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
