@@ -427,11 +427,15 @@ BOOST_AUTO_TEST_CASE(transposes_on_every_simd_target_the_cpu_has) {
   // The transposes are compiled once per SIMD target (16-, 32- and 64-byte
   // vectors on x86-64) and the CPU's best is chosen at run time; here each
   // target this CPU can run takes its turn.
+  // Restores the CPU's own choice even where a check throws, so that later
+  // cases do not run on the last target forced here.
+  struct RestoreTargets {
+    ~RestoreTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } restore;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     check_transposes(hwy::TargetName(target));
   }
-  hwy::SetSupportedTargetsForTest(0);
 }
 #endif
 
