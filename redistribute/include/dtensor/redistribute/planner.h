@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dtensor/core/dtype.h"
@@ -24,6 +25,22 @@ struct PlanRequest {
   bool operator==(const PlanRequest&) const = default;
   std::size_t hash() const;
 };
+
+/// The largest requests the planner takes. It keeps every rank's box of
+/// every layout it reaches, so its memory and time grow with the ranks times
+/// the tensor dims times the layouts (which grow with the tensor dims to the
+/// power of the mesh dims); these keep the worst common moves within about a
+/// second and 100 MB (tests/test_bad_sizes.cpp). The byte limit keeps every
+/// sum of byte counts over ranks and steps far inside int64.
+inline constexpr std::int64_t kMaxPlanRanks = 4096;
+inline constexpr std::int64_t kMaxPlanTensorDims = 16;
+inline constexpr std::int64_t kMaxPlanBytes = std::int64_t{1} << 46;  // 64 TiB
+
+/// What is wrong with a mesh and tensor of that size for the planner, in
+/// words naming the value and the limit (mesh sizes below 1, negative sizes,
+/// counts that overflow, the limits above), or nullopt.
+std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh_shape,
+                                             std::span<const std::int64_t> global_shape, DType dtype);
 
 /// Searches over intermediate layouts (A*: guided by a lower bound on the
 /// cost still to come) with per-mesh-dim and
