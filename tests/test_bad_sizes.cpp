@@ -210,6 +210,25 @@ BOOST_AUTO_TEST_CASE(tensors_beyond_the_dims_limit_are_refused_up_front) {
   BOOST_TEST(plan_redistribute(request({2}, Shape(kMaxPlanTensorDims, 1), from, "R")).steps.size() == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(work_beyond_the_budget_is_refused_up_front) {
+  // 16 x 16 x 18^4 on a 2x2x2x2 mesh is over the work budget; 14 dims are
+  // the most it takes (16 x 14 x 16^4 = 14.7M <= 2^24).
+  BOOST_TEST(plan_work(Shape{2, 2, 2, 2}, 16) > kMaxPlanWork);
+  BOOST_TEST(plan_work(Shape{2, 2, 2, 2}, 14) == 16 * 14 * 16 * 16 * 16 * 16);
+  BOOST_TEST(plan_work(Shape{kMax, kMax}, 4) == kMaxPlanWork + 1);  // saturates
+  check_throws<ShapeError>(
+      [] {
+        (void)plan_redistribute(request({2, 2, 2, 2}, Shape(16, 1), "S(0),R,S(1),R", "R,S(1),R,S(0)"));
+      },
+      "at most 14 dims on this mesh");
+  const auto start = std::chrono::steady_clock::now();
+  BOOST_TEST(
+      plan_redistribute(request({2, 2, 2, 2}, Shape(14, 2), "P(sum),R,S(1),P(sum)", "R,S(1),R,S(0)")).steps.size() >=
+      1u);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  BOOST_TEST(s < 30.0, "a 14-d plan on 2x2x2x2 took " << s << " s");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(nesting_levels)

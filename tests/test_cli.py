@@ -279,13 +279,16 @@ class BadSizes(unittest.TestCase):
                                     "--to", "R" + ",R" * mesh.count("x"), "--json"], mesh)
 
     def test_meshes_beyond_the_planner_limit(self):
-        for mesh in ["32768", "16384", "65536", "128x64"]:
+        for mesh in ["32768", "16384", "65536", "128x64", "2048"]:
             with self.subTest(mesh=mesh):
                 layout = "S(0)" + ",R" * mesh.count("x")
                 self.check_refused(["--mesh", mesh, "--shape", "8", "--from", layout, "--to",
-                                    "R" + ",R" * mesh.count("x")], mesh, "at most 4096")
-        out = run_json(self, "--mesh", "4096", "--shape", "8192", "--from", "S(0)", "--to", "R")
-        self.assertEqual(out["recv_bytes"], 4095 * 8)
+                                    "R" + ",R" * mesh.count("x")], mesh, "at most 1024")
+        out = run_json(self, "--mesh", "1024", "--shape", "2048", "--from", "S(0)", "--to", "R")
+        self.assertEqual(out["recv_bytes"], 1023 * 8)
+        # Within the ranks but over the work budget: the most dims this mesh takes.
+        self.check_refused(["--mesh", "2x2x2x2", "--shape", ",".join(["2"] * 16), "--from", "S(0),R,S(1),R", "--to",
+                            "R,S(1),R,S(0)"], "16 dims", "at most 14 dims on this mesh")
 
     def test_tensor_beyond_the_dims_limit(self):
         shape = ",".join(["2"] + ["1"] * 999)

@@ -137,6 +137,14 @@ std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh,
         "a tensor of {} dims: the planner handles at most {} (the layouts it searches grow with "
         "the dims to the power of the mesh dims)",
         g.size(), kMaxPlanTensorDims);
+  if (plan_work(mesh, static_cast<std::int64_t>(g.size())) > kMaxPlanWork) {
+    std::int64_t most = 0;
+    while (most < kMaxPlanTensorDims && plan_work(mesh, most + 1) <= kMaxPlanWork) ++most;
+    return fmt::format(
+        "a tensor of {} dims on the {} of {} ranks: the planner handles at most {} dims on this mesh "
+        "(its work, ranks x dims x (dims + 2)^(mesh dims of size > 1), is held to {})",
+        g.size(), mesh_text, *ranks, most, kMaxPlanWork);
+  }
   const std::optional<std::int64_t> count = checked_product(g);
   if (!count) return fmt::format("{}: its element count does not fit in int64", shape_text);
   const auto isz = static_cast<std::int64_t>(itemsize(dtype));
@@ -144,6 +152,17 @@ std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh,
     return fmt::format("{} of {} ({} elements of {} bytes): more than the planner's {} bytes (64 TiB)", shape_text,
                        dtype, *count, isz, kMaxPlanBytes);
   return std::nullopt;
+}
+
+std::int64_t plan_work(std::span<const std::int64_t> mesh, std::int64_t dims) {
+  constexpr std::int64_t kOver = kMaxPlanWork + 1;
+  std::int64_t w = std::max<std::int64_t>(dims, 1);
+  auto times = [&](std::int64_t f) { w = f > 0 && w > kOver / f ? kOver : std::min(kOver, w * f); };
+  for (std::int64_t n : mesh) {
+    times(n);
+    if (n > 1) times(dims + 2);
+  }
+  return w;
 }
 
 std::size_t PlanRequest::hash() const {
