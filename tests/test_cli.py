@@ -304,6 +304,24 @@ class BadSizes(unittest.TestCase):
                        "--to", "R")
         self.assertEqual(out["recv_bytes"], 3 * 7500 * 30000 * 8)
 
+    def test_run_out_of_memory_is_said_as_such(self):
+        # Within the budget, but the address space is capped below what the
+        # run needs: out of memory, named with the size, exit 3 (not 1).
+        ldd = subprocess.run(["ldd", BINARY], capture_output=True, text=True).stdout
+        if "libasan" in ldd or "libtsan" in ldd:
+            self.skipTest("sanitizer runtimes reserve more address space than the cap")
+        import resource
+
+        def cap():
+            resource.setrlimit(resource.RLIMIT_AS, (400 << 20, 400 << 20))
+
+        proc = subprocess.run([BINARY, "--mesh", "2", "--shape", "4096,8192", "--from", "S(0)", "--to", "R", "--run",
+                               "--json"], capture_output=True, text=True, timeout=60, preexec_fn=cap)
+        self.assertEqual(proc.returncode, 3, proc.stderr)
+        self.assertIn("out of memory", proc.stderr)
+        self.assertIn("4096x8192 f32 tensor (128 MiB)", proc.stderr)
+        self.assertNotIn("std::bad_alloc", proc.stderr)
+
     def test_nesting_level_that_does_not_fit(self):
         self.check_refused(["--mesh", "2x2", "--shape", "8", "--from", "S(0)[4294967296],S(0)[1]", "--to", "R,R"],
                            "S(0)[4294967296],S(0)[1]")
