@@ -95,10 +95,13 @@ Shape parse_mesh(const Options& o) {
       throw UsageError(fmt::format("--mesh '{}': mesh dim {} has size {}; every mesh dim needs at least 1 rank", o.mesh,
                                    m, mesh[m]));
   const std::optional<std::int64_t> product = checked_product(mesh);
-  if (!product || *product > kMaxRanks)
-    throw UsageError(fmt::format("--mesh '{}': {} ranks; the planner handles at most {}", o.mesh,
-                                 product ? fmt::format("{}", *product) : std::string("more than int64 holds"),
-                                 kMaxRanks));
+  if (!product)
+    throw UsageError(
+        fmt::format("--mesh '{}': its rank count does not fit in int64; the planner handles at most {} "
+                    "ranks",
+                    o.mesh, kMaxRanks));
+  if (*product > kMaxRanks)
+    throw UsageError(fmt::format("--mesh '{}': {} ranks; the planner handles at most {}", o.mesh, *product, kMaxRanks));
   const std::int64_t ranks = *product;
   if (o.run && ranks > kMaxRunRanks)
     throw UsageError(fmt::format("--mesh '{}' has {} ranks: --run starts one thread per rank, at most {}", o.mesh,
