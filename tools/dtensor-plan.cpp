@@ -277,7 +277,7 @@ std::int64_t run_bytes(const Plan& plan) {
   return total;
 }
 
-void check_run_budget(const Options& o, const Plan& plan) {
+void check_run_budget(const Plan& plan) {
   const std::int64_t bytes = run_bytes(plan);
   if (bytes > kRunBudgetBytes)
     throw UsageError(
@@ -303,7 +303,7 @@ Prepared prepare(const Options& o) {
   } catch (const dtensor::ValueError& e) {
     throw UsageError(fmt::format("no plan from --from '{}' to --to '{}': {}", o.from, o.to, bare(e.what())));
   }
-  if (o.run) check_run_budget(o, plan);
+  if (o.run) check_run_budget(plan);
 
   return Prepared{std::move(plan), cost};
 }
