@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -89,11 +90,11 @@ DeviceMesh::DeviceMesh(Communicator& world, Shape shape, std::vector<std::string
   for (std::size_t d = 0; d < shape.size(); ++d)
     if (shape[d] < 1)
       throw MeshError(fmt::format("[mesh] shape {} has size {} in dim {}; expected sizes >= 1", text, shape[d], d));
-  std::int64_t ranks = 1;
-  for (auto s : shape) {
-    if (ranks > (std::int64_t{1} << 40)) break;  // already far beyond any world; avoid overflow
-    ranks *= s;
-  }
+  const std::optional<std::int64_t> product = checked_product(shape);
+  if (!product)
+    throw MeshError(
+        fmt::format("[mesh] shape {} has more ranks than fit in int64; the world has {}", text, world.size()));
+  const std::int64_t ranks = *product;
   if (ranks != world.size())
     throw MeshError(fmt::format("[mesh] shape {} has {} ranks but the world has {}", text, ranks, world.size()));
   if (!dim_names.empty()) {

@@ -238,6 +238,95 @@ class BadArguments(unittest.TestCase):
             self.assertIn(option, proc.stdout)
 
 
+class BadSizes(unittest.TestCase):
+    """Sizes beyond int64, beyond the planner's limits or --run's budget:
+    exit 2 with one line naming the value, never a crash or a wrapped number."""
+
+    def check_refused(self, args, *named, code=2):
+        proc = run(*args)
+        self.assertEqual(proc.returncode, code, f"{args}: {proc.stdout} {proc.stderr}")
+        self.assertEqual(proc.stdout, "")
+        lines = proc.stderr.splitlines()
+        self.assertTrue(lines and lines[-1].startswith("dtensor-plan: "), proc.stderr)
+        for n in named:
+            self.assertIn(n, proc.stderr)
+
+    def test_shape_whose_size_overflows(self):
+        for extra in ([], ["--json"]):
+            with self.subTest(extra=extra):
+                self.check_refused(["--mesh", "2", "--shape", "9223372036854775807,2", "--from", "S(0)", "--to", "R",
+                                    *extra], "9223372036854775807,2", "does not fit")
+        # The count fits, the f32 bytes do not.
+        self.check_refused(["--mesh", "2", "--shape", "4611686018427387904", "--from", "S(0)", "--to", "R",
+                            "--json"], "4611686018427387904")
+
+    def test_largest_tensor_has_positive_bytes_and_time(self):
+        # 2^44 f32 elements: the planner's 64 TiB.
+        out = run_json(self, "--mesh", "2x4", "--shape", "17592186044416", "--from", "S(0),R", "--to", "R,R")
+        self.assertGreater(out["recv_bytes"], 0)
+        self.assertGreater(out["est_seconds"], 0)
+        for step in out["steps"]:
+            self.assertGreaterEqual(step["recv_bytes"], 0)
+        proc = run("--mesh", "2x4", "--shape", "1048576,16777216", "--from", "S(0),S(1)", "--to", "S(1),S(0)")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_refused(["--mesh", "2", "--shape", "17592186044417", "--from", "S(0)", "--to", "R"],
+                           "17592186044417", "70368744177664")
+
+    def test_mesh_whose_rank_count_overflows(self):
+        for mesh in ["4x4611686018427387905", "2x9223372036854775807", "4294967296x4294967296x4"]:
+            with self.subTest(mesh=mesh):
+                self.check_refused(["--mesh", mesh, "--shape", "8", "--from", "R" + ",R" * mesh.count("x"),
+                                    "--to", "R" + ",R" * mesh.count("x"), "--json"], mesh)
+
+    def test_meshes_beyond_the_planner_limit(self):
+        for mesh in ["32768", "16384", "65536", "128x64", "2048"]:
+            with self.subTest(mesh=mesh):
+                layout = "S(0)" + ",R" * mesh.count("x")
+                self.check_refused(["--mesh", mesh, "--shape", "8", "--from", layout, "--to",
+                                    "R" + ",R" * mesh.count("x")], mesh, "at most 1024")
+        out = run_json(self, "--mesh", "1024", "--shape", "2048", "--from", "S(0)", "--to", "R")
+        self.assertEqual(out["recv_bytes"], 1023 * 8)
+        # Within the ranks but over the work budget: the most dims this mesh takes.
+        self.check_refused(["--mesh", "2x2x2x2", "--shape", ",".join(["2"] * 16), "--from", "S(0),R,S(1),R", "--to",
+                            "R,S(1),R,S(0)"], "16 dims", "at most 14 dims on this mesh")
+
+    def test_tensor_beyond_the_dims_limit(self):
+        shape = ",".join(["2"] + ["1"] * 999)
+        self.check_refused(["--mesh", "2", "--shape", shape, "--from", "S(0)", "--to", "R"], "1000 dims",
+                           "at most 16")
+
+    def test_run_beyond_the_budget_is_refused_up_front(self):
+        # 30000x30000 f64 is 6.7 GiB: refused before any thread starts.
+        self.check_refused(["--mesh", "4", "--shape", "30000,30000", "--dtype", "f64", "--from", "S(0)", "--to",
+                            "R", "--run"], "30000x30000", "1 GiB")
+        # The same plan without --run is fine.
+        out = run_json(self, "--mesh", "4", "--shape", "30000,30000", "--dtype", "f64", "--from", "S(0)",
+                       "--to", "R")
+        self.assertEqual(out["recv_bytes"], 3 * 7500 * 30000 * 8)
+
+    def test_run_out_of_memory_is_said_as_such(self):
+        # Within the budget, but the address space is capped below what the
+        # run needs: out of memory, named with the size, exit 3 (not 1).
+        ldd = subprocess.run(["ldd", BINARY], capture_output=True, text=True).stdout
+        if "libasan" in ldd or "libtsan" in ldd:
+            self.skipTest("sanitizer runtimes reserve more address space than the cap")
+        import resource
+
+        def cap():
+            resource.setrlimit(resource.RLIMIT_AS, (400 << 20, 400 << 20))
+
+        proc = subprocess.run([BINARY, "--mesh", "2", "--shape", "4096,8192", "--from", "S(0)", "--to", "R", "--run",
+                               "--json"], capture_output=True, text=True, timeout=60, preexec_fn=cap)
+        self.assertEqual(proc.returncode, 3, proc.stderr)
+        self.assertIn("out of memory", proc.stderr)
+        self.assertIn("4096x8192 f32 tensor (128 MiB)", proc.stderr)
+        self.assertNotIn("std::bad_alloc", proc.stderr)
+
+    def test_nesting_level_that_does_not_fit(self):
+        self.check_refused(["--mesh", "2x2", "--shape", "8", "--from", "S(0)[4294967296],S(0)[1]", "--to", "R,R"],
+                           "S(0)[4294967296],S(0)[1]")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: test_cli.py PATH_TO_DTENSOR_PLAN")

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <atomic>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,10 +28,16 @@ using namespace dtensor;
 
 constexpr int kExitVerifyFailed = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitOutOfMemory = 3;
+// --run holds every rank's source and target shard at once (thread ranks
+// share one process; under MPI rank 0 collects every result), besides the
+// executor's buffers: beyond this much the run is refused up front.
+constexpr std::int64_t kRunBudgetBytes = std::int64_t{1} << 30;  // 1 GiB
 constexpr int kMaxMeshDims = 4;
-// Beyond these the picture, the plan's per-rank vectors and --run's one
-// thread per rank stop being useful on one machine.
-constexpr std::int64_t kMaxRanks = 65536;
+// Beyond the planner's limit a plan would take too long and too much memory
+// to make; beyond kMaxRunRanks --run's one thread per rank stops being useful
+// on one machine.
+constexpr std::int64_t kMaxRanks = dtensor::kMaxPlanRanks;
 constexpr std::int64_t kMaxRunRanks = 256;
 
 /// A bad argument: the message names the option and the value.
@@ -87,13 +94,15 @@ Shape parse_mesh(const Options& o) {
     if (mesh[m] < 1)
       throw UsageError(fmt::format("--mesh '{}': mesh dim {} has size {}; every mesh dim needs at least 1 rank", o.mesh,
                                    m, mesh[m]));
-  std::int64_t ranks = 1;
-  for (std::int64_t size : mesh) {
-    ranks *= size;
-    if (ranks > kMaxRanks)
-      throw UsageError(fmt::format("--mesh '{}': more than {} ranks; dtensor-plan handles at most {}", o.mesh,
-                                   kMaxRanks, kMaxRanks));
-  }
+  const std::optional<std::int64_t> product = checked_product(mesh);
+  if (!product)
+    throw UsageError(
+        fmt::format("--mesh '{}': its rank count does not fit in int64; the planner handles at most {} "
+                    "ranks",
+                    o.mesh, kMaxRanks));
+  if (*product > kMaxRanks)
+    throw UsageError(fmt::format("--mesh '{}': {} ranks; the planner handles at most {}", o.mesh, *product, kMaxRanks));
+  const std::int64_t ranks = *product;
   if (o.run && ranks > kMaxRunRanks)
     throw UsageError(fmt::format("--mesh '{}' has {} ranks: --run starts one thread per rank, at most {}", o.mesh,
                                  ranks, kMaxRunRanks));
@@ -187,7 +196,7 @@ std::string mesh_formula(const Shape& mesh) {
 
 void print_human(const Plan& plan, const CostModel& cost, const std::optional<cli::RunResult>& run) {
   const std::size_t is = itemsize(plan.dtype);
-  const std::int64_t total_bytes = numel(plan.global_shape) * static_cast<std::int64_t>(is);
+  const std::int64_t total_bytes = byte_size(plan.global_shape, is);
   fmt::print("Redistribute a {} {} tensor ({}) on a {} mesh of {} ranks\n", cli::shape_text(plan.global_shape),
              plan.dtype, human_bytes(total_bytes),
              plan.mesh_shape.size() == 1 ? "1-D" : fmt::format("{}", fmt::join(plan.mesh_shape, "x")),
@@ -254,10 +263,37 @@ struct Prepared {
   CostModel cost;
 };
 
+// The bytes of every rank's source and target shard, added up: what --run
+// holds at the least.
+std::int64_t run_bytes(const Plan& plan) {
+  const std::size_t is = itemsize(plan.dtype);
+  std::int64_t total = 0;
+  for (std::int64_t r = 0; r < numel(plan.mesh_shape); ++r) {
+    const Shape coord = unravel_index(r, plan.mesh_shape);
+    for (const Layout* l : {&plan.from, &plan.to})
+      total = checked_add(total, byte_size(local_box(plan.mesh_shape, plan.global_shape, *l, coord).size, is),
+                          "bytes of the shards --run holds");
+  }
+  return total;
+}
+
+void check_run_budget(const Plan& plan) {
+  const std::int64_t bytes = run_bytes(plan);
+  if (bytes > kRunBudgetBytes)
+    throw UsageError(
+        fmt::format("--run of a {} {} tensor ({}) on {} ranks holds {} of shards ({} B); --run is "
+                    "limited to {}: plan without --run, or run a smaller --shape",
+                    cli::shape_text(plan.global_shape), plan.dtype,
+                    human_bytes(byte_size(plan.global_shape, itemsize(plan.dtype))), numel(plan.mesh_shape),
+                    human_bytes(bytes), bytes, human_bytes(kRunBudgetBytes)));
+}
+
 Prepared prepare(const Options& o) {
   const Shape mesh = parse_mesh(o);
   const Shape shape = parse_global_shape(o);
   const DType dtype = parse_cpu_dtype(o);
+  if (auto problem = plan_size_problem(mesh, shape, dtype))
+    throw UsageError(fmt::format("--shape '{}' --dtype {} on --mesh '{}': {}", o.shape, o.dtype, o.mesh, *problem));
   const Layout from = parse_layout("--from", o.from, mesh, shape);
   const Layout to = parse_layout("--to", o.to, mesh, shape);
   const CostModel cost = parse_cost_model(o, mesh);
@@ -267,6 +303,7 @@ Prepared prepare(const Options& o) {
   } catch (const dtensor::ValueError& e) {
     throw UsageError(fmt::format("no plan from --from '{}' to --to '{}': {}", o.from, o.to, bare(e.what())));
   }
+  if (o.run) check_run_budget(plan);
 
   return Prepared{std::move(plan), cost};
 }
@@ -314,7 +351,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the random data for --run")->capture_default_str();
   app.footer(
       "Example: dtensor-plan --mesh 2x4 --shape 64,128 --from 'S(0),S(1)' --to 'R,R'\n"
-      "Exit status: 0 ok, 1 --run found a wrong result, 2 bad arguments.");
+      "Exit status: 0 ok, 1 --run found a wrong result, 2 bad arguments (--run: shards beyond 1 GiB), 3 --run "
+      "ran out of memory.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -330,6 +368,7 @@ int main(int argc, char** argv) {
     if (!o.run) return report(o, p.plan, p.cost, std::nullopt, "");
     // One rank per mesh rank: threads unless started by mpirun.
     std::atomic<int> status{0};
+    std::atomic<bool> out_of_memory{false};
     LaunchOptions options;
     options.default_ranks = static_cast<int>(numel(p.plan.mesh_shape));
     const int launched = launch(
@@ -339,6 +378,14 @@ int main(int argc, char** argv) {
           std::string run_error;
           try {
             run = cli::run_plan(p.plan, o.seed, world);
+          } catch (const std::bad_alloc&) {
+            // Said as such, with the size, and thrown on as our error so
+            // that the other ranks stop at once.
+            out_of_memory.store(true);
+            throw dtensor::Error(fmt::format("--run ran out of memory on rank {} with a {} {} tensor ({}) on {} ranks",
+                                             world.rank(), cli::shape_text(p.plan.global_shape), p.plan.dtype,
+                                             human_bytes(byte_size(p.plan.global_shape, itemsize(p.plan.dtype))),
+                                             numel(p.plan.mesh_shape)));
           } catch (const dtensor::Error& e) {
             if (world.size() == numel(p.plan.mesh_shape)) throw;  // a failure mid-run: launch reports it
             run_error = e.what();
@@ -351,6 +398,7 @@ int main(int argc, char** argv) {
             status.store(kExitVerifyFailed);
         },
         options);
+    if (out_of_memory.load()) return kExitOutOfMemory;
     return launched != 0 ? launched : status.load();
   } catch (const UsageError& e) {
     fmt::print(stderr, "dtensor-plan: {}\n", e.what());
@@ -358,5 +406,8 @@ int main(int argc, char** argv) {
   } catch (const dtensor::Error& e) {
     fmt::print(stderr, "dtensor-plan: {}\n", e.what());
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dtensor-plan: out of memory planning --mesh '{}' --shape '{}'\n", o.mesh, o.shape);
+    return kExitOutOfMemory;
   }
 }

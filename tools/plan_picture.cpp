@@ -85,8 +85,7 @@ std::string shard_summary(const std::vector<RankBox>& boxes, std::size_t itemsiz
   auto by_numel = [](const RankBox& a, const RankBox& b) { return a.box.numel() < b.box.numel(); };
   const auto [lo, hi] = std::minmax_element(boxes.begin(), boxes.end(), by_numel);
   auto one = [&](const RankBox& b) {
-    return fmt::format("{} ({})", size_text(b.box.size),
-                       human_bytes(b.box.numel() * static_cast<std::int64_t>(itemsize)));
+    return fmt::format("{} ({})", size_text(b.box.size), human_bytes(byte_size(b.box.size, itemsize)));
   };
   bool same = std::all_of(boxes.begin(), boxes.end(), [&](const RankBox& b) { return b.box.size == lo->box.size; });
   if (same) return fmt::format("every rank holds a {} shard", one(*lo));
@@ -262,9 +261,10 @@ std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std:
   int width = kMaxCols, height = 1;
   if (two_d) {
     const double n0 = static_cast<double>(global_shape[0]), n1 = static_cast<double>(global_shape[1]);
-    height = static_cast<int>(std::lround(kMaxCols / 2.0 * n0 / n1));
-    if (height > kMaxRows) {
-      height = kMaxRows;
+    // Compared as a double: the ratio of two int64 sizes need not fit an int.
+    const double tall = kMaxCols / 2.0 * n0 / n1;
+    height = tall > kMaxRows ? kMaxRows : static_cast<int>(std::lround(tall));
+    if (tall > kMaxRows) {
       width = std::max(24, static_cast<int>(std::lround(2.0 * kMaxRows * n1 / n0)));
     }
   }

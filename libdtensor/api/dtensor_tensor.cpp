@@ -35,6 +35,7 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
                     "with to({})",
                     local.device(), mesh.device(), mesh.device()));
   const int nd = local.dim();
+  if (global_shape) check_shape(*global_shape, "from_local");
   Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
   Shape global;
   if (global_shape) {
@@ -136,7 +137,7 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   boxes.reserve(n);
   for (int r = 0; r < n; ++r) {
     boxes.push_back(distributed_box(mesh, global, layout, r));
-    bytes[r] = static_cast<std::size_t>(boxes.back().numel()) * is;
+    bytes[r] = static_cast<std::size_t>(byte_size(boxes.back().size, is));
   }
   // The source packs every rank's box back to back on the mesh's device.
   const Device device = mesh.device();

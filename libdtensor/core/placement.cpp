@@ -148,7 +148,8 @@ Layout Layout::parse(std::string_view text) {
   bool any_level = false;
   std::string_view t = trim(text);
   if (t.empty()) throw ParseError(fmt::format("[placement] empty placement list: expected e.g. S(0),R,P(sum)"));
-  for (std::string_view part : split_top_level(t)) {
+  const std::vector<std::string_view> parts = split_top_level(t);
+  for (std::string_view part : parts) {
     part = trim(part);
     int level = -1;
     if (!part.empty() && part.back() == ']') {
@@ -157,6 +158,13 @@ Layout Layout::parse(std::string_view text) {
       if (open == std::string_view::npos || !parse_int(part.substr(open + 1, part.size() - open - 2), v) || v < 0)
         throw ParseError(
             fmt::format("[placement] '{}' in '{}': a nesting level is written S(d)[k] with k >= 0", part, text));
+      // Levels of one dim are 0..(its shards - 1): a level is below the
+      // number of placements, which also keeps it inside an int.
+      if (v >= static_cast<std::int64_t>(parts.size()))
+        throw ParseError(
+            fmt::format("[placement] '{}' in '{}': nesting level {} is out of range: expected 0..{} "
+                        "(levels count a dim's shards from the outermost)",
+                        part, text, v, parts.size() - 1));
       level = static_cast<int>(v);
       part = trim(part.substr(0, open));
       any_level = true;

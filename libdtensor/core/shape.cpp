@@ -3,18 +3,62 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <limits>
 
 #include "dtensor/core/error.h"
 
 namespace dtensor {
 
-std::int64_t numel(std::span<const std::int64_t> shape) {
+namespace {
+
+[[noreturn]] void throw_too_large(std::span<const std::int64_t> shape) {
+  throw ShapeError(fmt::format("[shape] shape {} has more than {} elements (int64): its size does not fit",
+                               fmt::join(shape, "x"), std::numeric_limits<std::int64_t>::max()));
+}
+
+}  // namespace
+
+namespace detail {
+void throw_size_overflow(std::int64_t a, char op, std::int64_t b, std::string_view what) {
+  throw ShapeError(fmt::format("[shape] {}: {} {} {} does not fit in int64 (at most {})", what, a, op, b,
+                               std::numeric_limits<std::int64_t>::max()));
+}
+}  // namespace detail
+
+std::optional<std::int64_t> checked_product(std::span<const std::int64_t> sizes) {
   std::int64_t n = 1;
-  for (auto s : shape) n *= s;
-  return n;
+  bool zero = false;
+  for (auto s : sizes) {
+    if (s == 0) {
+      zero = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(n, s, &n)) return std::nullopt;
+  }
+  return zero ? 0 : n;
+}
+
+std::int64_t numel(std::span<const std::int64_t> shape) {
+  const std::optional<std::int64_t> n = checked_product(shape);
+  if (!n) throw_too_large(shape);
+  return *n;
+}
+
+std::int64_t byte_size(std::span<const std::int64_t> shape, std::size_t itemsize) {
+  const std::int64_t n = numel(shape);
+  std::int64_t bytes;
+  if (__builtin_mul_overflow(n, static_cast<std::int64_t>(itemsize), &bytes))
+    throw ShapeError(
+        fmt::format("[shape] shape {} of {}-byte elements: its {} elements take more than {} bytes "
+                    "(int64): its size does not fit",
+                    fmt::join(shape, "x"), itemsize, n, std::numeric_limits<std::int64_t>::max()));
+  return bytes;
 }
 
 Shape row_major_strides(std::span<const std::int64_t> shape) {
+  // Every stride is a product of some of the non-zero sizes: checked_product
+  // bounds them all.
+  if (!checked_product(shape)) throw_too_large(shape);
   Shape strides(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
   return strides;
@@ -52,6 +96,9 @@ void check_shape(std::span<const std::int64_t> shape, std::string_view what) {
     if (shape[d] < 0)
       throw ShapeError(
           fmt::format("[{}] size {} of dim {} in shape {} is negative", what, shape[d], d, fmt::join(shape, "x")));
+  if (!checked_product(shape))
+    throw ShapeError(fmt::format("[{}] shape {} has more than {} elements (int64): its size does not fit", what,
+                                 fmt::join(shape, "x"), std::numeric_limits<std::int64_t>::max()));
 }
 
 Shape unravel_index(std::int64_t index, std::span<const std::int64_t> shape) {
@@ -143,7 +190,8 @@ Chunk even_split(std::int64_t count, std::int64_t parts, std::int64_t index) {
 
 std::int64_t all_reduce_recv_count(std::int64_t count, std::int64_t n, std::int64_t index) {
   const std::int64_t seg = even_split(count, n, index).size;
-  return (n - 1) * seg + (count - seg);
+  return checked_add(checked_mul(n - 1, seg, "all_reduce elements received"), count - seg,
+                     "all_reduce elements received");
 }
 
 }  // namespace dtensor

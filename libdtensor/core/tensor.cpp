@@ -120,12 +120,14 @@ void check_box(const Shape& shape, const Box& box, std::string_view what) {
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   check_shape(shape, "tensor");
+  // The bytes are checked once here; nbytes() of every tensor then fits.
+  const auto bytes = static_cast<std::size_t>(byte_size(shape, itemsize(dtype)));
   Tensor t;
   t.numel_ = dtensor::numel(shape);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = device == Device::CUDA ? cuda::allocate(t.nbytes()) : host_blocks::allocate(t.nbytes());
+  t.storage_ = device == Device::CUDA ? cuda::allocate(bytes) : host_blocks::allocate(bytes);
   return t;
 }
 

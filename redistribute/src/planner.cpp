@@ -25,21 +25,8 @@ using planner::Problem;
 using planner::Search;
 
 void check_mesh_and_shape(const PlanRequest& req) {
-  const Shape& mesh = req.mesh_shape;
-  if (mesh.empty() || mesh.size() > static_cast<std::size_t>(planner::kMaxDims))
-    throw ShapeError(fmt::format("[redistribute] mesh shape [{}] has {} dims: expected 1 to {}", fmt::join(mesh, ","),
-                                 mesh.size(), planner::kMaxDims));
-  for (std::size_t m = 0; m < mesh.size(); ++m)
-    if (mesh[m] < 1)
-      throw ShapeError(fmt::format("[redistribute] mesh shape [{}]: mesh dim {} has size {}, expected at least 1",
-                                   fmt::join(mesh, ","), m, mesh[m]));
-  const Shape& g = req.global_shape;
-  for (std::size_t d = 0; d < g.size(); ++d)
-    if (g[d] < 0)
-      throw ShapeError(
-          fmt::format("[redistribute] global shape [{}]: size {} of dim {} is negative", fmt::join(g, ","), g[d], d));
-  if (g.size() > 4000)
-    throw ShapeError(fmt::format("[redistribute] a tensor of {} dims: at most 4000 are supported", g.size()));
+  if (auto problem = plan_size_problem(req.mesh_shape, req.global_shape, req.dtype))
+    throw ShapeError(fmt::format("[redistribute] {}", *problem));
 }
 
 Layout check_layout(const Layout& l, std::string_view which, const PlanRequest& req) {
@@ -128,6 +115,56 @@ std::string ratio_text(const planner::Cost& next, const planner::Cost& best, boo
 
 }  // namespace
 
+std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh, std::span<const std::int64_t> g,
+                                             DType dtype) {
+  const std::string mesh_text = fmt::format("mesh shape [{}]", fmt::join(mesh, ","));
+  if (mesh.empty() || mesh.size() > static_cast<std::size_t>(planner::kMaxDims))
+    return fmt::format("{} has {} dims: expected 1 to {}", mesh_text, mesh.size(), planner::kMaxDims);
+  for (std::size_t m = 0; m < mesh.size(); ++m)
+    if (mesh[m] < 1) return fmt::format("{}: mesh dim {} has size {}, expected at least 1", mesh_text, m, mesh[m]);
+  const std::optional<std::int64_t> ranks = checked_product(mesh);
+  if (!ranks) return fmt::format("{}: its rank count does not fit in int64", mesh_text);
+  if (*ranks > kMaxPlanRanks)
+    return fmt::format(
+        "{} has {} ranks: the planner handles at most {} (it keeps every rank's box of every layout "
+        "it tries)",
+        mesh_text, *ranks, kMaxPlanRanks);
+  const std::string shape_text = fmt::format("global shape [{}]", fmt::join(g, ","));
+  for (std::size_t d = 0; d < g.size(); ++d)
+    if (g[d] < 0) return fmt::format("{}: size {} of dim {} is negative", shape_text, g[d], d);
+  if (static_cast<std::int64_t>(g.size()) > kMaxPlanTensorDims)
+    return fmt::format(
+        "a tensor of {} dims: the planner handles at most {} (the layouts it searches grow with "
+        "the dims to the power of the mesh dims)",
+        g.size(), kMaxPlanTensorDims);
+  if (plan_work(mesh, static_cast<std::int64_t>(g.size())) > kMaxPlanWork) {
+    std::int64_t most = 0;
+    while (most < kMaxPlanTensorDims && plan_work(mesh, most + 1) <= kMaxPlanWork) ++most;
+    return fmt::format(
+        "a tensor of {} dims on the {} of {} ranks: the planner handles at most {} dims on this mesh "
+        "(its work, ranks x dims x (dims + 2)^(mesh dims of size > 1), is held to {})",
+        g.size(), mesh_text, *ranks, most, kMaxPlanWork);
+  }
+  const std::optional<std::int64_t> count = checked_product(g);
+  if (!count) return fmt::format("{}: its element count does not fit in int64", shape_text);
+  const auto isz = static_cast<std::int64_t>(itemsize(dtype));
+  if (*count > kMaxPlanBytes / isz)
+    return fmt::format("{} of {} ({} elements of {} bytes): more than the planner's {} bytes (64 TiB)", shape_text,
+                       dtype, *count, isz, kMaxPlanBytes);
+  return std::nullopt;
+}
+
+std::int64_t plan_work(std::span<const std::int64_t> mesh, std::int64_t dims) {
+  constexpr std::int64_t kOver = kMaxPlanWork + 1;
+  std::int64_t w = std::max<std::int64_t>(dims, 1);
+  auto times = [&](std::int64_t f) { w = f > 0 && w > kOver / f ? kOver : std::min(kOver, w * f); };
+  for (std::int64_t n : mesh) {
+    times(n);
+    if (n > 1) times(dims + 2);
+  }
+  return w;
+}
+
 std::size_t PlanRequest::hash() const {
   std::size_t h = 0xcbf29ce484222325ull;
   auto mix = [&](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
@@ -181,16 +218,20 @@ void exchange_as_slice(PlanStep& s, const Search& search, const Search::Link& l,
 }
 
 // Turns a link of the search into a step with exact per-rank bytes.
+// Without `with_blocks`, an exchange's blocks are left out (it is only
+// being priced): they are one per pair of ranks that share data, up to
+// ranks^2 of them.
 PlanStep make_step(Search& search, const Search::Link& l, const Problem& P, const Plan& plan,
-                   std::vector<std::int64_t>& bytes) {
+                   std::vector<std::int64_t>& bytes, bool with_blocks = true) {
   PlanStep s;
   s.kind = l.edge.kind;
   for (int i = 0; i < l.edge.ng; ++i) s.mesh_dims.push_back(P.full[l.edge.g[i]]);
   s.tensor_dim = l.edge.dim;
   s.src_dim = l.edge.src;
-  planner::Eval ev = l.edge.kind == StepKind::Exchange ? search.exchange(l.from, bytes, &s.blocks)
-                                                       : search.eval(l.from, l.to, l.edge, bytes);
-  if (l.edge.kind == StepKind::Exchange) {
+  planner::Eval ev = l.edge.kind == StepKind::Exchange
+                         ? search.exchange(l.from, bytes, with_blocks ? &s.blocks : nullptr)
+                         : search.eval(l.from, l.to, l.edge, bytes);
+  if (l.edge.kind == StepKind::Exchange && with_blocks) {
     const bool remote =
         std::any_of(s.blocks.begin(), s.blocks.end(), [](const ExchangeBlock& b) { return b.src_rank != b.dst_rank; });
     const bool zeros = std::any_of(plan.to.placements().begin(), plan.to.placements().end(), [](const Placement& p) {
@@ -212,7 +253,7 @@ void totals(const std::vector<PlanStep>& steps, int ranks, std::int64_t& busiest
   std::vector<std::int64_t> per(ranks, 0);
   time = 0;
   for (const PlanStep& s : steps) {
-    for (int r = 0; r < ranks; ++r) per[r] += s.recv_bytes[r];
+    for (int r = 0; r < ranks; ++r) per[r] = checked_add(per[r], s.recv_bytes[r], "bytes a rank receives in a plan");
     time += s.est_seconds;
   }
   busiest = *std::max_element(per.begin(), per.end());
@@ -310,15 +351,14 @@ Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats
   // the lower bound holds whatever the search did.
   bool direct = false;
   if (!src_partial && !(chain.size() == 1 && chain[0].edge.kind == StepKind::Exchange)) {
-    std::vector<PlanStep> ex{
-        make_step(search, Search::Link{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)}, P, plan,
-                  bytes)};
+    const Search::Link exchange{search.source(), search.goal(), planner::edge_of(StepKind::Exchange)};
+    std::vector<PlanStep> ex{make_step(search, exchange, P, plan, bytes, false)};
     std::int64_t cb, eb;
     double ct, et;
     totals(steps, ranks, cb, ct);
     totals(ex, ranks, eb, et);
     if (eb < cb || (eb == cb && et < ct)) {
-      steps = std::move(ex);
+      steps = {make_step(search, exchange, P, plan, bytes)};
       step_target = {search.goal()};
       direct = true;
     }
@@ -335,7 +375,8 @@ Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats
                                   direct ? StepKind::Exchange : chain.back().edge.kind, P.bytes_first);
 
   for (const PlanStep& s : steps) {
-    for (int r = 0; r < ranks; ++r) plan.recv_bytes[r] += s.recv_bytes[r];
+    for (int r = 0; r < ranks; ++r)
+      plan.recv_bytes[r] = checked_add(plan.recv_bytes[r], s.recv_bytes[r], "bytes a rank receives in a plan");
     plan.est_seconds += s.est_seconds;
   }
   plan.steps = std::move(steps);
@@ -367,33 +408,22 @@ Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& t
     Shape c = unravel_index(r, req.mesh_shape);
     for (int i = 0; i < P.k; ++i) P.coord[static_cast<std::size_t>(r) * P.k + i] = c[P.full[i]];
   }
-  P.pair_bw.assign(static_cast<std::size_t>(ranks) * ranks, 0);
-  P.pair_lat.assign(static_cast<std::size_t>(ranks) * ranks, 0);
-  // A pair's link depends only on the mesh dims the two ranks differ on:
-  // one group_link per subset of them, not per pair.
-  std::array<LinkParams, 1 << planner::kMaxDims> by_mask{};
   std::vector<int> diff;
   for (int mask = 0; mask < (1 << P.k); ++mask) {
     diff.clear();
     for (int i = 0; i < P.k; ++i)
       if (mask & (1 << i)) diff.push_back(P.full[i]);
-    by_mask[mask] = req.cost.group_link(diff);
+    P.link_by_mask[static_cast<std::size_t>(mask)] = req.cost.group_link(diff);
+    // Every subset of the reduced dims (each of size > 1) is what some pair
+    // of distinct ranks differs on.
+    if (mask != 0) P.max_bw = std::max(P.max_bw, P.link_by_mask[static_cast<std::size_t>(mask)].bandwidth_Bps);
   }
-  for (int a = 0; a < ranks; ++a)
-    for (int b = 0; b < ranks; ++b) {
-      int mask = 0;
-      for (int i = 0; i < P.k; ++i)
-        if (P.c(a, i) != P.c(b, i)) mask |= 1 << i;
-      const LinkParams& l = by_mask[mask];
-      P.pair_bw[static_cast<std::size_t>(a) * ranks + b] = l.bandwidth_Bps;
-      P.pair_lat[static_cast<std::size_t>(a) * ranks + b] = l.hop_latency_s;
-      if (a != b) P.max_bw = std::max(P.max_bw, l.bandwidth_Bps);
-    }
   src = compact(from, std::span(P.full.data(), P.k));
   dst = compact(to, std::span(P.full.data(), P.k));
   // Partial on mesh dims of size 1 is already the full value.
   const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
-  P.bytes_first = !src_partial || bandwidth_dominates(numel(req.global_shape) * P.itemsize, P.max_bw, req.cost);
+  P.bytes_first =
+      !src_partial || bandwidth_dominates(byte_size(req.global_shape, itemsize(req.dtype)), P.max_bw, req.cost);
   P.exact_busiest = src_partial && P.bytes_first;
   return P;
 }

@@ -53,7 +53,7 @@ void Search::fill_bound(State& s) const {
     if (!needs(r)) continue;
     const std::int64_t lack = T.numel[r] - inter_numel(s, r, T, r, P_.nd);
     lacks = lacks || lack > 0;
-    s.rest[r] = (owed ? T.numel[r] : lack) * P_.itemsize;
+    s.rest[r] = checked_mul(owed ? T.numel[r] : lack, P_.itemsize, "bytes a rank must still receive");
     s.rest_max = std::max(s.rest_max, s.rest[r]);
   }
   double t = 0;

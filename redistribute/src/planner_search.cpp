@@ -211,7 +211,7 @@ void Search::local_edges(const Pls& p, EdgeList& out) const {
 }
 
 double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const CostModel& cost) {
-  return static_cast<double>(max_numel * itemsize) / cost.local_copy_Bps;
+  return static_cast<double>(checked_mul(max_numel, itemsize, "bytes of a local step")) / cost.local_copy_Bps;
 }
 
 std::int64_t collective_recv_count(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
@@ -253,13 +253,13 @@ Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& by
   auto& dims = P_.full_dims_scratch;
   dims.clear();
   for (int i = 0; i < e.ng; ++i) {
-    n *= P_.n[e.g[i]];
+    n = checked_mul(n, P_.n[e.g[i]], "ranks of a group");
     dims.push_back(P_.full[e.g[i]]);
   }
   for (int r = 0; r < R; ++r) {
     std::int64_t gr = 0;  // r's index in its group: mixed radix, first group dim most significant
     for (int i = 0; i < e.ng; ++i) gr = gr * P_.n[e.g[i]] + P_.c(r, e.g[i]);
-    bytes[r] = collective_recv_count(e.kind, n, gr, S, T, r, P_.nd) * isz;
+    bytes[r] = checked_mul(collective_recv_count(e.kind, n, gr, S, T, r, P_.nd), isz, "bytes of a collective step");
   }
   return collective_step(e.kind, dims, n, *std::max_element(bytes.begin(), bytes.end()), *P_.cost);
 }
@@ -308,23 +308,24 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
           best = h;
           continue;
         }
-        const std::size_t ih = static_cast<std::size_t>(h) * R + r, ib = static_cast<std::size_t>(best) * R + r;
-        if (P_.pair_bw[ih] != P_.pair_bw[ib]) {
-          if (P_.pair_bw[ih] > P_.pair_bw[ib]) best = h;
+        const LinkParams& lh = P_.link(h, r);
+        const LinkParams& lb = P_.link(best, r);
+        if (lh.bandwidth_Bps != lb.bandwidth_Bps) {
+          if (lh.bandwidth_Bps > lb.bandwidth_Bps) best = h;
           continue;
         }
-        if (P_.pair_lat[ih] != P_.pair_lat[ib]) {
-          if (P_.pair_lat[ih] < P_.pair_lat[ib]) best = h;
+        if (lh.hop_latency_s != lb.hop_latency_s) {
+          if (lh.hop_latency_s < lb.hop_latency_s) best = h;
           continue;
         }
         if (sent[h] < sent[best]) best = h;
       }
-      const std::int64_t b = n * isz;
-      const std::size_t ip = static_cast<std::size_t>(best) * R + r;
-      sent[best] += b;
-      bytes[r] += b;
-      bw_time += static_cast<double>(b) / P_.pair_bw[ip];
-      max_lat = std::max(max_lat, P_.pair_lat[ip]);
+      const std::int64_t b = checked_mul(n, isz, "bytes of an exchange block");
+      const LinkParams& link = P_.link(best, r);
+      sent[best] = checked_add(sent[best], b, "bytes an exchange sends from one rank");
+      bytes[r] = checked_add(bytes[r], b, "bytes an exchange sends to one rank");
+      bw_time += static_cast<double>(b) / link.bandwidth_Bps;
+      max_lat = std::max(max_lat, link.hop_latency_s);
       ++peers;
       remote = true;
       if (blocks) blocks->push_back(ExchangeBlock{best, r, make_box(l, r)});
@@ -364,7 +365,7 @@ std::vector<StepKind> Search::path_kinds(int s, int label) const {
 
 Cost Search::keyed(const Cost& c, int s) const {
   const State& S = states_[s];
-  return Cost{c.bytes + S.rest_max, c.time + S.rest_time};
+  return Cost{checked_add(c.bytes, S.rest_max, "bytes of a plan"), c.time + S.rest_time};
 }
 
 std::vector<Search::Link> Search::run() {
@@ -389,7 +390,7 @@ std::vector<Search::Link> Search::run() {
     }
   };
   auto relax = [&](int u, int t, const Edge& e, const Eval& ev) {
-    Cost c{dist_[u].bytes + ev.max_bytes, dist_[u].time + ev.time};
+    Cost c{checked_add(dist_[u].bytes, ev.max_bytes, "bytes of a plan"), dist_[u].time + ev.time};
     if (t == goal_) {
       cands_.push_back(Candidate{c, u, e.kind});
       if (e.kind != StepKind::Exchange) ++considered_;
@@ -455,8 +456,9 @@ std::vector<Search::Link> Search::run() {
       std::int64_t most = 0;
       for (int r = 0; r < P_.ranks; ++r)
         if (needs(r)) most = std::max(most, T.numel[r] - inter_numel(S, r, T, r, P_.nd));
-      most *= P_.itemsize;
-      const Cost bound{dist_[u].bytes + most, dist_[u].time + static_cast<double>(most) / P_.max_bw};
+      most = checked_mul(most, P_.itemsize, "bytes a rank lacks");
+      const Cost bound{checked_add(dist_[u].bytes, most, "bytes of a plan"),
+                       dist_[u].time + static_cast<double>(most) / P_.max_bw};
       ++considered_;
       // After the goal, exchanges are priced only to beat a runner-up already
       // found: pricing one from every state left would cost more than the
@@ -552,8 +554,9 @@ void Search::price_exchange_if_useful(int label) {
   const State& T = states_[goal_];
   std::int64_t busiest = 0, most = 0;
   for (int r = 0; r < P_.ranks; ++r) {
-    const std::int64_t b = needs(r) ? (T.numel[r] - inter_numel(S, r, T, r, P_.nd)) * P_.itemsize : 0;
-    busiest = std::max(busiest, f.total[r] + b);
+    const std::int64_t b =
+        needs(r) ? checked_mul(T.numel[r] - inter_numel(S, r, T, r, P_.nd), P_.itemsize, "bytes a rank lacks") : 0;
+    busiest = std::max(busiest, checked_add(f.total[r], b, "bytes a rank receives in a plan"));
     most = std::max(most, b);
   }
   ++considered_;
@@ -570,10 +573,10 @@ int Search::offer(int from_label, const Out& o) {
   const State& to = states_[o.to];
   Label next{o.to, from_label, o.edge, Cost{0, from.cost.time + o.ev.time}, Cost{}, from.total, 0};
   for (int r = 0; r < R; ++r) {
-    next.total[r] += o.bytes[r];
+    next.total[r] = checked_add(next.total[r], o.bytes[r], "bytes a rank receives in a plan");
     next.cost.bytes = std::max(next.cost.bytes, next.total[r]);
     next.key.bytes = std::max(next.key.bytes, next.total[r] + to.rest[r]);
-    next.sum += next.total[r];
+    next.sum = checked_add(next.sum, next.total[r], "bytes all ranks receive in a plan");
   }
   next.key.time = next.cost.time + to.rest_time;
   if (o.to == goal_) {

@@ -47,15 +47,23 @@ struct Problem {
   // Bytes are the busiest rank's exact total over the plan rather than the
   // sum of each step's busiest rank (see Search::run_exact).
   bool exact_busiest = false;
-  // Exchange links per (src, dst) pair: the slowest link among the mesh dims they differ on.
-  std::vector<double> pair_bw, pair_lat;
-  double max_bw = 0;  // the fastest of them
+  // Exchange links: a pair's link depends only on the reduced mesh dims the
+  // two ranks differ on (the slowest link among them), so one entry per
+  // subset of them, not per pair (ranks^2 of them would not fit for large meshes).
+  std::array<LinkParams, 1 << kMaxDims> link_by_mask{};
+  double max_bw = 0;  // the fastest link between two distinct ranks
   std::vector<int> full_dims_scratch;
   // Whether the search is guided by Search::bound (A*); off only to compare
   // against the plain search, which must find plans of the same cost.
   bool lower_bound = true;
 
   std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
+  const LinkParams& link(int a, int b) const {
+    int mask = 0;
+    for (int i = 0; i < k; ++i)
+      if (c(a, i) != c(b, i)) mask |= 1 << i;
+    return link_by_mask[static_cast<std::size_t>(mask)];
+  }
 };
 
 struct State : RankBoxes {

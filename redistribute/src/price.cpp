@@ -54,8 +54,7 @@ void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, s
 void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, const Layout& from,
              bool source_boxes) {
   const int M = static_cast<int>(mesh.size());
-  std::int64_t ranks = 1;
-  for (auto n : mesh) ranks *= n;
+  const std::int64_t ranks = numel(mesh);
   if (!std::equal(mesh.begin(), mesh.end(), s.mesh.begin(), s.mesh.end())) {
     s.mesh.assign(mesh.begin(), mesh.end());
     s.from_valid = false;
@@ -125,17 +124,11 @@ bool innermost(const Layout& l, int m, int nd) {
 // accept, both layouts valid with resolved shard dims (negative ones are left
 // to the planner, which resolves them), at most kMaxRanks ranks. Returns the
 // rank count, or 0 if the request is left to the planner.
-int admissible_ranks(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, const Layout& from,
-                     const Layout& to) {
+int admissible_ranks(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, DType dtype,
+                     const Layout& from, const Layout& to) {
   const std::size_t M = mesh.size();
-  if (M < 1 || M > static_cast<std::size_t>(kMaxMeshDims)) return 0;
-  std::int64_t ranks = 1;
-  for (auto n : mesh) {
-    if (n < 1) return 0;
-    ranks *= n;
-  }
-  for (auto x : shape)
-    if (x < 0) return 0;
+  if (plan_size_problem(mesh, shape, dtype)) return 0;
+  const std::int64_t ranks = numel(mesh);
   if (ranks > kMaxRanks) return 0;
   for (const Layout* l : {&from, &to})
     if (layout_problem(l->placements(), M, shape.size()) || has_negative_shard_dim(l->placements())) return 0;
@@ -189,7 +182,8 @@ std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
   double fastest = 0;
   for (int o = 0; o < mv.M; ++o)
     if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
-  if (planner::bandwidth_dominates(numel(mv.shape) * mv.isz, fastest, mv.cost)) return std::nullopt;
+  if (planner::bandwidth_dominates(byte_size(mv.shape, static_cast<std::size_t>(mv.isz)), fastest, mv.cost))
+    return std::nullopt;
   const int m = mv.differ;
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
@@ -226,7 +220,7 @@ std::optional<double> one_dim_exchange(const Move& mv, int m) {
       // The rank with r's coordinates except l's on m.
       const std::int64_t h = r + (mv.coord(l, m) - mv.coord(r, m)) * step;
       if (s.leader[h] != l) return std::nullopt;
-      bw_time += static_cast<double>(k * mv.isz) / link.bandwidth_Bps;
+      bw_time += static_cast<double>(checked_mul(k, mv.isz, "bytes of an exchange block")) / link.bandwidth_Bps;
       ++peers;
     }
     max_peers = std::max(max_peers, peers);
@@ -255,8 +249,9 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
   for (int r = 0; r < mv.R; ++r)
-    busiest =
-        std::max(busiest, planner::collective_recv_count(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd) * mv.isz);
+    busiest = std::max(busiest,
+                       checked_mul(planner::collective_recv_count(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd),
+                                   mv.isz, "bytes of a collective step"));
   const std::array<int, 1> dims{m};
   const double collective = planner::collective_step(kind, dims, n, busiest, mv.cost).time;
   const auto exchange = one_dim_exchange(mv, m);
@@ -268,7 +263,8 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   double fastest = 0;
   for (int o = 0; o < mv.M; ++o)
     if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
-  const double two_steps = 2 * mv.cost.base_latency_s + static_cast<double>(most_lacking * mv.isz) / fastest;
+  const double two_steps = 2 * mv.cost.base_latency_s +
+                           static_cast<double>(checked_mul(most_lacking, mv.isz, "bytes a rank lacks")) / fastest;
   if (!(two_steps > best * (1 + 1e-9))) return std::nullopt;
   return best;
 }
@@ -279,7 +275,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
                                           DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
   const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
   if (!(cost.base_latency_s > 0) || !(cost.local_copy_Bps > 0)) return std::nullopt;
-  const int R = admissible_ranks(mesh, shape, from, to);
+  const int R = admissible_ranks(mesh, shape, dtype, from, to);
   if (R == 0) return std::nullopt;
   // Mixed Partial ops across the two layouts are left to the planner.
   const Partial* partial = nullptr;
@@ -326,7 +322,7 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
                                         DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
   const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
   if (from == to || !(cost.base_latency_s > 0)) return 0;
-  const int R = admissible_ranks(mesh, shape, from, to);
+  const int R = admissible_ranks(mesh, shape, dtype, from, to);
   if (R == 0) return 0;
   // Every communicating step costs at least the base latency plus what its
   // busiest rank receives over the fastest link; slack for rounding.
@@ -349,13 +345,14 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   for (int o = 0; o < M; ++o)
     if (mesh[o] > 1) fastest = std::max(fastest, cost.link(o).bandwidth_Bps);
   const auto isz = static_cast<std::int64_t>(itemsize(dtype));
-  return (cost.base_latency_s + static_cast<double>(most_lacking * isz) / fastest) * kSlack;
+  return (cost.base_latency_s + static_cast<double>(checked_mul(most_lacking, isz, "bytes a rank lacks")) / fastest) *
+         kSlack;
 }
 
 std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                                               DType dtype, const Layout& layout, int mesh_dim, const CostModel& cost) {
   const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
-  const int R = admissible_ranks(mesh, shape, layout, layout);
+  const int R = admissible_ranks(mesh, shape, dtype, layout, layout);
   if (R == 0 || mesh_dim < 0 || mesh_dim >= M || mesh[mesh_dim] == 1 || numel(shape) == 0) return std::nullopt;
   const auto* q = std::get_if<Partial>(&layout[mesh_dim]);
   if (!q || (q->op == ReduceOp::Avg && !is_floating(dtype))) return std::nullopt;
@@ -366,10 +363,11 @@ std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh
   std::int64_t busiest = 0;
   for (int r = 0; r < R; ++r)
     // The Partial dim does not split: the boxes before and after are the same.
-    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n,
-                                                               s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
-                                                               s.to, s.to, r, nd) *
-                                    isz);
+    busiest = std::max(busiest,
+                       checked_mul(planner::collective_recv_count(StepKind::AllReduce, n,
+                                                                  s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
+                                                                  s.to, s.to, r, nd),
+                                   isz, "bytes of an all_reduce step"));
   const std::array<int, 1> dims{mesh_dim};
   return planner::collective_step(StepKind::AllReduce, dims, n, busiest, cost).time;
 }

@@ -165,8 +165,7 @@ void fill_rank_boxes(RankBoxes& b, const CompactLayout& l, std::span<const std::
       o[d] += c.offset;
       z[d] = c.size;
     }
-    std::int64_t n = 1;
-    for (int d = 0; d < nd; ++d) n *= z[d];
+    const std::int64_t n = numel(std::span<const std::int64_t>(z, static_cast<std::size_t>(nd)));
     b.numel[r] = n;
     b.max_numel = std::max(b.max_numel, n);
   }
@@ -180,7 +179,7 @@ inline std::int64_t inter_numel(const RankBoxes& A, int a, const RankBoxes& B, i
     const std::int64_t lo = std::max(A.off[ia + d], B.off[ib + d]);
     const std::int64_t hi = std::min(A.off[ia + d] + A.sz[ia + d], B.off[ib + d] + B.sz[ib + d]);
     if (hi <= lo) return 0;
-    n *= hi - lo;
+    n = checked_mul(n, hi - lo, "elements of a box intersection");
   }
   return n;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Shapes, row-major indexing and boxes (the regions that shards occupy).
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -13,13 +14,47 @@ namespace dtensor {
 
 using Shape = std::vector<std::int64_t>;
 
-/// Product of the sizes (1 for a 0-d shape).
+// Checked size arithmetic: every product or sum of sizes (element counts,
+// byte sizes, strides, box volumes, mesh rank counts, the planner's byte
+// counts) goes through these, so that a size beyond int64 is an error
+// naming it rather than a wrapped number.
+
+namespace detail {
+[[noreturn]] void throw_size_overflow(std::int64_t a, char op, std::int64_t b, std::string_view what);
+}  // namespace detail
+
+/// a * b, or ShapeError naming `what` and both values where it does not fit
+/// in int64. Inline: the planner's inner loops call it.
+inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::string_view what) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
+    detail::throw_size_overflow(a, '*', b, what);
+  return r;
+}
+/// a + b, or ShapeError naming `what` and both values where it does not fit in int64.
+inline std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view what) {
+  std::int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) [[unlikely]]
+    detail::throw_size_overflow(a, '+', b, what);
+  return r;
+}
+/// The product of non-negative sizes (1 for none), or nullopt where the
+/// product of the non-zero ones does not fit in int64 (then some stride or
+/// sub-box volume would not either, even when a 0 makes the count 0).
+std::optional<std::int64_t> checked_product(std::span<const std::int64_t> sizes);
+
+/// Product of the sizes (1 for a 0-d shape); ShapeError naming the shape
+/// where checked_product fails.
 std::int64_t numel(std::span<const std::int64_t> shape);
-/// Row-major strides in elements.
+/// numel(shape) * itemsize; ShapeError naming the shape and the element
+/// size where the bytes do not fit in int64.
+std::int64_t byte_size(std::span<const std::int64_t> shape, std::size_t itemsize);
+/// Row-major strides in elements; ShapeError where they do not fit (as numel).
 Shape row_major_strides(std::span<const std::int64_t> shape);
 /// Parses "64,128" or "64x128" (also "[64, 128]"); ShapeError/ParseError on bad text.
 Shape parse_shape(std::string_view text);
-/// Throws ShapeError if a size is negative; `what` names the caller.
+/// Throws ShapeError if a size is negative or the sizes do not multiply out
+/// within int64 (checked_product); `what` names the caller.
 void check_shape(std::span<const std::int64_t> shape, std::string_view what);
 
 /// Linear rank <-> mesh coordinate, row-major (the last mesh dim varies fastest).
@@ -69,7 +104,9 @@ Chunk even_split(std::int64_t count, std::int64_t parts, std::int64_t index);
 std::int64_t all_reduce_recv_count(std::int64_t count, std::int64_t n, std::int64_t index);
 /// Elements each rank receives in a reduce_scatter that leaves it `mine` of
 /// the result: (n-1)*mine, one addend from every other rank.
-constexpr std::int64_t reduce_scatter_recv_count(std::int64_t mine, std::int64_t n) { return (n - 1) * mine; }
+inline std::int64_t reduce_scatter_recv_count(std::int64_t mine, std::int64_t n) {
+  return checked_mul(n - 1, mine, "reduce_scatter elements received");
+}
 
 }  // namespace dtensor
 

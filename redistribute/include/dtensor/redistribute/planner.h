@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dtensor/core/dtype.h"
@@ -24,6 +25,29 @@ struct PlanRequest {
   bool operator==(const PlanRequest&) const = default;
   std::size_t hash() const;
 };
+
+/// The largest requests the planner takes. It keeps every rank's box of
+/// every layout it reaches, and the layouts grow with the tensor dims to the
+/// power of the mesh dims that split: its work is about ranks x dims x
+/// (dims + 2)^(mesh dims of size > 1), held to kMaxPlanWork; pricing a
+/// direct exchange is quadratic in the ranks, held to kMaxPlanRanks. These
+/// keep the worst moves within about a second and 100 MB on one core
+/// (measured with dtensor-plan; tests/test_bad_sizes.cpp). The byte limit
+/// keeps every sum of byte counts over ranks and steps far inside int64.
+inline constexpr std::int64_t kMaxPlanRanks = 1024;
+inline constexpr std::int64_t kMaxPlanTensorDims = 16;
+inline constexpr std::int64_t kMaxPlanWork = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxPlanBytes = std::int64_t{1} << 46;  // 64 TiB
+
+/// The planner's work measure above for a mesh and a tensor of `dims` dims
+/// (saturating at kMaxPlanWork + 1).
+std::int64_t plan_work(std::span<const std::int64_t> mesh_shape, std::int64_t dims);
+
+/// What is wrong with a mesh and tensor of that size for the planner, in
+/// words naming the value and the limit (mesh sizes below 1, negative sizes,
+/// counts that overflow, the limits above), or nullopt.
+std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh_shape,
+                                             std::span<const std::int64_t> global_shape, DType dtype);
 
 /// Searches over intermediate layouts (A*: guided by a lower bound on the
 /// cost still to come) with per-mesh-dim and
