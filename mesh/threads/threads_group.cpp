@@ -28,6 +28,15 @@ void World::fail(int rank, std::string msg) {
   }
 }
 
+std::string Activity::text() const {
+  const auto n = calls.load(std::memory_order_relaxed);
+  const int k = kind.load(std::memory_order_relaxed);
+  if (n == 0 || k < 0) return "running user code since it started (no collective yet)";
+  const auto name = collective_name(static_cast<CollectiveKind>(k));
+  if (inside.load(std::memory_order_relaxed)) return fmt::format("inside its {} (collective {})", name, n);
+  return fmt::format("running user code since its {} (collective {}) returned", name, n);
+}
+
 std::string sizes_text(const std::size_t* v, int n) {
   if (v == nullptr) return "[]";
   std::string out = "[";
