@@ -146,7 +146,7 @@ BOOST_AUTO_TEST_CASE(a_rank_that_sleeps_past_the_deadline_is_reported_at_the_dea
               if (c.collective_first && r != 1) comm.barrier();
               if (r == 1) {
                 if (c.collective_first) comm.barrier();
-                std::this_thread::sleep_for(std::chrono::seconds(3));
+                std::this_thread::sleep_for(std::chrono::milliseconds(2500));
                 try {
                   comm.barrier();  // the world has failed by now
                 } catch (const PeerFailed&) {
@@ -196,6 +196,55 @@ BOOST_AUTO_TEST_CASE(a_rank_that_sleeps_past_the_deadline_is_reported_at_the_dea
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       BOOST_TEST(seen->stalled_rank_stopped.load());
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let its thread finish unwinding
+    }
+  }
+}
+
+// How long a stalled rank had: a rank that a collective timed out waiting
+// for has been away a whole deadline already and gets at most 1 s more; a
+// rank that was only busy when a peer threw gets a whole deadline.
+BOOST_AUTO_TEST_CASE(a_late_rank_gets_at_most_a_second_a_busy_one_a_deadline) {
+  struct Case {
+    const char* name;
+    std::chrono::milliseconds timeout;
+    bool peer_throws;  // else the peers time out waiting for rank 1
+    const char* waited;
+    const char* cause;
+  };
+  for (const Case& c : {Case{"late", std::chrono::milliseconds(1200), false, "still running 1000 ms after rank ",
+                             "timed out after 1200 ms waiting for rank(s) 1"},
+                        Case{"busy", std::chrono::milliseconds(300), true, "still running 300 ms after rank 0 failed",
+                             "rank 0 failed: rank 0 gives up"}}) {
+    BOOST_TEST_CONTEXT("rank 1 " << c.name) {
+      auto seen = std::make_shared<StallSeen>();
+      std::string what;
+      try {
+        run_threads(
+            3,
+            [seen, c](Communicator& comm) {
+              if (comm.rank() == 1) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+                seen->stalled_rank_stopped = true;
+                return;
+              }
+              if (c.peer_throws && comm.rank() == 0) throw ValueError("rank 0 gives up");
+              comm.barrier();
+            },
+            ThreadsOptions{c.timeout});
+        BOOST_ERROR("run_threads returned normally");
+      } catch (const RankStalled& e) {
+        what = e.what();
+      } catch (const std::exception& e) {
+        BOOST_ERROR("expected RankStalled, got: " << e.what());
+      }
+      BOOST_TEST_INFO("message: " << what);
+      BOOST_TEST(contains(what, "[run_threads] rank 1 of 3 stalled: "));
+      BOOST_TEST(contains(what, c.waited));
+      BOOST_TEST(contains(what, c.cause));
+      const auto wait_start = Clock::now();
+      while (!seen->stalled_rank_stopped && seconds_since(wait_start) < 10)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
 }

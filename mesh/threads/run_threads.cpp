@@ -57,25 +57,53 @@ void rank_main(const std::shared_ptr<World>& world, const std::shared_ptr<Group>
   finish->cv.notify_all();
 }
 
+// How long a rank that a collective already timed out waiting for gets to
+// return once the world has failed: it has been away from the collectives
+// for a whole deadline, and if it only was about to arrive, it meets the
+// failure at once and needs no more than this to unwind.
+constexpr std::chrono::milliseconds kLateRankGrace{1000};
+
 // Waits for every started rank. While no rank has failed that may take as
 // long as the ranks compute. Once one has, the others stop at their next
-// collective, or at once if they wait in one, and a rank in user code gets as
-// long to reach one as any collective waits for its peers: one timeout.
-// Returns the ranks still running then.
-std::vector<int> wait_for_ranks(const World& world, Finish& finish) {
+// collective, or at once if they wait in one, and a rank in user code gets
+// as long to reach one as any collective waits for its peers: one timeout,
+// or only min(timeout, kLateRankGrace) when a collective timed out waiting
+// for it. Returns the ranks still running then, and how long they had.
+struct Stalled {
+  std::vector<int> ranks;
+  std::chrono::milliseconds waited{0};
+};
+
+Stalled wait_for_ranks(World& world, Finish& finish) {
   std::unique_lock lock(finish.mu);
   // Every World::fail comes from a rank that then returns (and notifies), or
   // from run_threads itself before it waits, so this wakes on a failure.
   finish.cv.wait(lock, [&] { return finish.running == 0 || world.has_failed(); });
-  const auto deadline = Clock::now() + world.options.timeout;
-  if (finish.cv.wait_until(lock, deadline, [&] { return finish.running == 0; })) return {};
-  std::vector<int> stalled;
-  for (std::size_t r = 0; r < finish.done.size(); ++r)
-    if (!finish.done[r]) stalled.push_back(static_cast<int>(r));
-  return stalled;
+  const auto failed_at = Clock::now();
+  const auto all_done = [&] { return finish.running == 0; };
+  const auto running = [&] {
+    std::vector<int> ranks;
+    for (std::size_t r = 0; r < finish.done.size(); ++r)
+      if (!finish.done[r]) ranks.push_back(static_cast<int>(r));
+    return ranks;
+  };
+  const auto timeout = world.options.timeout;
+  const auto grace = std::min(timeout, kLateRankGrace);
+  if (finish.cv.wait_until(lock, failed_at + grace, all_done)) return {};
+  std::vector<int> late;
+  {
+    std::lock_guard world_lock(world.mu);
+    late = world.late;
+  }
+  const auto left = running();
+  const bool all_late = std::all_of(left.begin(), left.end(),
+                                    [&](int r) { return std::find(late.begin(), late.end(), r) != late.end(); });
+  if (all_late) return {left, grace};
+  if (finish.cv.wait_until(lock, failed_at + timeout, all_done)) return {};
+  return {running(), timeout};
 }
 
-std::string stall_report(const World& world, const std::vector<int>& stalled) {
+std::string stall_report(const World& world, const std::vector<int>& stalled, std::chrono::milliseconds waited) {
   std::vector<std::string> doing;
   for (int r : stalled)
     doing.push_back(fmt::format("rank {} was {}", r, world.activity[static_cast<std::size_t>(r)].text()));
@@ -83,8 +111,8 @@ std::string stall_report(const World& world, const std::vector<int>& stalled) {
                                 ? fmt::format("rank {} failed: {}", world.failed_rank, world.failed_msg)
                                 : world.failed_msg;
   return fmt::format("[run_threads] rank{} {} of {} stalled: still running {} ms after {}; {}; {} detached",
-                     stalled.size() > 1 ? "s" : "", fmt::join(stalled, ", "), world.size, world.options.timeout.count(),
-                     cause, fmt::join(doing, "; "), stalled.size() > 1 ? "their threads were" : "its thread was");
+                     stalled.size() > 1 ? "s" : "", fmt::join(stalled, ", "), world.size, waited.count(), cause,
+                     fmt::join(doing, "; "), stalled.size() > 1 ? "their threads were" : "its thread was");
 }
 
 }  // namespace
@@ -133,7 +161,7 @@ void run_threads(int world_size, const RankFn& fn, ThreadsOptions options) {
     }
   }
 
-  const std::vector<int> stalled = wait_for_ranks(*world, *finish);
+  const auto [stalled, waited] = wait_for_ranks(*world, *finish);
   for (std::size_t r = 0; r < threads.size(); ++r) {
     // A stalled thread cannot be joined without hanging, and a joinable
     // std::thread left to its destructor calls std::terminate: detach it.
@@ -144,7 +172,7 @@ void run_threads(int world_size, const RankFn& fn, ThreadsOptions options) {
     else
       threads[r].join();
   }
-  if (!stalled.empty()) throw RankStalled(stalled, stall_report(*world, stalled));
+  if (!stalled.empty()) throw RankStalled(stalled, stall_report(*world, stalled, waited));
   if (!start_error.empty()) throw CommError(start_error);
   if (world->has_failed())
     throw RankFailed(world->failed_rank,

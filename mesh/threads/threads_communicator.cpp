@@ -290,9 +290,12 @@ class ThreadsCommunicator final : public Communicator {
         if (world_->has_failed()) throw peer_failed(kind);
         if (group_->mail_cv.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
           it = group_->mail.find(key);
-          if (it == group_->mail.end() || it->second.empty())
+          if (it == group_->mail.end() || it->second.empty()) {
+            lock.unlock();
+            note_late({src});
             throw CommTimeout(fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}) timed out after {} ms",
                                           rank_, size(), src, tag, timeout().count()));
+          }
         }
       }
     }
@@ -460,11 +463,18 @@ class ThreadsCommunicator final : public Communicator {
     throw PeerFailed(msg);
   }
 
-  std::string missing_ranks(std::uint64_t seq) const {
+  // The group ranks that have not posted round `seq`.
+  std::vector<int> missing_ranks(std::uint64_t seq) const {
     std::vector<int> missing;
     for (int p = 0; p < size(); ++p)
       if (group_->slot(p, seq).seq != seq) missing.push_back(p);
-    return fmt::format("{}", fmt::join(missing, ", "));
+    return missing;
+  }
+  // Tells the world which process ranks this rank timed out waiting for.
+  void note_late(const std::vector<int>& group_ranks) const {
+    std::vector<int> ranks;
+    for (int p : group_ranks) ranks.push_back(group_->world_ranks[static_cast<std::size_t>(p)]);
+    world_->note_late(ranks);
   }
 
   // Phase A: post this rank's slot, wait for the group, check agreement.
@@ -497,13 +507,16 @@ class ThreadsCommunicator final : public Communicator {
           }
           if (g.cv.wait_until(lock, deadline) == std::cv_status::timeout && g.gen == my_gen && !g.broken &&
               !world_->has_failed()) {
-            const auto msg = fmt::format("{} on rank {} of {} timed out after {} ms waiting for rank(s) {}",
-                                         collective_name(kind), rank_, g.n, timeout().count(), missing_ranks(seq));
+            const auto missing = missing_ranks(seq);
+            const auto msg =
+                fmt::format("{} on rank {} of {} timed out after {} ms waiting for rank(s) {}", collective_name(kind),
+                            rank_, g.n, timeout().count(), fmt::join(missing, ", "));
             g.broken = true;
             g.broken_by_timeout = true;
             g.broken_msg = msg;
             lock.unlock();
             g.cv.notify_all();
+            note_late(missing);
             throw CommTimeout("[threads] " + msg);
           }
         }

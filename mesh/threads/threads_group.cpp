@@ -28,6 +28,12 @@ void World::fail(int rank, std::string msg) {
   }
 }
 
+void World::note_late(const std::vector<int>& ranks) {
+  std::lock_guard lock(mu);
+  for (int r : ranks)
+    if (std::find(late.begin(), late.end(), r) == late.end()) late.push_back(r);
+}
+
 std::string Activity::text() const {
   const auto n = calls.load(std::memory_order_relaxed);
   const int k = kind.load(std::memory_order_relaxed);

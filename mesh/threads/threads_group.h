@@ -63,7 +63,12 @@ struct World {
     std::erase_if(groups, [](const std::weak_ptr<Group>& w) { return w.expired(); });
     groups.push_back(g);
   }
+  // Process ranks that a collective timed out waiting for: if the world
+  // fails, run_threads gives them less time to return (see run_threads.cpp).
+  std::vector<int> late;  // guarded by mu
+
   void fail(int rank, std::string msg);
+  void note_late(const std::vector<int>& ranks);
   bool has_failed() const { return failed.load(std::memory_order_acquire); }
 };
 

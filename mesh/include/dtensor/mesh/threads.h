@@ -35,7 +35,8 @@ struct ThreadsOptions {
 /// If a rank throws, every other rank's pending or next collective fails with
 /// PeerFailed, all threads are joined, and run_threads rethrows on the caller
 /// as RankFailed naming the first rank that failed and its message.
-/// After a failure every other rank has one more `timeout` to return; a rank
+/// After a failure every other rank has one more `timeout` to return (at
+/// most 1 s when a collective already timed out waiting for it); a rank
 /// still running then (sleeping or looping in user code, so it never reaches
 /// the collective that would stop it) cannot be joined: its thread is
 /// detached and run_threads throws RankStalled naming it and what it was last
