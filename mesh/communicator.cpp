@@ -3,9 +3,17 @@
 #include <vector>
 
 #include "dtensor/core/cuda.h"
+#include "dtensor/core/error.h"
 #include "dtensor/core/units.h"
 
 namespace dtensor {
+
+std::chrono::milliseconds checked_timeout(std::string_view what, std::chrono::milliseconds timeout) {
+  if (timeout < kMinTimeout || timeout > kMaxTimeout)
+    throw ValueError(fmt::format("{} {} ms: expected a timeout from {} to {} ms (30 days)", what, timeout.count(),
+                                 kMinTimeout.count(), kMaxTimeout.count()));
+  return timeout;
+}
 
 std::string_view collective_name(CollectiveKind kind) {
   switch (kind) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iostream>
 #include <optional>
 #include <string>
 
@@ -53,10 +54,47 @@ std::optional<std::string> take_flag(int& argc, char** argv, std::string_view fl
 std::chrono::milliseconds timeout_of(const LaunchOptions& options) {
   if (const char* t = env("DTENSOR_TIMEOUT_MS")) {
     auto v = parse_positive(t);
-    if (!v) throw ValueError(fmt::format("DTENSOR_TIMEOUT_MS='{}': expected a positive number of milliseconds", t));
-    return std::chrono::milliseconds(*v);
+    if (!v)
+      throw ValueError(fmt::format("DTENSOR_TIMEOUT_MS='{}': expected a whole number of milliseconds from {} to {}", t,
+                                   kMinTimeout.count(), kMaxTimeout.count()));
+    return checked_timeout("DTENSOR_TIMEOUT_MS", std::chrono::milliseconds(*v));
   }
-  return options.timeout;
+  return checked_timeout("LaunchOptions::timeout", options.timeout);
+}
+
+// The thread ranks: --ranks, else $DTENSOR_RANKS, else options.default_ranks;
+// a bad value is reported under the name it came by.
+long thread_ranks(const std::optional<std::string>& flag, const LaunchOptions& options) {
+  const auto expected = [](std::string_view what, std::string_view value) {
+    return ValueError(
+        fmt::format("{}{}: expected a whole number of thread ranks from 1 to {}", what, value, kMaxThreadRanks));
+  };
+  std::optional<long> n;
+  if (flag) {
+    n = parse_positive(*flag);
+    if (!n || *n > kMaxThreadRanks) throw expected("--ranks ", fmt::format("'{}'", *flag));
+  } else if (const char* e = env("DTENSOR_RANKS")) {
+    n = parse_positive(e);
+    if (!n || *n > kMaxThreadRanks) throw expected("DTENSOR_RANKS=", fmt::format("'{}'", e));
+  } else {
+    n = options.default_ranks;
+    if (*n < 1 || *n > kMaxThreadRanks) throw expected("LaunchOptions::default_ranks ", std::to_string(*n));
+  }
+  return *n;
+}
+
+// A thread that run_threads had to detach (RankStalled) may still be running
+// the program's function, which refers to main()'s locals and to static
+// objects: returning into main, or running static destructors and atexit
+// handlers under it (exit()), would race with it or deadlock on a lock it
+// holds. So flush what the program printed and end the process here, with
+// _Exit, which runs neither.
+[[noreturn]] void exit_with_stalled_ranks(const RankStalled& e) {
+  fmt::print(stderr, "dtensor: {}\ndtensor: ending the process: a stalled rank thread cannot be joined\n", e.what());
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(1);
 }
 
 // --device / DTENSOR_DEVICE: where the ranks keep their shards.
@@ -132,23 +170,18 @@ int launch(int& argc, char** argv, const std::function<void(Communicator& world)
       throw ValueError(fmt::format("DTENSOR_BACKEND='{}': expected 'threads' or 'mpi'", b));
     if (launch_backend() == "mpi") return run_mpi(ranks_flag, device, fn, options);
 
-    long ranks = options.default_ranks;
-    if (ranks_flag) {
-      auto n = parse_positive(*ranks_flag);
-      if (!n) throw ValueError(fmt::format("--ranks '{}': expected a whole number of ranks >= 1", *ranks_flag));
-      ranks = *n;
-    } else if (const char* e = env("DTENSOR_RANKS")) {
-      auto n = parse_positive(e);
-      if (!n) throw ValueError(fmt::format("DTENSOR_RANKS='{}': expected a whole number of ranks >= 1", e));
-      ranks = *n;
-    }
-    if (ranks > 4096) throw ValueError(fmt::format("--ranks {}: expected at most 4096 thread ranks", ranks));
+    const long ranks = thread_ranks(ranks_flag, options);
     ThreadsOptions threads_options{timeout_of(options)};
     threads_options.device = device;  // CUDA: simulated GPU ranks on one device
     run_threads(static_cast<int>(ranks), fn, threads_options);
     return 0;
+  } catch (const RankStalled& e) {
+    exit_with_stalled_ranks(e);
   } catch (const RankFailed& e) {
     fmt::print(stderr, "dtensor: {}\n", e.what());  // names the rank
+    return 1;
+  } catch (const CommError& e) {  // the system could not start every rank thread
+    fmt::print(stderr, "dtensor: {}\n", e.what());
     return 1;
   } catch (const ValueError& e) {
     fmt::print(stderr, "dtensor: {}\n", e.what());

@@ -220,6 +220,34 @@ class BadArguments(unittest.TestCase):
                 self.assertTrue(lines[0].startswith("dtensor-plan: "), lines[0])
                 self.assertIn(named, lines[0])
 
+    def test_integers_out_of_range_are_refused_not_clamped_or_wrapped(self):
+        # The argument parser used to wrap --seed -1 to 2^64-1, clamp an
+        # overflowing --seed or --ranks to the type's maximum, and read 0x10 as 16.
+        seed_range = "expected a whole-number seed from 0 to 18446744073709551615"
+        ranks_range = "expected a whole number of ranks from 1 to 65536"
+        cases = [
+            ("--seed", "-1", seed_range),
+            ("--seed", "18446744073709551616", seed_range),
+            ("--seed", "99999999999999999999999", seed_range),
+            ("--seed", "0x10", seed_range),
+            ("--seed", "+5", seed_range),
+            ("--ranks", "18446744073709551620", ranks_range),
+            ("--ranks", "9223372036854775808", ranks_range),
+            ("--ranks", "-4", ranks_range),
+            ("--ranks", "0", ranks_range),
+            ("--ranks", "65537", ranks_range),
+        ]
+        for option, value, expected in cases:
+            with self.subTest(option=option, value=value):
+                proc = run(*EXAMPLE, "--run", option, value)
+                self.assertEqual(proc.returncode, 2, f"{option} {value}: {proc.stdout} {proc.stderr}")
+                self.assertEqual(proc.stdout, "")
+                self.assertEqual(proc.stderr, f"dtensor-plan: {option} '{value}': {expected}\n")
+
+    def test_integers_at_the_ends_of_their_range_are_accepted(self):
+        out = run_json(self, *EXAMPLE, "--run", "--seed", "18446744073709551615", "--ranks", "8")
+        self.assertIs(out["verified"], True)
+
     def test_the_documented_message(self):
         proc = run("--mesh", "2x4", "--shape", "64,128", "--from", "S(0),Q", "--to", "R,R")
         self.assertEqual(proc.stderr, "dtensor-plan: --from 'S(0),Q': 'Q' is not a placement: "

@@ -35,7 +35,12 @@ def main() -> int:
     use_mpi = "--mpi" in sys.argv[2:]
     env = dict(os.environ, DTENSOR_TIMEOUT_MS=str(TIMEOUT_MS))
     env.pop("DTENSOR_BACKEND", None)
-    cases = [("threads", "throw", [program, "throw", "--ranks", "4"], ["rank 1 gives up on purpose"], env)]
+    cases = [("threads", "throw", [program, "throw", "--ranks", "4"], ["rank 1 gives up on purpose"], env),
+             # The peers time out on the sleeping rank; one deadline later the
+             # process names it and ends instead of joining it (10 minutes).
+             ("threads", "stall", [program, "stall", "--ranks", "4"],
+              ["timed out after 3000 ms waiting for rank(s) 1", "rank 1 of 4 stalled",
+               "rank 1 was running user code since its"], env)]
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
         menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",

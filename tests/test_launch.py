@@ -80,6 +80,10 @@ def main() -> int:
         rc, _, err = run([mpirun, "-np", "4", demo, "--ranks", "8"], menv)
         checks.append(("--ranks 8 under mpirun -np 4 is refused (exit 2)",
                        "expected them to agree" in err and rc != 0, err))
+        rc, out, err = run([mpirun, "-np", "4", plan, "--mesh", "2x4", "--shape", "12,10", "--from", "P(sum),S(1)",
+                            "--to", "R,S(0)", "--run"], menv)
+        checks.append(("dtensor-plan --run --mesh 2x4 under mpirun -np 4 is refused (exit 2)",
+                       rc == 2 and "--mesh '2x4' has 8 ranks, but the MPI job has 4 processes" in err, err + out[-500:]))
         rc, out, err = run([mpirun, "-np", "8", plan, "--mesh", "2x4", "--shape", "12,10", "--from", "P(sum),S(1)",
                             "--to", "R,S(0)", "--run"], menv)
         checks.append(("dtensor-plan --run verifies its plan on 8 MPI processes",

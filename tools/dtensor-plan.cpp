@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <atomic>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <optional>
 #include <string>
@@ -47,8 +48,12 @@ struct UsageError : std::runtime_error {
 
 struct Options {
   std::string mesh, shape, dtype = "f32", from, to, slow_dims;
-  std::optional<std::int64_t> ranks;
+  // As typed: the argument parser would clamp or wrap values out of range.
+  std::optional<std::string> ranks_text;
+  std::string seed_text = "0";
   bool json = false, run = false;
+  // Checked from the texts by parse_numbers.
+  std::optional<std::int64_t> ranks;
   std::uint64_t seed = 0;
 };
 
@@ -84,6 +89,24 @@ std::vector<std::int64_t> parse_ints(std::string_view option, std::string_view t
     rest = rest.substr(pos + 1);
   }
   return out;
+}
+
+// The integer options, base 10, digits only: a value outside [lo, hi] is
+// refused, never clamped or wrapped.
+std::uint64_t parse_whole(std::string_view option, std::string_view text, std::uint64_t lo, std::uint64_t hi,
+                          std::string_view what) {
+  std::uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < lo || v > hi)
+    throw UsageError(fmt::format("{} '{}': expected {} from {} to {}", option, text, what, lo, hi));
+  return v;
+}
+
+void parse_numbers(Options& o) {
+  if (o.ranks_text)
+    o.ranks = static_cast<std::int64_t>(
+        parse_whole("--ranks", *o.ranks_text, 1, static_cast<std::uint64_t>(kMaxRanks), "a whole number of ranks"));
+  o.seed = parse_whole("--seed", o.seed_text, 0, std::numeric_limits<std::uint64_t>::max(), "a whole-number seed");
 }
 
 Shape parse_mesh(const Options& o) {
@@ -344,11 +367,10 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--to", o.to, "target placements, e.g. 'R,R' (S(d), R, P(sum|avg|max|min))")->required();
   app.add_option("--slow-dims", o.slow_dims, "comma list of mesh dims whose links are inter-node, e.g. 0");
-  app.add_option_function<std::int64_t>(
-      "--ranks", [&o](const std::int64_t& n) { o.ranks = n; }, "check that the mesh multiplies out to this many ranks");
+  app.add_option("--ranks", o.ranks_text, "check that the mesh multiplies out to this many ranks");
   app.add_flag("--json", o.json, "print one JSON object instead of the explanation");
   app.add_flag("--run", o.run, "also run the plan on threads with random data and check the result");
-  app.add_option("--seed", o.seed, "seed of the random data for --run")->capture_default_str();
+  app.add_option("--seed", o.seed_text, "seed of the random data for --run")->capture_default_str();
   app.footer(
       "Example: dtensor-plan --mesh 2x4 --shape 64,128 --from 'S(0),S(1)' --to 'R,R'\n"
       "Exit status: 0 ok, 1 --run found a wrong result, 2 bad arguments (--run: shards beyond 1 GiB), 3 --run "
@@ -364,6 +386,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
+    parse_numbers(o);
     const Prepared p = prepare(o);
     if (!o.run) return report(o, p.plan, p.cost, std::nullopt, "");
     // One rank per mesh rank: threads unless started by mpirun.
@@ -374,8 +397,20 @@ int main(int argc, char** argv) {
     const int launched = launch(
         argc, argv,
         [&](Communicator& world) {
+          const std::int64_t mesh_ranks = numel(p.plan.mesh_shape);
+          if (world.size() != mesh_ranks) {
+            // Only under mpirun (thread ranks are started from the mesh): a
+            // bad argument, exit 2 on every rank, not a wrong result.
+            if (world.rank() == 0)
+              fmt::print(stderr,
+                         "dtensor-plan: --mesh '{}' has {} ranks, but the MPI job has {} processes: expected them "
+                         "to agree\n",
+                         o.mesh, mesh_ranks, world.size());
+            status.store(kExitUsage);
+            return;
+          }
+          // A failure mid-run propagates: launch reports it.
           std::optional<cli::RunResult> run;
-          std::string run_error;
           try {
             run = cli::run_plan(p.plan, o.seed, world);
           } catch (const std::bad_alloc&) {
@@ -385,15 +420,10 @@ int main(int argc, char** argv) {
             throw dtensor::Error(fmt::format("--run ran out of memory on rank {} with a {} {} tensor ({}) on {} ranks",
                                              world.rank(), cli::shape_text(p.plan.global_shape), p.plan.dtype,
                                              human_bytes(byte_size(p.plan.global_shape, itemsize(p.plan.dtype))),
-                                             numel(p.plan.mesh_shape)));
-          } catch (const dtensor::Error& e) {
-            if (world.size() == numel(p.plan.mesh_shape)) throw;  // a failure mid-run: launch reports it
-            run_error = e.what();
-            run = cli::RunResult{};
-            run->problems.push_back(fmt::format("the run failed: {}", run_error));
+                                             mesh_ranks));
           }
           if (world.rank() == 0)
-            status.store(report(o, p.plan, p.cost, run, run_error));
+            status.store(report(o, p.plan, p.cost, run, ""));
           else if (!run->verified)
             status.store(kExitVerifyFailed);
         },

@@ -70,7 +70,8 @@ class ThreadsCommunicator final : public Communicator {
     constexpr auto kind = CollectiveKind::AllReduce;
     const std::size_t isz = check_dtype(kind, dtype);
     const int n = size();
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     if (n == 1) {
       move_bytes(recv, send, count * isz);
       stats_->record(kind, 0);
@@ -109,7 +110,8 @@ class ThreadsCommunicator final : public Communicator {
     constexpr auto kind = CollectiveKind::AllGather;
     const int n = size();
     check_entries(kind, "recv_bytes", recv_bytes.size());
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     auto* out = static_cast<std::byte*>(recv);
     const std::size_t my_off = prefix(recv_bytes, rank_);
     if (n == 1) {
@@ -141,7 +143,8 @@ class ThreadsCommunicator final : public Communicator {
     const std::size_t isz = check_dtype(kind, dtype);
     const int n = size();
     check_entries(kind, "counts", counts.size());
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     const std::size_t my_count = counts[static_cast<std::size_t>(rank_)];
     const std::size_t my_off = prefix(counts, rank_) * isz;
     const auto* own = static_cast<const std::byte*>(send) + my_off;
@@ -184,7 +187,8 @@ class ThreadsCommunicator final : public Communicator {
     const int n = size();
     checks().all_to_all(send_bytes, send_offsets, recv_bytes, recv_offsets);
     const auto r = static_cast<std::size_t>(rank_);
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     auto* out = static_cast<std::byte*>(recv);
     move_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
     if (n == 1) {
@@ -212,7 +216,8 @@ class ThreadsCommunicator final : public Communicator {
   void broadcast(void* buf, std::size_t bytes, int root) override {
     constexpr auto kind = CollectiveKind::Broadcast;
     check_root(kind, root);
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     if (size() == 1) {
       stats_->record(kind, 0);
       return;
@@ -230,7 +235,8 @@ class ThreadsCommunicator final : public Communicator {
     constexpr auto kind = CollectiveKind::Scatter;
     check_entries(kind, "bytes", bytes.size());
     check_root(kind, root);
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     const std::size_t mine = bytes[static_cast<std::size_t>(rank_)];
     if (size() == 1) {
       move_bytes(recv, send, mine);
@@ -249,7 +255,7 @@ class ThreadsCommunicator final : public Communicator {
   void send(const void* buf, std::size_t bytes, int dst, int tag) override {
     constexpr auto kind = CollectiveKind::SendRecv;
     check_peer("send to", dst);
-    enter(kind);
+    const Call call = enter(kind);
     Message m;
     m.data.resize(bytes);
     if (on_gpu())
@@ -267,7 +273,8 @@ class ThreadsCommunicator final : public Communicator {
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
     constexpr auto kind = CollectiveKind::SendRecv;
     check_peer("recv from", src);
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     Message m;
     {
       std::unique_lock lock(group_->mu);
@@ -283,9 +290,12 @@ class ThreadsCommunicator final : public Communicator {
         if (world_->has_failed()) throw peer_failed(kind);
         if (group_->mail_cv.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
           it = group_->mail.find(key);
-          if (it == group_->mail.end() || it->second.empty())
+          if (it == group_->mail.end() || it->second.empty()) {
+            lock.unlock();
+            note_late({src});
             throw CommTimeout(fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}) timed out after {} ms",
                                           rank_, size(), src, tag, timeout().count()));
+          }
         }
       }
     }
@@ -303,7 +313,8 @@ class ThreadsCommunicator final : public Communicator {
 
   void barrier() override {
     constexpr auto kind = CollectiveKind::Barrier;
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     if (size() > 1) {
       Slot s;
       s.desc = {.kind = kind};
@@ -314,7 +325,8 @@ class ThreadsCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     constexpr auto kind = CollectiveKind::Split;
-    const auto deadline = enter(kind);
+    const Call call = enter(kind);
+    const auto deadline = call.deadline;
     const int n = size();
     std::shared_ptr<Group> group;
     int new_rank = 0;
@@ -415,15 +427,33 @@ class ThreadsCommunicator final : public Communicator {
   void check_peer(std::string_view what, int peer) const { checks().peer(what, peer); }
 
   PeerFailed peer_failed(CollectiveKind kind) const {
+    if (world_->failed_rank < 0)  // run_threads itself could not start every rank
+      return PeerFailed(
+          fmt::format("[threads] {} on rank {} of {}: {}", collective_name(kind), rank_, size(), world_->failed_msg));
     return PeerFailed(fmt::format("[threads] {} on rank {} of {}: rank {} failed: {}", collective_name(kind), rank_,
                                   size(), world_->failed_rank, world_->failed_msg));
   }
 
+  // One collective call: its deadline, and this rank's Activity marked as
+  // inside it until the call returns or throws.
+  struct Call {
+    Activity& activity;
+    Clock::time_point deadline;
+    Call(Activity& a, Clock::time_point d) : activity(a), deadline(d) {}
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    ~Call() { activity.inside.store(false, std::memory_order_relaxed); }
+  };
+
   // Fails at once if the world has failed (a broken group is caught when
-  // posting); returns the deadline of this call.
-  Clock::time_point enter(CollectiveKind kind) {
+  // posting); returns the call, with its deadline.
+  Call enter(CollectiveKind kind) {
     if (world_->has_failed()) throw peer_failed(kind);
-    return Clock::now() + timeout();
+    Activity& a = world_->activity[static_cast<std::size_t>(world_rank_)];
+    a.kind.store(static_cast<int>(kind), std::memory_order_relaxed);
+    a.calls.store(a.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    a.inside.store(true, std::memory_order_relaxed);
+    return Call(a, Clock::now() + timeout());  // guaranteed elision: one Call, one reset
   }
 
   [[noreturn]] void throw_broken(CollectiveKind kind) const {
@@ -433,11 +463,18 @@ class ThreadsCommunicator final : public Communicator {
     throw PeerFailed(msg);
   }
 
-  std::string missing_ranks(std::uint64_t seq) const {
+  // The group ranks that have not posted round `seq`.
+  std::vector<int> missing_ranks(std::uint64_t seq) const {
     std::vector<int> missing;
     for (int p = 0; p < size(); ++p)
       if (group_->slot(p, seq).seq != seq) missing.push_back(p);
-    return fmt::format("{}", fmt::join(missing, ", "));
+    return missing;
+  }
+  // Tells the world which process ranks this rank timed out waiting for.
+  void note_late(const std::vector<int>& group_ranks) const {
+    std::vector<int> ranks;
+    for (int p : group_ranks) ranks.push_back(group_->world_ranks[static_cast<std::size_t>(p)]);
+    world_->note_late(ranks);
   }
 
   // Phase A: post this rank's slot, wait for the group, check agreement.
@@ -470,13 +507,16 @@ class ThreadsCommunicator final : public Communicator {
           }
           if (g.cv.wait_until(lock, deadline) == std::cv_status::timeout && g.gen == my_gen && !g.broken &&
               !world_->has_failed()) {
-            const auto msg = fmt::format("{} on rank {} of {} timed out after {} ms waiting for rank(s) {}",
-                                         collective_name(kind), rank_, g.n, timeout().count(), missing_ranks(seq));
+            const auto missing = missing_ranks(seq);
+            const auto msg =
+                fmt::format("{} on rank {} of {} timed out after {} ms waiting for rank(s) {}", collective_name(kind),
+                            rank_, g.n, timeout().count(), fmt::join(missing, ", "));
             g.broken = true;
             g.broken_by_timeout = true;
             g.broken_msg = msg;
             lock.unlock();
             g.cv.notify_all();
+            note_late(missing);
             throw CommTimeout("[threads] " + msg);
           }
         }
@@ -569,44 +609,11 @@ class ThreadsCommunicator final : public Communicator {
 
 }  // namespace
 
-void run_threads(int world_size, const std::function<void(Communicator& world)>& fn, ThreadsOptions options) {
-  if (world_size < 1) throw ValueError(fmt::format("[run_threads] world_size {}; expected at least 1", world_size));
-  std::vector<int> ranks(static_cast<std::size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
-  if (options.device == Device::CUDA) {
-    cuda::require("run_threads with Device::CUDA (simulated GPU ranks)");
-    if (options.cuda_device < 0 || options.cuda_device >= cuda::device_count())
-      throw ValueError(fmt::format("[run_threads] cuda_device {}: this process sees {} GPU(s)", options.cuda_device,
-                                   cuda::device_count()));
-  }
-  auto world = std::make_shared<World>(world_size, options);
-  auto group = std::make_shared<Group>(std::move(ranks));
-  world->add_group(group);
+namespace threads_detail {
 
-  auto body = [&](int r) {
-    try {
-      if (options.device == Device::CUDA) cuda::set_device(options.cuda_device);
-      ThreadsCommunicator comm(world, group, r);
-      fn(comm);
-    } catch (const std::exception& e) {
-      world->fail(r, e.what());
-    } catch (...) {
-      world->fail(r, "an exception not derived from std::exception");
-    }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(world_size));
-  try {
-    for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
-  } catch (const std::exception& e) {
-    world->fail(-1, fmt::format("[run_threads] could not start rank {}: {}", threads.size(), e.what()));
-    for (auto& t : threads) t.join();
-    throw;
-  }
-  for (auto& t : threads) t.join();
-  if (world->has_failed())
-    throw RankFailed(world->failed_rank,
-                     fmt::format("[run_threads] rank {} failed: {}", world->failed_rank, world->failed_msg));
+std::unique_ptr<Communicator> make_communicator(std::shared_ptr<World> world, std::shared_ptr<Group> group, int rank) {
+  return std::make_unique<ThreadsCommunicator>(std::move(world), std::move(group), rank);
 }
 
+}  // namespace threads_detail
 }  // namespace dtensor

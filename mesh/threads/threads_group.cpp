@@ -28,6 +28,21 @@ void World::fail(int rank, std::string msg) {
   }
 }
 
+void World::note_late(const std::vector<int>& ranks) {
+  std::lock_guard lock(mu);
+  for (int r : ranks)
+    if (std::find(late.begin(), late.end(), r) == late.end()) late.push_back(r);
+}
+
+std::string Activity::text() const {
+  const auto n = calls.load(std::memory_order_relaxed);
+  const int k = kind.load(std::memory_order_relaxed);
+  if (n == 0 || k < 0) return "running user code since it started (no collective yet)";
+  const auto name = collective_name(static_cast<CollectiveKind>(k));
+  if (inside.load(std::memory_order_relaxed)) return fmt::format("inside its {} (collective {})", name, n);
+  return fmt::format("running user code since its {} (collective {}) returned", name, n);
+}
+
 std::string sizes_text(const std::size_t* v, int n) {
   if (v == nullptr) return "[]";
   std::string out = "[";

@@ -29,12 +29,26 @@ constexpr std::size_t kReduceBlockBytes = 32 * 1024;
 
 struct Group;
 
+// What a rank was last doing, for the report on a rank that never returns
+// (see run_threads). Written by the rank's own thread on entering and leaving
+// each collective, read by the thread that called run_threads: relaxed, as
+// the report needs a recent value, not an ordering.
+struct Activity {
+  std::atomic<std::uint64_t> calls{0};  // collectives entered so far
+  std::atomic<int> kind{-1};            // CollectiveKind of the last one; -1: none yet
+  std::atomic<bool> inside{false};      // still inside it
+
+  std::string text() const;  // "inside its all_reduce (collective 3)", ...
+};
+
 struct World {
-  World(int n, ThreadsOptions o) : size(n), options(o), stats(static_cast<std::size_t>(n)) {}
+  World(int n, ThreadsOptions o)
+      : size(n), options(o), stats(static_cast<std::size_t>(n)), activity(new Activity[static_cast<std::size_t>(n)]) {}
 
   int size;
   ThreadsOptions options;
-  std::vector<CommStats> stats;  // one per process rank, touched by its own thread only
+  std::vector<CommStats> stats;          // one per process rank, touched by its own thread only
+  std::unique_ptr<Activity[]> activity;  // one per process rank
 
   std::atomic<bool> failed{false};
   // Written once, before `failed` is released; read only after acquiring it.
@@ -49,7 +63,12 @@ struct World {
     std::erase_if(groups, [](const std::weak_ptr<Group>& w) { return w.expired(); });
     groups.push_back(g);
   }
+  // Process ranks that a collective timed out waiting for: if the world
+  // fails, run_threads gives them less time to return (see run_threads.cpp).
+  std::vector<int> late;  // guarded by mu
+
   void fail(int rank, std::string msg);
+  void note_late(const std::vector<int>& ranks);
   bool has_failed() const { return failed.load(std::memory_order_acquire); }
 };
 
@@ -101,6 +120,9 @@ struct Group {
   std::vector<Slot> slots;                                        // [rank][round parity]
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag)
 };
+
+// The communicator of group rank `rank` of `group` (threads_communicator.cpp).
+std::unique_ptr<Communicator> make_communicator(std::shared_ptr<World> world, std::shared_ptr<Group> group, int rank);
 
 std::string sizes_text(const std::size_t* v, int n);
 std::string describe(const Descriptor& d, int n);

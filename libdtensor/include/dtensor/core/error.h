@@ -4,6 +4,8 @@
 // expected, e.g. "[layout] Shard(2) on mesh dim 1: the tensor has 2 dims".
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dtensor {
 
@@ -97,6 +99,23 @@ class RankFailed : public Error {
 
  private:
   int rank_;
+};
+
+/// Raised by run_threads when, after a rank failed, other ranks were still
+/// running one deadline later (stalled in user code: sleeping, looping):
+/// rank() is the first of them, stalled() all of them, and the message says
+/// what each was last doing. Their threads are detached and may still be
+/// running the caller's function, so the caller must end the process without
+/// returning into the state that function refers to (launch() flushes the
+/// output and calls _Exit).
+class RankStalled : public RankFailed {
+ public:
+  RankStalled(std::vector<int> stalled, const std::string& what)
+      : RankFailed(stalled.at(0), what), stalled_(std::move(stalled)) {}
+  const std::vector<int>& stalled() const noexcept { return stalled_; }
+
+ private:
+  std::vector<int> stalled_;
 };
 
 }  // namespace dtensor

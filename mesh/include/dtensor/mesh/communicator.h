@@ -48,6 +48,18 @@ enum class CollectiveKind : std::uint8_t {
 inline constexpr int kNumCollectiveKinds = 9;
 std::string_view collective_name(CollectiveKind kind);
 
+/// The deadline every backend accepts, in milliseconds: at least 1 (a zero or
+/// negative wait would fail every collective at once) and at most 30 days, far
+/// enough below steady_clock's range (about 292 years of nanoseconds) that
+/// now() + timeout never overflows into a deadline in the past.
+inline constexpr std::chrono::milliseconds kMinTimeout{1};
+inline constexpr std::chrono::milliseconds kMaxTimeout{30LL * 24 * 3600 * 1000};
+
+/// Returns `timeout` when it lies in [kMinTimeout, kMaxTimeout]; else a
+/// ValueError naming `what` (e.g. "ThreadsOptions::timeout"), the value and
+/// the range. Every backend and launch() check their timeouts here.
+std::chrono::milliseconds checked_timeout(std::string_view what, std::chrono::milliseconds timeout);
+
 /// Counters of one rank: calls and received bytes per kind of collective.
 struct CommStats {
   std::array<std::uint64_t, kNumCollectiveKinds> calls{};

@@ -48,6 +48,15 @@ std::string_view launch_backend();
 /// on threads the other ranks stop with PeerFailed and launch returns 1; under
 /// MPI the job is aborted with exit code 1, since MPI offers no other way to
 /// release peers blocked in a collective.
+/// On threads, a rank still running user code a deadline after a failure
+/// (see run_threads) is named with what it was last doing, and launch ends
+/// the process with exit code 1 instead of returning: that rank's thread
+/// could not be joined and may still use what fn refers to, so stdout and
+/// stderr are flushed and the process leaves with _Exit, running no static
+/// destructors or atexit handlers.
+/// Timeouts (options.timeout, $DTENSOR_TIMEOUT_MS) must lie in
+/// [kMinTimeout, kMaxTimeout], rank counts in [1, kMaxThreadRanks] on
+/// threads; else a message naming the value and the range, and 2.
 int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options = {});
 
 }  // namespace dtensor
