@@ -31,6 +31,12 @@ std::unique_ptr<Communicator> mpi_world(MpiOptions options = {});
 /// Ends the whole MPI job with `exit_code` (MPI_Abort), or just this process
 /// when MPI is not running.
 [[noreturn]] void mpi_abort(int exit_code) noexcept;
+/// launch() sets this while the program's body runs. A process that exits
+/// meanwhile (exit() from inside it) does not finalise MPI, which would leave
+/// its peers waiting in a collective until the deadline and Open MPI's
+/// launcher in an undefined state: it prints a line naming its rank and
+/// aborts the job with exit code 1.
+void mpi_set_program_running(bool running) noexcept;
 
 struct NcclOptions {
   /// Longest any call (creation and split included) waits before
