@@ -73,6 +73,7 @@ using Call = std::function<void(Communicator&, int odd)>;
 void expect_mismatch(std::string_view name, const Call& call, const std::vector<std::string>& expected) {
   const int odd = odd_rank(name);
   BOOST_TEST_MESSAGE("case " << name << ": seed " << kSeed << ", rank " << odd << " deviates");
+  std::string seen_on_0;
   on_ranks(kDeadline, [&](Communicator& comm, testing::FailureLog& log) {
     const auto where =
         fmt::format("case {} (seed {}, rank {} deviates) on {} rank {}", name, kSeed, odd, comm.backend(), comm.rank());
@@ -83,6 +84,7 @@ void expect_mismatch(std::string_view name, const Call& call, const std::vector<
       log.add(where + ": no CollectiveMismatch");
     } catch (const CollectiveMismatch& e) {
       message = e.what();
+      if (comm.rank() == 0) seen_on_0 = message;
     } catch (const std::exception& e) {
       log.add(fmt::format("{}: expected CollectiveMismatch, got '{}'", where, e.what()));
       return;
@@ -106,6 +108,7 @@ void expect_mismatch(std::string_view name, const Call& call, const std::vector<
       log.add(fmt::format("{}: the all_reduce after the mismatch threw '{}'", where, e.what()));
     }
   });
+  BOOST_TEST_MESSAGE("  rank 0 saw: " << seen_on_0);
 }
 
 std::vector<float> floats(std::size_t n) { return std::vector<float>(n, 1.0f); }
