@@ -97,11 +97,10 @@ int run_mpi(std::optional<std::string> ranks_flag, Device device, const std::fun
     mpi_set_program_running(true);
     fn(*world);
     mpi_set_program_running(false);
-    // A rank whose body returns while its peers still call collectives
-    // (an early return) would finalise MPI under them: this closing barrier
-    // meets their call instead, and every rank fails at once with the
-    // mismatch (or, if they are on another communicator, at the deadline).
-    world->barrier();
+    // A rank whose body returns while its peers still wait for it (an early
+    // return) must not finalise MPI under them: it tells them it is done and
+    // waits until they are too, and a peer waiting for it fails at once.
+    mpi_finish(world->timeout());
   } catch (const std::exception& e) {
     fmt::print(stderr, "dtensor: rank {} of {} failed: {}\ndtensor: aborting the MPI job\n", world->rank(),
                world->size(), e.what());

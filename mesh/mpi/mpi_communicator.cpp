@@ -86,6 +86,20 @@ std::atomic<bool>& program_running() {
   return running;
 }
 
+// End-of-program notices (mpi_finish): a duplicate of MPI_COMM_WORLD made by
+// the first mpi_world() call, on which a rank whose body returned tells
+// every other process so. A rank still waiting for it in a collective sees
+// the notice (MPI_Iprobe, never received until the end) and fails at once
+// instead of at the deadline.
+constexpr int kFinishTag = 2;
+MPI_Comm& notices() {
+  static MPI_Comm comm = MPI_COMM_NULL;
+  return comm;
+}
+// How long a missing peer's notice must stand before the peer counts as
+// gone: its signature, on another communicator, may still be in flight.
+constexpr auto kNoticeGrace = std::chrono::milliseconds(100);
+
 // Process-wide MPI state: who initialised MPI (and so finalises it).
 struct MpiRuntime {
   std::mutex mu;
@@ -202,6 +216,16 @@ class MpiCommunicator final : public Communicator {
     // Every rank of comm_ is here (it was just made), so the dup cannot hang.
     MPI_Comm_dup(comm_, &ctl_);
     MPI_Comm_set_errhandler(ctl_, MPI_ERRORS_RETURN);
+    // Each member's MPI_COMM_WORLD rank: the source of its notices.
+    MPI_Group group, world;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> local(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) local[static_cast<std::size_t>(p)] = p;
+    world_ranks_.resize(local.size());
+    MPI_Group_translate_ranks(group, size_, local.data(), world, world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
   }
 
   ~MpiCommunicator() override {
@@ -465,12 +489,15 @@ class MpiCommunicator final : public Communicator {
     int flag = 0;
     MPI_Status status;
     const auto deadline = Clock::now() + timeout_;
+    Clock::time_point noticed{};
     for (int spins = 0;; ++spins) {
       check(kind, MPI_Iprobe(src, tag, comm_, &flag, &status));
       if (flag) break;
       reap_sends();
-      if (due(spins, deadline))
-        throw timed_out(kind, fmt::format("waiting for a message from rank {} (tag {})", src, tag));
+      if (!checkpoint(spins)) continue;
+      const auto what = fmt::format("waiting for a message from rank {} (tag {})", src, tag);
+      if (Clock::now() >= deadline) throw timed_out(kind, what);
+      if (finished(src, noticed)) throw peer_finished(kind, src, what);
     }
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);
@@ -550,11 +577,17 @@ class MpiCommunicator final : public Communicator {
       ++i;
     }
     const auto deadline = Clock::now() + timeout_;
+    Clock::time_point noticed{};
     for (int spins = 0;; ++spins) {
       int done = 0;
       check(kind, MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE));
       if (done) break;
-      if (due(spins, deadline)) throw timed_out(kind, fmt::format("waiting for rank(s) {}", missing_peers()));
+      if (!checkpoint(spins)) continue;
+      const std::vector<int> missing = missing_peers();
+      if (Clock::now() >= deadline)
+        throw timed_out(kind, fmt::format("waiting for rank(s) {}", fmt::join(missing, ", ")));
+      for (int p : missing)
+        if (finished(p, noticed)) throw peer_finished(kind, p, "waiting for it to arrive");
     }
     if (!signatures_agree(signatures_, size_)) {
       // Every rank holds this same table, so every rank is here too.
@@ -573,8 +606,10 @@ class MpiCommunicator final : public Communicator {
     return true;
   }
 
-  // After an arrival timed out: the peers whose signature never came.
-  std::string missing_peers() {
+  // While an arrival waits: the peers whose signature has not come. (Each
+  // receive is tested on its own: one that completes here is freed and left
+  // as MPI_REQUEST_NULL, which later tests count as done.)
+  std::vector<int> missing_peers() {
     std::vector<int> missing;
     const auto r = static_cast<std::size_t>(rank_);
     for (std::size_t p = 0, i = 0; p < static_cast<std::size_t>(size_); ++p) {
@@ -583,7 +618,28 @@ class MpiCommunicator final : public Communicator {
       MPI_Test(&requests_[i++], &flag, MPI_STATUS_IGNORE);
       if (!flag) missing.push_back(static_cast<int>(p));
     }
-    return fmt::format("{}", fmt::join(missing, ", "));
+    return missing;
+  }
+
+  // Whether `peer`'s end-of-program notice has stood for kNoticeGrace;
+  // `noticed` keeps when one was first seen.
+  bool finished(int peer, Clock::time_point& noticed) const {
+    if (notices() == MPI_COMM_NULL) return false;
+    int flag = 0;
+    MPI_Iprobe(world_ranks_[static_cast<std::size_t>(peer)], kFinishTag, notices(), &flag, MPI_STATUS_IGNORE);
+    if (!flag) return false;
+    const auto now = Clock::now();
+    if (noticed == Clock::time_point{}) noticed = now;
+    return now - noticed >= kNoticeGrace;
+  }
+
+  PeerFailed peer_finished(CollectiveKind kind, int peer, std::string_view what) {
+    broken_ = true;  // the request this call posted can never complete
+    broken_msg_ = fmt::format("rank {} returned from its program during {}", peer, collective_name(kind));
+    return PeerFailed(
+        fmt::format("[mpi] {} on rank {} of {}: rank {} returned from its program (launch()'s body) "
+                    "while this rank was {}",
+                    collective_name(kind), rank_, size_, peer, what));
   }
 
   // Fails at once on a communicator that an earlier timeout left unusable.
@@ -603,16 +659,17 @@ class MpiCommunicator final : public Communicator {
       int flag = 0;
       check(kind, MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
       if (flag) return;
-      if (due(spins, deadline)) throw timed_out(kind, "inside the call, after every rank had arrived");
+      if (checkpoint(spins) && Clock::now() >= deadline)
+        throw timed_out(kind, "inside the call, after every rank had arrived");
     }
   }
 
   // Between polls: give the core to a peer when ranks outnumber cores, and
-  // say whether the deadline has passed (checked every 64 polls).
-  bool due(int spins, Clock::time_point deadline) const {
+  // say whether this poll is one that checks the deadline (every 64th).
+  bool checkpoint(int spins) const {
     if (spins < 64) return false;
     if (oversubscribed_) sched_yield();
-    return (spins & 63) == 0 && Clock::now() >= deadline;
+    return (spins & 63) == 0;
   }
 
   // Marks the communicator broken (a request is left incomplete).
@@ -701,6 +758,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::uint64_t> signatures_;
   std::vector<MPI_Request> requests_;
   std::vector<std::size_t> sizes_;
+  std::vector<int> world_ranks_;  // member -> MPI_COMM_WORLD rank
 };
 
 }  // namespace
@@ -713,6 +771,10 @@ std::unique_ptr<Communicator> mpi_world(MpiOptions options) {
   // A private copy: user code's own MPI traffic never matches ours.
   const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   if (rc != MPI_SUCCESS) throw CommError(fmt::format("[mpi] MPI_Comm_dup failed: {}", mpi_error_text(rc)));
+  if (notices() == MPI_COMM_NULL) {  // the first call, on every process alike
+    MPI_Comm_dup(MPI_COMM_WORLD, &notices());
+    MPI_Comm_set_errhandler(notices(), MPI_ERRORS_RETURN);
+  }
   // Ranks outnumber cores when the processes sharing this node do.
   MPI_Comm node;
   int node_ranks = 1;
@@ -728,6 +790,44 @@ std::unique_ptr<Communicator> mpi_world(MpiOptions options) {
 }
 
 void mpi_set_program_running(bool running) noexcept { program_running().store(running); }
+
+void mpi_finish(std::chrono::milliseconds timeout) {
+  if (notices() == MPI_COMM_NULL) return;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(notices(), &rank);
+  MPI_Comm_size(notices(), &size);
+  if (size == 1) return;
+  const auto n = static_cast<std::size_t>(size);
+  int token = 0;
+  std::vector<int> got(n);
+  std::vector<MPI_Request> sends(n, MPI_REQUEST_NULL), recvs(n, MPI_REQUEST_NULL);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const auto i = static_cast<std::size_t>(p);
+    MPI_Isend(&token, 1, MPI_INT, p, kFinishTag, notices(), &sends[i]);
+    MPI_Irecv(&got[i], 1, MPI_INT, p, kFinishTag, notices(), &recvs[i]);
+  }
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    int done = 0;
+    MPI_Testall(size, recvs.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) break;
+    if (Clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int p = 0; p < size; ++p) {
+        int flag = 1;
+        MPI_Test(&recvs[static_cast<std::size_t>(p)], &flag, MPI_STATUS_IGNORE);
+        if (!flag) missing.push_back(p);
+      }
+      throw CommTimeout(
+          fmt::format("[mpi] the end of the program on rank {} of {} timed out after {} ms waiting "
+                      "for rank(s) {} to finish theirs",
+                      rank, size, timeout.count(), fmt::join(missing, ", ")));
+    }
+    sched_yield();  // other jobs' processes may need the core
+  }
+  MPI_Waitall(size, sends.data(), MPI_STATUSES_IGNORE);
+}
 
 void mpi_abort(int exit_code) noexcept {
   int initialized = 0, finalized = 0;

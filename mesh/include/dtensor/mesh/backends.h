@@ -37,6 +37,13 @@ std::unique_ptr<Communicator> mpi_world(MpiOptions options = {});
 /// launcher in an undefined state: it prints a line naming its rank and
 /// aborts the job with exit code 1.
 void mpi_set_program_running(bool running) noexcept;
+/// launch() calls this when the program's body has returned on this process:
+/// tells every other process of the job, and waits until each has said the
+/// same (CommTimeout naming the ranks still running at `timeout`). A process
+/// still waiting for this one in a collective or a receive sees the notice
+/// and fails at once with PeerFailed naming it, so an early return ends the
+/// job promptly rather than at the deadline. Nothing without MPI.
+void mpi_finish(std::chrono::milliseconds timeout);
 
 struct NcclOptions {
   /// Longest any call (creation and split included) waits before
