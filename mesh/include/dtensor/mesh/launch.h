@@ -48,6 +48,11 @@ std::string_view launch_backend();
 /// on threads the other ranks stop with PeerFailed and launch returns 1; under
 /// MPI the job is aborted with exit code 1, since MPI offers no other way to
 /// release peers blocked in a collective.
+/// Under MPI a process also ends the job (exit code 1, naming its rank) when
+/// it calls exit() inside fn, and when fn returns while a peer still waits
+/// for it in a collective or a receive (that peer fails at once naming it).
+/// After fn returns, each process waits for the others to return theirs, up
+/// to the timeout: ranks that finish further apart than that fail.
 int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options = {});
 
 }  // namespace dtensor
