@@ -23,8 +23,10 @@
 //    algorithms than its nonblocking ones (libnbc): 1 MiB all_reduce on 2
 //    ranks took 0.27 ms as Iallreduce and 0.23 ms blocking, the same as the
 //    barrier plus the blocking call.
-// The arrival costs what the nonblocking barrier it replaced did (n-1
-// messages of 72 bytes each way, eager): see bench/README.md.
+// The arrival replaces the nonblocking barrier large calls made before
+// (n-1 eager messages of 72 bytes each way): bench/collectives under mpirun
+// shows no cost from 1 MiB; a small call pays one more round trip (a 4-byte
+// all_reduce on 2 ranks: about 2.4 us against 1.6 us).
 // Polling yields the core only when the node runs more ranks than it has
 // cores: otherwise each yield gives away a time slice in which the peer
 // could have progressed too (4 MiB all_reduce on 2 ranks: 5.2 ms polled
@@ -46,14 +48,11 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <cstdio>
 #include <climits>
-#include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -66,83 +65,13 @@
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/backends.h"
 #include "call_signature.h"
+#include "mpi_runtime.h"
 
 namespace dtensor {
 namespace {
 
 using namespace mpi_detail;
 using Clock = std::chrono::steady_clock;
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  return std::string(text, static_cast<std::size_t>(len));
-}
-
-// Set by launch() while the program's body runs (mpi_set_program_running).
-std::atomic<bool>& program_running() {
-  static std::atomic<bool> running{false};
-  return running;
-}
-
-// End-of-program notices (mpi_finish): a duplicate of MPI_COMM_WORLD made by
-// the first mpi_world() call, on which a rank whose body returned tells
-// every other process so. A rank still waiting for it in a collective sees
-// the notice (MPI_Iprobe, never received until the end) and fails at once
-// instead of at the deadline.
-constexpr int kFinishTag = 2;
-MPI_Comm& notices() {
-  static MPI_Comm comm = MPI_COMM_NULL;
-  return comm;
-}
-// How long a missing peer's notice must stand before the peer counts as
-// gone: its signature, on another communicator, may still be in flight.
-constexpr auto kNoticeGrace = std::chrono::milliseconds(100);
-
-// Process-wide MPI state: who initialised MPI (and so finalises it).
-struct MpiRuntime {
-  std::mutex mu;
-  bool we_initialized = false;
-
-  static MpiRuntime& get() {
-    static MpiRuntime runtime;
-    return runtime;
-  }
-
-  void ensure_initialized() {
-    std::lock_guard lock(mu);
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (finalized) throw CommError("[mpi] MPI has already been finalized in this process");
-    if (initialized) return;
-    // One thread per process calls MPI (the rank's), but launch()'s
-    // failure path may abort from wherever the exception surfaced.
-    int provided = 0;
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    if (rc != MPI_SUCCESS) throw CommError(fmt::format("[mpi] MPI_Init_thread failed: {}", mpi_error_text(rc)));
-    we_initialized = true;
-    std::atexit([] {
-      int fin = 0;
-      MPI_Finalized(&fin);
-      if (fin) return;
-      if (program_running().exchange(false)) {
-        int rank = -1, size = 0;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        std::fflush(stdout);
-        std::fprintf(stderr,
-                     "dtensor: rank %d of %d exited in the middle of the program (exit() before its body "
-                     "returned); aborting the MPI job\n",
-                     rank, size);
-        std::fflush(stderr);
-        mpi_abort(1);
-      }
-      MPI_Finalize();
-    });
-  }
-};
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
@@ -766,15 +695,11 @@ class MpiCommunicator final : public Communicator {
 bool mpi_available() { return true; }
 
 std::unique_ptr<Communicator> mpi_world(MpiOptions options) {
-  MpiRuntime::get().ensure_initialized();
+  ensure_initialized();
   MPI_Comm comm;
   // A private copy: user code's own MPI traffic never matches ours.
   const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   if (rc != MPI_SUCCESS) throw CommError(fmt::format("[mpi] MPI_Comm_dup failed: {}", mpi_error_text(rc)));
-  if (notices() == MPI_COMM_NULL) {  // the first call, on every process alike
-    MPI_Comm_dup(MPI_COMM_WORLD, &notices());
-    MPI_Comm_set_errhandler(notices(), MPI_ERRORS_RETURN);
-  }
   // Ranks outnumber cores when the processes sharing this node do.
   MPI_Comm node;
   int node_ranks = 1;
@@ -787,68 +712,6 @@ std::unique_ptr<Communicator> mpi_world(MpiOptions options) {
   // Every communicator split from this world on this process shares one
   // CommStats, as the contract says.
   return std::make_unique<MpiCommunicator>(comm, std::make_shared<CommStats>(), options.timeout, oversubscribed);
-}
-
-void mpi_set_program_running(bool running) noexcept { program_running().store(running); }
-
-void mpi_finish(std::chrono::milliseconds timeout) {
-  if (notices() == MPI_COMM_NULL) return;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(notices(), &rank);
-  MPI_Comm_size(notices(), &size);
-  if (size == 1) return;
-  const auto n = static_cast<std::size_t>(size);
-  int token = 0;
-  std::vector<int> got(n);
-  std::vector<MPI_Request> sends(n, MPI_REQUEST_NULL), recvs(n, MPI_REQUEST_NULL);
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
-    const auto i = static_cast<std::size_t>(p);
-    MPI_Isend(&token, 1, MPI_INT, p, kFinishTag, notices(), &sends[i]);
-    MPI_Irecv(&got[i], 1, MPI_INT, p, kFinishTag, notices(), &recvs[i]);
-  }
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    int done = 0;
-    MPI_Testall(size, recvs.data(), &done, MPI_STATUSES_IGNORE);
-    if (done) break;
-    if (Clock::now() >= deadline) {
-      std::vector<int> missing;
-      for (int p = 0; p < size; ++p) {
-        int flag = 1;
-        MPI_Test(&recvs[static_cast<std::size_t>(p)], &flag, MPI_STATUS_IGNORE);
-        if (!flag) missing.push_back(p);
-      }
-      throw CommTimeout(
-          fmt::format("[mpi] the end of the program on rank {} of {} timed out after {} ms waiting "
-                      "for rank(s) {} to finish theirs",
-                      rank, size, timeout.count(), fmt::join(missing, ", ")));
-    }
-    sched_yield();  // other jobs' processes may need the core
-  }
-  MPI_Waitall(size, sends.data(), MPI_STATUSES_IGNORE);
-}
-
-void mpi_abort(int exit_code) noexcept {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  program_running().store(false);  // in case MPI_Abort runs the atexit hooks
-  if (initialized && !finalized) {
-    // Under Open MPI's own mpirun (ORTE), a process that exits non-zero
-    // without MPI_Finalize ends the job, as MPI_Abort does, and mpirun
-    // reports it with its code. MPI_Abort there sends a help message to
-    // mpirun over PMIx, and Open MPI 4.1's mpirun crashed receiving it
-    // (SIGSEGV in pmix_server_log, the exit code lost) in about 1 of 20 jobs
-    // whose ranks abort together after a fault (tests/test_faults_mpi.py).
-    if (std::getenv("OMPI_MCA_orte_hnp_uri") != nullptr) {
-      std::fflush(stdout);
-      std::fflush(stderr);
-      std::_Exit(exit_code);
-    }
-    MPI_Abort(MPI_COMM_WORLD, exit_code);
-  }
-  std::_Exit(exit_code);
 }
 
 }  // namespace dtensor

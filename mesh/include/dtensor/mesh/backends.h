@@ -28,8 +28,9 @@ bool launched_under_mpi();
 /// Communicators split from it share its CommStats. UnsupportedError in a
 /// build without MPI.
 std::unique_ptr<Communicator> mpi_world(MpiOptions options = {});
-/// Ends the whole MPI job with `exit_code` (MPI_Abort), or just this process
-/// when MPI is not running.
+/// Ends the whole MPI job with `exit_code` (MPI_Abort; under Open MPI's own
+/// mpirun an exit without MPI_Finalize, which mpirun turns into the end of
+/// the job with that code), or just this process when MPI is not running.
 [[noreturn]] void mpi_abort(int exit_code) noexcept;
 /// launch() sets this while the program's body runs. A process that exits
 /// meanwhile (exit() from inside it) does not finalise MPI, which would leave
