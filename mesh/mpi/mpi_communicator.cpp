@@ -513,10 +513,15 @@ class MpiCommunicator final : public Communicator {
       if (done) break;
       if (!checkpoint(spins)) continue;
       const std::vector<int> missing = missing_peers();
-      if (Clock::now() >= deadline)
+      if (Clock::now() >= deadline) {
+        abandon_receives();
         throw timed_out(kind, fmt::format("waiting for rank(s) {}", fmt::join(missing, ", ")));
+      }
       for (int p : missing)
-        if (finished(p, noticed)) throw peer_finished(kind, p, "waiting for it to arrive");
+        if (finished(p, noticed)) {
+          abandon_receives();
+          throw peer_finished(kind, p, "waiting for it to arrive");
+        }
     }
     if (!signatures_agree(signatures_, size_)) {
       // Every rank holds this same table, so every rank is here too.
@@ -548,6 +553,17 @@ class MpiCommunicator final : public Communicator {
       if (!flag) missing.push_back(static_cast<int>(p));
     }
     return missing;
+  }
+
+  // An arrival given up: its receives still pending are cancelled, so that a
+  // late signature can never land in memory this object may since have
+  // freed. (The sends are eager copies: nothing reads mine_ any more.)
+  void abandon_receives() {
+    for (std::size_t i = 0; i + 1 < static_cast<std::size_t>(size_); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&requests_[i]);
+      MPI_Request_free(&requests_[i]);
+    }
   }
 
   // Whether `peer`'s end-of-program notice has stood for kNoticeGrace;

@@ -135,7 +135,11 @@ void mpi_finish(std::chrono::milliseconds timeout) {
       for (int p = 0; p < size; ++p) {
         int flag = 1;
         MPI_Test(&recvs[static_cast<std::size_t>(p)], &flag, MPI_STATUS_IGNORE);
-        if (!flag) missing.push_back(p);
+        if (!flag) {
+          missing.push_back(p);
+          MPI_Cancel(&recvs[static_cast<std::size_t>(p)]);  // `got` goes away with this frame
+          MPI_Request_free(&recvs[static_cast<std::size_t>(p)]);
+        }
       }
       throw CommTimeout(
           fmt::format("[mpi] the end of the program on rank {} of {} timed out after {} ms waiting "
