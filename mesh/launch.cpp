@@ -132,7 +132,13 @@ int run_mpi(std::optional<std::string> ranks_flag, Device device, const std::fun
     }
   }
   try {
+    mpi_set_program_running(true);
     fn(*world);
+    mpi_set_program_running(false);
+    // A rank whose body returns while its peers still wait for it (an early
+    // return) must not finalise MPI under them: it tells them it is done and
+    // waits until they are too, and a peer waiting for it fails at once.
+    mpi_finish(world->timeout());
   } catch (const std::exception& e) {
     fmt::print(stderr, "dtensor: rank {} of {} failed: {}\ndtensor: aborting the MPI job\n", world->rank(),
                world->size(), e.what());

@@ -1,6 +1,7 @@
 #include "dtensor/api/dtensor_tensor.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "dtensor/core/error.h"
@@ -14,6 +15,52 @@ namespace {
 // where a Partial(sum) mesh dim has a non-zero coordinate (it holds zeros).
 Box distributed_box(const DeviceMesh& mesh, const Shape& global, const Layout& layout, int rank) {
   return needed_box(mesh.shape(), global, layout, mesh.coordinate_of(rank));
+}
+
+// Dims of the local shape that travel in from_local's agreement record; a
+// tensor with more takes a second exchange for the rest.
+constexpr std::size_t kInlineDims = 8;
+
+// from_local's shape exchange: every rank's local shape (n * nd values, in
+// rank order), after checking that the ranks agree on the dtype and the
+// number of dims (DTypeError / ShapeError naming the first rank that differs
+// from rank 0, on every rank alike). One all_gather of a fixed-size record
+// (dtype, dims, the first kInlineDims sizes) whatever the ranks passed, so
+// that a disagreement is reported as such rather than as a collective whose
+// sizes differ.
+std::vector<std::int64_t> local_shapes(const Tensor& local, const DeviceMesh& mesh) {
+  constexpr std::size_t kRecord = 2 + kInlineDims;
+  const auto n = static_cast<std::size_t>(mesh.size());
+  const auto nd = static_cast<std::size_t>(local.dim());
+  std::array<std::int64_t, kRecord> mine{};
+  mine[0] = static_cast<std::int64_t>(local.dtype());
+  mine[1] = static_cast<std::int64_t>(nd);
+  std::copy_n(local.shape().begin(), std::min(nd, kInlineDims), mine.begin() + 2);
+  std::vector<std::int64_t> records(n * kRecord);
+  mesh.comm().all_gather_host(mine.data(), records.data(), sizeof(mine));
+  auto record = [&](std::size_t r) { return records.data() + r * kRecord; };
+  for (std::size_t r = 1; r < n; ++r) {
+    if (record(r)[0] != record(0)[0])
+      throw DTypeError(
+          fmt::format("[from_local] the ranks disagree on the dtype of the local tensor: rank 0 passes {}, rank {} "
+                      "passes {}; "
+                      "expected one dtype on every rank",
+                      static_cast<DType>(record(0)[0]), r, static_cast<DType>(record(r)[0])));
+    if (record(r)[1] != record(0)[1])
+      throw ShapeError(
+          fmt::format("[from_local] the ranks disagree on the number of dims of the local tensor: rank 0 passes a "
+                      "{}-dim "
+                      "tensor, rank {} passes a {}-dim one; expected the same number on every rank",
+                      record(0)[1], r, record(r)[1]));
+  }
+  std::vector<std::int64_t> all(n * nd);
+  if (nd <= kInlineDims) {
+    for (std::size_t r = 0; r < n; ++r)
+      std::copy_n(record(r) + 2, nd, all.begin() + static_cast<std::ptrdiff_t>(r * nd));
+  } else {
+    mesh.comm().all_gather_host(local.shape().data(), all.data(), nd * sizeof(std::int64_t));
+  }
+  return all;
 }
 
 }  // namespace
@@ -36,6 +83,10 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
                     local.device(), mesh.device(), mesh.device()));
   const int nd = local.dim();
   if (global_shape) check_shape(*global_shape, "from_local");
+  // Without a global shape, every rank learns every local shape first (and
+  // checks the ranks agree), before anything that could fail on some ranks
+  // only.
+  const std::vector<std::int64_t> all = global_shape ? std::vector<std::int64_t>{} : local_shapes(local, mesh);
   Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
   Shape global;
   if (global_shape) {
@@ -45,11 +96,9 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placeme
                                    nd));
     global = *global_shape;
   } else {
-    // Every rank learns every local shape, sums the leaves of each sharded
-    // dim's split, and checks that chunk semantics reproduce every shape.
+    // Sum the leaves of each sharded dim's split, and check that chunk
+    // semantics reproduce every shape.
     const int n = static_cast<int>(mesh.size());
-    std::vector<std::int64_t> all(static_cast<std::size_t>(n) * nd);
-    mesh.comm().all_gather_host(local.shape().data(), all.data(), nd * sizeof(std::int64_t));
     global = local.shape();
     for (int d = 0; d < nd; ++d) {
       std::vector<int> sharding = layout.split_order(d);

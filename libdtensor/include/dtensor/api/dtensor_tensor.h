@@ -24,8 +24,11 @@ class DTensor {
   /// Wraps this rank's shard. Without `global_shape` it is inferred from the
   /// local shapes: sizes of sharded dims are summed over the shard groups
   /// with one all_gather of the local shapes (exact for uneven shards, where
-  /// PyTorch's inference is wrong, #110762). With it, the local shape is
-  /// checked against the layout (ShapeError naming both).
+  /// PyTorch's inference is wrong, #110762). That exchange also checks that
+  /// the ranks agree on the dtype and the number of dims (DTypeError /
+  /// ShapeError on every rank, naming the first rank that differs from rank
+  /// 0). With it, nothing is exchanged and the local shape is checked
+  /// against the layout (ShapeError naming both).
   static DTensor from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
                             std::optional<Shape> global_shape = std::nullopt);
 

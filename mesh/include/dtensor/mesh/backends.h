@@ -28,9 +28,23 @@ bool launched_under_mpi();
 /// Communicators split from it share its CommStats. UnsupportedError in a
 /// build without MPI.
 std::unique_ptr<Communicator> mpi_world(MpiOptions options = {});
-/// Ends the whole MPI job with `exit_code` (MPI_Abort), or just this process
-/// when MPI is not running.
+/// Ends the whole MPI job with `exit_code` (MPI_Abort; under Open MPI's own
+/// mpirun an exit without MPI_Finalize, which mpirun turns into the end of
+/// the job with that code), or just this process when MPI is not running.
 [[noreturn]] void mpi_abort(int exit_code) noexcept;
+/// launch() sets this while the program's body runs. A process that exits
+/// meanwhile (exit() from inside it) does not finalise MPI, which would leave
+/// its peers waiting in a collective until the deadline and Open MPI's
+/// launcher in an undefined state: it prints a line naming its rank and
+/// aborts the job with exit code 1.
+void mpi_set_program_running(bool running) noexcept;
+/// launch() calls this when the program's body has returned on this process:
+/// tells every other process of the job, and waits until each has said the
+/// same (CommTimeout naming the ranks still running at `timeout`). A process
+/// still waiting for this one in a collective or a receive sees the notice
+/// and fails at once with PeerFailed naming it, so an early return ends the
+/// job promptly rather than at the deadline. Nothing without MPI.
+void mpi_finish(std::chrono::milliseconds timeout);
 
 struct NcclOptions {
   /// Longest any call (creation and split included) waits before

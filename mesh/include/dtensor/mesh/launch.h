@@ -57,6 +57,11 @@ std::string_view launch_backend();
 /// Timeouts (options.timeout, $DTENSOR_TIMEOUT_MS) must lie in
 /// [kMinTimeout, kMaxTimeout], rank counts in [1, kMaxThreadRanks] on
 /// threads; else a message naming the value and the range, and 2.
+/// Under MPI a process also ends the job (exit code 1, naming its rank) when
+/// it calls exit() inside fn, and when fn returns while a peer still waits
+/// for it in a collective or a receive (that peer fails at once naming it).
+/// After fn returns, each process waits for the others to return theirs, up
+/// to the timeout: ranks that finish further apart than that fail.
 int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options = {});
 
 }  // namespace dtensor

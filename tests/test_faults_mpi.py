@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""A rank that leaves an MPI job early ends the job, every time:
+test_faults_mpi.py PROGRAM [RUNS]
+
+Runs tests/failing_program as an MPI job of 4 processes RUNS times (10 by
+default) for each way rank 1 can leave mid-program without an exception:
+  exit_call  it calls exit(), which runs the atexit hooks (that used to
+             finalise MPI under its peers: Open MPI's mpirun then crashed or
+             lost the exit code in some runs);
+  return     its body returns early while its peers still redistribute (that
+             used to deadlock mpirun in some runs).
+Every run must end with a non-zero exit code and a line naming rank 1, and
+promptly: the collectives' deadline is 60 s, and a run may take LIMIT_S
+(mpirun's start included), so a failure noticed only at the deadline fails
+the test instead of hanging it. Prints one line per case and exits 1 if any
+run failed.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_mpi import mpi_sanitizer_env  # noqa: E402
+
+TIMEOUT_MS = 60000  # the collectives' deadline, through DTENSOR_TIMEOUT_MS
+LIMIT_S = 20        # a run that takes longer counts as a hang
+
+# mode -> text that must appear in the output (naming the rank that left)
+CASES = {
+    "exit_call": "rank 1 of 4 exited in the middle of the program",
+    "return": "rank 1 returned from its program",
+}
+
+
+def run_once(cmd, env):
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S)
+        return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return None, out + err, time.monotonic() - t0
+
+
+def main() -> int:
+    program = sys.argv[1]
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
+    if not mpirun:
+        print("test_faults_mpi.py: no mpirun on PATH", file=sys.stderr)
+        return 2
+    env = dict(os.environ, DTENSOR_TIMEOUT_MS=str(TIMEOUT_MS), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_mpi_yield_when_idle="1")
+    env.pop("DTENSOR_BACKEND", None)
+    env.update(mpi_sanitizer_env(env))
+    failures = 0
+    for mode, expected in CASES.items():
+        bad = []
+        times = []
+        for i in range(runs):
+            rc, out, took = run_once([mpirun, "-np", "4", program, mode], env)
+            times.append(took)
+            problems = []
+            if rc is None:
+                problems.append(f"still running after {LIMIT_S} s: a hang")
+            elif rc == 0:
+                problems.append("exit code 0: the failure went unnoticed")
+            elif rc < 0:
+                problems.append(f"mpirun died of signal {-rc}")
+            if "finished: the failure went unnoticed" in out:
+                problems.append("rank 0 finished as if nothing happened")
+            if expected not in out:
+                problems.append(f"the output does not say '{expected}'")
+            if problems:
+                bad.append((i, rc, problems, out))
+        status = "ok" if not bad else f"FAILED in {len(bad)} of {runs} runs"
+        print(f"mpi rank 1 {mode:9}: {runs} runs, {min(times):.1f}-{max(times):.1f} s each: {status}")
+        for i, rc, problems, out in bad:
+            print(f"  run {i}: exit code {rc}: {'; '.join(problems)}")
+            print("    " + "\n    ".join(out.strip().splitlines()[-12:]))
+        failures += len(bad)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
