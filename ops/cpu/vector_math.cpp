@@ -253,7 +253,9 @@ HWY_INLINE V TanhF32(D d, V x) {
   const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
   const V e = ExpCore(d, hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f))), NoLo{});
   const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
-  const V y = hn::IfThenElse(hn::Lt(a, hn::Set(d, 0.625f)), small_abs, large_abs);
+  // NaN fails the comparison and takes the polynomial, which keeps it NaN
+  // (the clamp in the exp's argument may not): no separate NaN select.
+  const V y = hn::IfThenElse(hn::Ge(a, hn::Set(d, 0.625f)), large_abs, small_abs);
   return hn::Or(y, hn::And(hn::SignBit(d), x));  // tanh is odd, -0 included
 }
 
@@ -266,7 +268,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
     case Fn::Log: return LogFull(d, x);
     case Fn::Tanh:
       if constexpr (sizeof(T) == 4)
-        return hn::IfThenElse(hn::IsNaN(x), x, TanhF32(d, x));
+        return TanhF32(d, x);
       else
         return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
     case Fn::Sigmoid: return RecipOnePlusExpNeg(d, x);
