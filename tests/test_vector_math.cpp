@@ -116,6 +116,7 @@ std::vector<T> edge_values() {
                    L::infinity(),
                    -L::infinity(),
                    L::quiet_NaN(),
+                   -L::quiet_NaN(),
                    L::max(),
                    -L::max(),
                    L::min(),
@@ -154,6 +155,12 @@ std::vector<T> edge_values() {
                    T(-13),
                    T(14),
                    T(-14),
+                   T(-13.19),  // f32 gelu's exponent crosses -87 (ExpCore's end)
+                   T(-13.2),
+                   T(-13.21),
+                   T(0.625),  // f32 tanh's polynomial ends
+                   T(-0.625),
+                   T(std::nextafter(T(0.625), T(0))),
                    T(std::nextafter(T(1), T(2))),
                    T(std::nextafter(T(1), T(0)))};
   if constexpr (sizeof(T) == 8) {

@@ -173,21 +173,24 @@ HWY_INLINE V LogFull(D d, V x) {
 // whose relative error is < 1.2e-7 for every a >= 0; then 1 + erf is
 // erfc(a) for x < 0 and 2 - erfc(a) for x >= 0 (erfc(a) <= 1 there, so its
 // error stays below 1.2e-7 of a result >= 1). The exponent -a^2 = -x^2/2 is
-// formed from x, not from a rounded x/sqrt(2), and exactly: x = xh + xl with
-// xh's low 12 bits cleared, so xh^2 is exact, and -x^2/2 = -xh^2/2 -
-// xl*(x + xh)/2 goes to ExpCore in two parts. (Rounding x/sqrt(2), or -a^2 +
+// formed from x, not from a rounded x/sqrt(2), and exactly: with FMA, x^2 =
+// p + err with p = x*x rounded and err = fma(x, x, -p) exact; without, x =
+// xh + xl with xh's low 12 bits cleared, so xh^2 is exact, and x^2 - xh^2 =
+// xl*(x + xh); the two parts go to ExpCore. (Rounding x/sqrt(2), or -a^2 +
 // Q as one float, would cost a relative error of a^2 * 2^-23: 150 ULP near
 // x = -13.) x = +-inf gives 2 and 0 (|x| is clamped to 20 sqrt(2), where
 // erfc is 0 in f32), so gelu(-inf) = -inf * 0 = NaN, as the std:: formula
-// gives. f32 only: for f64 these bounds are too loose (f64 gelu stays on
-// std::erf, pointwise_kernels.cpp).
+// gives. (Folding gelu's 1/2 into Q's constant, as -ln 2, saves a multiply
+// but makes erfc/2 subnormal from x = -13.1 on and 8 ULP there.) f32 only:
+// for f64 these bounds are too loose (f64 gelu stays on std::erf,
+// pointwise_kernels.cpp).
 template <class D, class V>
 HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   const V one = hn::Set(d, 1.0f);
   const V half = hn::Set(d, 0.5f);
   const V xa = hn::Min(hn::Abs(x), hn::Set(d, 28.2842712f));
-  const V ac = hn::Mul(xa, hn::Set(d, 0.70710678118654752f));
-  const V t = Recip(d, hn::MulAdd(ac, half, one));
+  // 1 + a/2 in one rounding: a = xa / sqrt(2) is not needed on its own.
+  const V t = Recip(d, hn::MulAdd(xa, hn::Set(d, 0.35355339059327376f), one));
   V q = hn::Set(d, 0.17087277f);
   q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
@@ -198,14 +201,21 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   q = hn::MulAdd(q, t, hn::Set(d, 0.37409196f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.00002368f));
   q = hn::MulAdd(q, t, hn::Set(d, -1.26551223f));
+#if HWY_NATIVE_FMA
+  const V sq = hn::Mul(xa, xa);
+  const V head = hn::Mul(hn::Neg(half), sq);                      // exact
+  const V rest = hn::NegMulAdd(half, hn::MulSub(xa, xa, sq), q);  // the product's exact error
+#else
   const hn::RebindToUnsigned<D> du;
   const V xh = hn::BitCast(d, hn::And(hn::BitCast(du, xa), hn::Set(du, 0xFFFFF000u)));
   const V xl = hn::Sub(xa, xh);
   const V head = hn::Mul(hn::Neg(half), hn::Mul(xh, xh));  // exact
   const V rest = hn::NegMulAdd(hn::Mul(half, xl), hn::Add(xa, xh), q);
+#endif
   // One exp of the exact sum (see ExpCore); where that leaves ExpCore's
-  // range, per lane, the product of the two parts' exps.
-  const auto fast = ExpCoreRange(d, hn::Add(head, rest));
+  // range, per lane, the product of the two parts' exps. Only the low end
+  // can be left: head <= 0 and Q < 0.2. NaN (if Min kept it) fails the test.
+  const auto fast = hn::Ge(hn::Add(head, rest), hn::Set(d, -87.0f));
   V e = ExpCore(d, head, rest);
   if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) e = hn::IfThenElse(fast, e, hn::Mul(ExpFull(d, head), ExpFull(d, rest)));
   const V erfc = hn::Mul(t, e);
@@ -243,7 +253,9 @@ HWY_INLINE V TanhF32(D d, V x) {
   const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
   const V e = ExpCore(d, hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f))), NoLo{});
   const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
-  const V y = hn::IfThenElse(hn::Lt(a, hn::Set(d, 0.625f)), small_abs, large_abs);
+  // NaN fails the comparison and takes the polynomial, which keeps it NaN
+  // (the clamp in the exp's argument may not): no separate NaN select.
+  const V y = hn::IfThenElse(hn::Ge(a, hn::Set(d, 0.625f)), large_abs, small_abs);
   return hn::Or(y, hn::And(hn::SignBit(d), x));  // tanh is odd, -0 included
 }
 
@@ -256,7 +268,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
     case Fn::Log: return LogFull(d, x);
     case Fn::Tanh:
       if constexpr (sizeof(T) == 4)
-        return hn::IfThenElse(hn::IsNaN(x), x, TanhF32(d, x));
+        return TanhF32(d, x);
       else
         return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
     case Fn::Sigmoid: return RecipOnePlusExpNeg(d, x);
