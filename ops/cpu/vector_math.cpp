@@ -27,6 +27,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -382,17 +383,16 @@ HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
   if (i < n) tail(i, n);
 }
 
-template <class T>
-HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
-  // One switch per array, not per vector: each case is its own loop.
+// Calls loop(body) with fn's body: one switch per array, not per vector,
+// each case its own loop. The body is forced inline: left to GCC, whether
+// gelu's (the biggest) is inlined or called once per vector (spilling around
+// the call) changed with unrelated code elsewhere in this file, and cost
+// gelu 1.25-1.35x.
+template <class Loop>
+HWY_INLINE void WithBody(Fn fn, Loop loop) {
   switch (fn) {
-// The body is forced inline: left to GCC, whether gelu's (the biggest) is
-// inlined or called once per vector (spilling around the call) changed with
-// unrelated code elsewhere in this file, and cost gelu 1.25-1.35x.
 #define DTENSOR_VMATH_CASE(F) \
-  case Fn::F:                 \
-    return ForEachVector(     \
-        x, y, n, [](auto d, auto v) __attribute__((always_inline)) { return Eval(d, Fn::F, v); });
+  case Fn::F: return loop([](auto d, auto v) __attribute__((always_inline)) { return Eval(d, Fn::F, v); });
     DTENSOR_VMATH_CASE(Exp)
     DTENSOR_VMATH_CASE(Log)
     DTENSOR_VMATH_CASE(Tanh)
@@ -404,6 +404,11 @@ HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
     DTENSOR_VMATH_CASE(Relu)
 #undef DTENSOR_VMATH_CASE
   }
+}
+
+template <class T>
+HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
+  WithBody(fn, [&](auto body) { ForEachVector(x, y, n, body); });
 }
 void ApplyF32(Fn fn, const float* x, float* y, std::int64_t n) { ApplyT(fn, x, y, n); }
 void ApplyF64(Fn fn, const double* x, double* y, std::int64_t n) { ApplyT(fn, x, y, n); }
@@ -546,6 +551,102 @@ HWY_NOINLINE void F32ToBf16(const float* x, std::uint16_t* y, std::int64_t n) {
   }
 }
 
+// bf16 in and out through the f32 body, converted in registers rather than
+// through a buffer: a vector of 2N bf16 is two f32 vectors, its even
+// elements (each bf16's bits are the top half of its f32: shifted up) and
+// its odd ones (already in the top halves: masked), and the two results go
+// back to the same lanes, rounded as bfloat16(float) rounds (F32ToBf16):
+// to nearest even, which on the two results' halves regrouped as 16-bit
+// lanes (tops in place, bottoms beside them) is top + 1 where bottom + the
+// top's lowest bit > 0x8000; a NaN keeps its top half with the quiet bit
+// set. Which NaN an op returns when both operands are NaN depends on the
+// operand order the compiler chose in that copy of the body, so a pair with
+// a NaN result is computed again by the f32 kernel itself (ApplyT): bit for
+// bit what Bf16ToF32, apply and F32ToBf16 give.
+template <class DH, class VF>
+HWY_INLINE hn::Vec<DH> RoundPairToBf16(DH dh, VF ye, VF yo) {
+  const hn::RebindToUnsigned<hn::DFromV<VF>> du;
+  const auto round = [&](VF v) {
+    const auto bits = hn::BitCast(du, v);
+    return hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
+  };
+  return hn::OddEven(hn::BitCast(dh, round(yo)), hn::BitCast(dh, hn::ShiftRight<16>(round(ye))));
+}
+
+template <class DH, class VF>
+HWY_NOINLINE hn::Vec<DH> RoundPairToBf16WithNaN(DH dh, Fn fn, VF xe, VF xo) {
+  const hn::DFromV<VF> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const std::size_t N = hn::Lanes(df);
+  HWY_ALIGN float buf[2 * hn::MaxLanes(df)];
+  hn::Store(xe, df, buf);
+  hn::Store(xo, df, buf + N);
+  ApplyT(fn, buf, buf, static_cast<std::int64_t>(2 * N));
+  const VF ye = hn::Load(df, buf), yo = hn::Load(df, buf + N);
+  const auto quiet_top = [&](VF v) { return hn::Or(hn::BitCast(du, v), hn::Set(du, 0x00400000u)); };
+  const auto te = hn::BitCast(dh, hn::ShiftRight<16>(quiet_top(ye)));
+  const auto nan = hn::OddEven(hn::BitCast(dh, quiet_top(yo)), te);
+  const auto nan_mask = hn::OddEven(hn::BitCast(dh, hn::VecFromMask(du, hn::RebindMask(du, hn::IsNaN(yo)))),
+                                    hn::BitCast(dh, hn::VecFromMask(du, hn::RebindMask(du, hn::IsNaN(ye)))));
+  return hn::IfThenElse(hn::MaskFromVec(nan_mask), nan, RoundPairToBf16(dh, ye, yo));
+}
+
+template <class DH, class VH, class Body>
+HWY_INLINE VH Bf16Pair(DH dh, VH w, Fn fn, Body body) {
+  const hn::Repartition<float, DH> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto wu = hn::BitCast(du, w);
+  const auto xe = hn::BitCast(df, hn::ShiftLeft<16>(wu));
+  const auto xo = hn::BitCast(df, hn::And(wu, hn::Set(du, 0xffff0000u)));
+  const auto ye = body(df, xe), yo = body(df, xo);
+  if (HWY_UNLIKELY(!hn::AllFalse(df, hn::Or(hn::IsNaN(ye), hn::IsNaN(yo)))))
+    return RoundPairToBf16WithNaN(dh, fn, xe, xo);
+  return RoundPairToBf16(dh, ye, yo);
+}
+
+#if HWY_NATIVE_FMA
+// gelu's pairs whose lanes are all central (nearly all) skip the NaN test:
+// GeluCentral's results are finite. The others take the general pair, which
+// gives the central lanes the same values (Gelu selects per lane).
+template <class DH, class VH>
+HWY_INLINE VH GeluBf16Pair(DH dh, VH w) {
+  const hn::Repartition<float, DH> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto wu = hn::BitCast(du, w);
+  const auto xe = hn::BitCast(df, hn::ShiftLeft<16>(wu));
+  const auto xo = hn::BitCast(df, hn::And(wu, hn::Set(du, 0xffff0000u)));
+  const auto ue = hn::Abs(xe), uo = hn::Abs(xo);
+  if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(hn::Max(ue, uo), hn::Set(df, kGeluCentralEnd)))))
+    return RoundPairToBf16(dh, GeluCentral(df, xe, ue), GeluCentral(df, xo, uo));
+  return Bf16Pair(
+      dh, w, Fn::Gelu, [](auto d, auto v) __attribute__((always_inline)) { return Gelu(d, v); });
+}
+#endif
+
+HWY_NOINLINE void ApplyBf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+#if HWY_TARGET == HWY_SCALAR
+  // One lane: no pair of f32 vectors in a bf16 one. Blocks through a buffer.
+  constexpr std::int64_t kBlock = 256;
+  float buf[kBlock];
+  for (std::int64_t i = 0; i < n; i += kBlock) {
+    const std::int64_t m = std::min(kBlock, n - i);
+    Bf16ToF32(x + i, buf, m);
+    ApplyT(fn, buf, buf, m);
+    F32ToBf16(buf, y + i, m);
+  }
+#else
+#if HWY_NATIVE_FMA
+  if (fn == Fn::Gelu)
+    return ForEachVector(
+        x, y, n, [](auto dh, auto w) __attribute__((always_inline)) { return GeluBf16Pair(dh, w); });
+#endif
+  WithBody(fn, [&](auto body) {
+    ForEachVector(
+        x, y, n, [ fn, body ](auto dh, auto w) __attribute__((always_inline)) { return Bf16Pair(dh, w, fn, body); });
+  });
+#endif
+}
+
 // f16 <-> f32 likewise, with the hardware's conversions where Highway has
 // them (F16C, on its AVX2 and AVX-512 targets; the others convert one value
 // at a time, as float16 does). The hardware rounds to nearest even as
@@ -597,6 +698,7 @@ HWY_EXPORT(ExpSubAccumulateF32);
 HWY_EXPORT(ExpSubAccumulateF64);
 HWY_EXPORT(Bf16ToF32);
 HWY_EXPORT(F32ToBf16);
+HWY_EXPORT(ApplyBf16);
 HWY_EXPORT(F16ToF32);
 HWY_EXPORT(F32ToF16);
 
@@ -623,6 +725,9 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
 
 void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(Bf16ToF32)(x, y, n); }
 void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16)(x, y, n); }
+void apply_bf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ApplyBf16)(fn, x, y, n);
+}
 
 void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F16ToF32)(x, y, n); }
 void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(x, y, n); }
