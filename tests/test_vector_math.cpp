@@ -479,6 +479,25 @@ BOOST_AUTO_TEST_CASE(half_pointwise_matches_widen_compute_round) {
   });
 }
 
+// bf16 gelu computes short arrays and gathers long ones from a table of all
+// 65536 results: the same bits either way, on every SIMD target.
+BOOST_AUTO_TEST_CASE(bf16_gelu_short_arrays_match_long_ones) {
+  dtensor::cpu::vmath::for_each_target([] {
+    std::vector<std::uint16_t> x(65536 + 7), whole(x.size()), pieces(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::uint16_t>(i * 40503u);  // every pattern
+    const auto n = static_cast<std::int64_t>(x.size());
+    dtensor::cpu::vmath::apply_bf16(Fn::Gelu, x.data(), whole.data(), n);
+    for (std::int64_t i = 0; i < n; i += 1000)
+      dtensor::cpu::vmath::apply_bf16(Fn::Gelu, x.data() + i, pieces.data() + i, std::min<std::int64_t>(1000, n - i));
+    std::int64_t differ = 0, first = -1;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (whole[i] != pieces[i] && differ++ == 0) first = i;
+    BOOST_TEST(differ == 0, "seed none (all patterns) target " << dtensor::cpu::vmath::target_name() << ": " << differ
+                                                               << " differ, first at input bits "
+                                                               << (first < 0 ? -1 : x[first]));
+  });
+}
+
 // Ops that only move elements keep bf16/f16 bits as they are.
 BOOST_AUTO_TEST_CASE(half_moves_keep_bits) {
   using dtensor::DType;

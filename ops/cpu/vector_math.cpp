@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "dtensor/core/half.h"
 #include "ops/cpu/vector_math.h"
@@ -623,6 +624,49 @@ HWY_INLINE VH GeluBf16Pair(DH dh, VH w) {
 }
 #endif
 
+#if HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR
+// bf16 gelu of big arrays by table: a bf16 input has 65536 values, so the
+// results of all of them (computed once per SIMD target by the pair path
+// above, which the tests hold bit for bit to widening, the f32 kernel and
+// rounding) are gathered instead of computed, the same bits at a fraction
+// of the cost (activations take few distinct values, so the gathers mostly
+// hit L1). 256 KiB per target, built on first use; arrays below
+// kGeluTableMin elements, which would not pay for building it, compute.
+constexpr std::int64_t kGeluTableMin = 16384;
+
+HWY_INLINE void GeluBf16Direct(const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  ForEachVector(
+      x, y, n, [](auto dh, auto w) __attribute__((always_inline)) { return GeluBf16Pair(dh, w); });
+}
+
+HWY_NOINLINE const std::int32_t* GeluBf16Table() {
+  static const std::vector<std::int32_t> table = [] {
+    std::vector<std::uint16_t> bits(65536);
+    for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<std::uint16_t>(i);
+    GeluBf16Direct(bits.data(), bits.data(), 65536);
+    return std::vector<std::int32_t>(bits.begin(), bits.end());
+  }();
+  return table.data();
+}
+
+HWY_NOINLINE void GeluBf16ByTable(const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  const std::int32_t* table = GeluBf16Table();
+  const hn::ScalableTag<std::uint16_t> dh;
+  const hn::Repartition<std::int32_t, decltype(dh)> di;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(dh));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto w = hn::BitCast(di, hn::LoadU(dh, x + i));
+    const auto even = hn::GatherIndex(di, table, hn::And(w, hn::Set(di, 0xffff)));
+    const auto odd =
+        hn::GatherIndex(di, table,
+                        hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(hn::RebindToUnsigned<decltype(di)>(), w))));
+    hn::StoreU(hn::OddEven(hn::BitCast(dh, hn::ShiftLeft<16>(odd)), hn::BitCast(dh, even)), dh, y + i);
+  }
+  for (; i < n; ++i) y[i] = static_cast<std::uint16_t>(table[x[i]]);
+}
+#endif
+
 HWY_NOINLINE void ApplyBf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
 #if HWY_TARGET == HWY_SCALAR
   // One lane: no pair of f32 vectors in a bf16 one. Blocks through a buffer.
@@ -635,10 +679,8 @@ HWY_NOINLINE void ApplyBf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std
     F32ToBf16(buf, y + i, m);
   }
 #else
-#if HWY_NATIVE_FMA
-  if (fn == Fn::Gelu)
-    return ForEachVector(
-        x, y, n, [](auto dh, auto w) __attribute__((always_inline)) { return GeluBf16Pair(dh, w); });
+#if HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR
+  if (fn == Fn::Gelu) return n >= kGeluTableMin ? GeluBf16ByTable(x, y, n) : GeluBf16Direct(x, y, n);
 #endif
   WithBody(fn, [&](auto body) {
     ForEachVector(
