@@ -116,6 +116,7 @@ std::vector<T> edge_values() {
                    L::infinity(),
                    -L::infinity(),
                    L::quiet_NaN(),
+                   -L::quiet_NaN(),
                    L::max(),
                    -L::max(),
                    L::min(),
@@ -154,6 +155,12 @@ std::vector<T> edge_values() {
                    T(-13),
                    T(14),
                    T(-14),
+                   T(-13.19),  // f32 gelu's exponent crosses -87 (ExpCore's end)
+                   T(-13.2),
+                   T(-13.21),
+                   T(0.625),  // f32 tanh's polynomial ends
+                   T(-0.625),
+                   T(std::nextafter(T(0.625), T(0))),
                    T(std::nextafter(T(1), T(2))),
                    T(std::nextafter(T(1), T(0)))};
   if constexpr (sizeof(T) == 8) {
@@ -306,6 +313,37 @@ BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f32) {
 BOOST_AUTO_TEST_CASE(every_function_within_its_ulp_bound_f64) {
   dtensor::cpu::vmath::for_each_target([] {
     for (const FnCase& c : kCases) check_function<double>(c, kSeed + 100 + static_cast<std::uint64_t>(c.fn));
+  });
+}
+
+// f32 gelu's central path (|x| < 3.5, on the FMA targets AVX2 and AVX-512:
+// a polynomial for log erfcx and one exp) over a dense sweep of its range,
+// every 499th float of either sign, not only random samples: 5 ULP (4.4
+// measured). The other targets and |x| >= 3.5 keep the erfc formula and the
+// random-sample bound above.
+BOOST_AUTO_TEST_CASE(gelu_f32_central_range_dense) {
+  std::vector<float> x;
+  for (std::uint32_t u = 0; u < 0x40600000u; u += 499) {  // 0x40600000: 3.5f
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+    x.push_back(-f);
+  }
+  std::vector<Wide> ref(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ref[i] = reference<float>(Fn::Gelu, x[i]);
+  std::vector<float> y(x.size());
+  dtensor::cpu::vmath::for_each_target([&] {
+    const std::string target = dtensor::cpu::vmath::target_name();
+    if (target != "AVX2" && target != "AVX3") return;
+    dtensor::cpu::vmath::apply(Fn::Gelu, x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+    double worst = 0;
+    float worst_x = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double e = ulp_error<float>(y[i], ref[i]);
+      if (!(e <= worst)) worst = e, worst_x = x[i];
+    }
+    BOOST_TEST_MESSAGE(fmt::format("gelu f32 central, {}: max {:.3g} ULP at x = {:.9g}", target, worst, worst_x));
+    BOOST_TEST(worst <= 5.0, "no seed (dense sweep) target " << target << ": " << worst << " ULP at x = " << worst_x);
   });
 }
 
@@ -469,6 +507,25 @@ BOOST_AUTO_TEST_CASE(half_pointwise_matches_widen_compute_round) {
                                                       << ")");
       }
     }
+  });
+}
+
+// bf16 gelu computes short arrays and gathers long ones from a table of all
+// 65536 results: the same bits either way, on every SIMD target.
+BOOST_AUTO_TEST_CASE(bf16_gelu_short_arrays_match_long_ones) {
+  dtensor::cpu::vmath::for_each_target([] {
+    std::vector<std::uint16_t> x(65536 + 7), whole(x.size()), pieces(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::uint16_t>(i * 40503u);  // every pattern
+    const auto n = static_cast<std::int64_t>(x.size());
+    dtensor::cpu::vmath::apply_bf16(Fn::Gelu, x.data(), whole.data(), n);
+    for (std::int64_t i = 0; i < n; i += 1000)
+      dtensor::cpu::vmath::apply_bf16(Fn::Gelu, x.data() + i, pieces.data() + i, std::min<std::int64_t>(1000, n - i));
+    std::int64_t differ = 0, first = -1;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (whole[i] != pieces[i] && differ++ == 0) first = i;
+    BOOST_TEST(differ == 0, "seed none (all patterns) target " << dtensor::cpu::vmath::target_name() << ": " << differ
+                                                               << " differ, first at input bits "
+                                                               << (first < 0 ? -1 : x[first]));
   });
 }
 

@@ -199,6 +199,14 @@ void for_each_block(std::int64_t n, F&& f) {
 
 template <class H>
 void unary_half(Unary fn, const H* x, H* y, std::int64_t n, double scalar) {
+  if constexpr (std::is_same_v<H, bfloat16>) {
+    // vector_math's functions convert bf16 in registers: no buffer.
+    const auto f = fn == Unary::Relu ? std::optional(vmath::Fn::Relu) : vector_fn(fn);
+    if (f) {
+      vmath::apply_bf16(*f, reinterpret_cast<const std::uint16_t*>(x), reinterpret_cast<std::uint16_t*>(y), n);
+      return;
+    }
+  }
   alignas(64) float buf[kHalfBlock];
   for_each_block(n, [&](std::int64_t i, std::int64_t m) {
     widen_block(x + i, buf, m);

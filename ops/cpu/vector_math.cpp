@@ -27,10 +27,12 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "dtensor/core/half.h"
 #include "ops/cpu/vector_math.h"
@@ -173,21 +175,24 @@ HWY_INLINE V LogFull(D d, V x) {
 // whose relative error is < 1.2e-7 for every a >= 0; then 1 + erf is
 // erfc(a) for x < 0 and 2 - erfc(a) for x >= 0 (erfc(a) <= 1 there, so its
 // error stays below 1.2e-7 of a result >= 1). The exponent -a^2 = -x^2/2 is
-// formed from x, not from a rounded x/sqrt(2), and exactly: x = xh + xl with
-// xh's low 12 bits cleared, so xh^2 is exact, and -x^2/2 = -xh^2/2 -
-// xl*(x + xh)/2 goes to ExpCore in two parts. (Rounding x/sqrt(2), or -a^2 +
+// formed from x, not from a rounded x/sqrt(2), and exactly: with FMA, x^2 =
+// p + err with p = x*x rounded and err = fma(x, x, -p) exact; without, x =
+// xh + xl with xh's low 12 bits cleared, so xh^2 is exact, and x^2 - xh^2 =
+// xl*(x + xh); the two parts go to ExpCore. (Rounding x/sqrt(2), or -a^2 +
 // Q as one float, would cost a relative error of a^2 * 2^-23: 150 ULP near
 // x = -13.) x = +-inf gives 2 and 0 (|x| is clamped to 20 sqrt(2), where
 // erfc is 0 in f32), so gelu(-inf) = -inf * 0 = NaN, as the std:: formula
-// gives. f32 only: for f64 these bounds are too loose (f64 gelu stays on
-// std::erf, pointwise_kernels.cpp).
+// gives. (Folding gelu's 1/2 into Q's constant, as -ln 2, saves a multiply
+// but makes erfc/2 subnormal from x = -13.1 on and 8 ULP there.) f32 only:
+// for f64 these bounds are too loose (f64 gelu stays on std::erf,
+// pointwise_kernels.cpp).
 template <class D, class V>
 HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   const V one = hn::Set(d, 1.0f);
   const V half = hn::Set(d, 0.5f);
   const V xa = hn::Min(hn::Abs(x), hn::Set(d, 28.2842712f));
-  const V ac = hn::Mul(xa, hn::Set(d, 0.70710678118654752f));
-  const V t = Recip(d, hn::MulAdd(ac, half, one));
+  // 1 + a/2 in one rounding: a = xa / sqrt(2) is not needed on its own.
+  const V t = Recip(d, hn::MulAdd(xa, hn::Set(d, 0.35355339059327376f), one));
   V q = hn::Set(d, 0.17087277f);
   q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
@@ -198,18 +203,90 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   q = hn::MulAdd(q, t, hn::Set(d, 0.37409196f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.00002368f));
   q = hn::MulAdd(q, t, hn::Set(d, -1.26551223f));
+#if HWY_NATIVE_FMA
+  const V sq = hn::Mul(xa, xa);
+  const V head = hn::Mul(hn::Neg(half), sq);                      // exact
+  const V rest = hn::NegMulAdd(half, hn::MulSub(xa, xa, sq), q);  // the product's exact error
+#else
   const hn::RebindToUnsigned<D> du;
   const V xh = hn::BitCast(d, hn::And(hn::BitCast(du, xa), hn::Set(du, 0xFFFFF000u)));
   const V xl = hn::Sub(xa, xh);
   const V head = hn::Mul(hn::Neg(half), hn::Mul(xh, xh));  // exact
   const V rest = hn::NegMulAdd(hn::Mul(half, xl), hn::Add(xa, xh), q);
+#endif
   // One exp of the exact sum (see ExpCore); where that leaves ExpCore's
-  // range, per lane, the product of the two parts' exps.
-  const auto fast = ExpCoreRange(d, hn::Add(head, rest));
+  // range, per lane, the product of the two parts' exps. Only the low end
+  // can be left: head <= 0 and Q < 0.2. NaN (if Min kept it) fails the test.
+  const auto fast = hn::Ge(hn::Add(head, rest), hn::Set(d, -87.0f));
   V e = ExpCore(d, head, rest);
   if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) e = hn::IfThenElse(fast, e, hn::Mul(ExpFull(d, head), ExpFull(d, rest)));
   const V erfc = hn::Mul(t, e);
   return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
+}
+
+#if HWY_NATIVE_FMA
+// gelu(x) for |x| < kGeluCentralEnd, where nearly all activations lie: the
+// same erfc(a) = exp(-a^2 + log erfcx(a)) as above (a = |x|/sqrt2), but on
+// this bounded range log erfcx is a polynomial in |x| (L below, degree 9,
+// fitted to |L error| <= 3.4e-8 with its f32 coefficients; evaluated, 2e-7),
+// so no reciprocal, no t and one exp specialised to its argument: it lies in
+// [-7.7, 0], so no range ends, and n*ln2hi (n in [-12, 0], ln2hi of 15 bits)
+// is exact, which lets one FMA form -x^2/2 - n*ln2hi exactly and round it
+// once (|.| < 2: 6e-8) instead of splitting x^2. e^r on |r| <= ln2/2 is a
+// degree-6 polynomial (relative error 7e-8 with f32 Horner), 2^n comes from
+// t's bits (the magic constant carries the exponent bias). Then gelu =
+// max(x, 0) - |x|/2 * erfc(a): one rounding, exact in sign (x86's max
+// returns its second operand for +-0, so gelu(-0) = -0). Needs FMA.
+constexpr float kGeluCentralEnd = 3.5f;
+
+template <class D, class V>
+HWY_INLINE V GeluCentral(D d, V x, V u) {
+  const hn::RebindToSigned<D> di;
+  V q = hn::Set(d, 2.769506580e-07f);
+  q = hn::MulAdd(q, u, hn::Set(d, -5.420453363e-06f));
+  q = hn::MulAdd(q, u, hn::Set(d, 4.443208309e-05f));
+  q = hn::MulAdd(q, u, hn::Set(d, -1.723026799e-04f));
+  q = hn::MulAdd(q, u, hn::Set(d, -3.599699994e-05f));
+  q = hn::MulAdd(q, u, hn::Set(d, 4.853923805e-03f));
+  q = hn::MulAdd(q, u, hn::Set(d, -3.637387604e-02f));
+  q = hn::MulAdd(q, u, hn::Set(d, 1.816999316e-01f));
+  q = hn::MulAdd(q, u, hn::Set(d, -7.978854179e-01f));
+  q = hn::Mul(q, u);  // L(u) = log erfcx(u / sqrt2), L(0) = 0
+  const V mhu = hn::Mul(hn::Set(d, -0.5f), u);
+  const V magic = hn::Set(d, 12582912.0f + 127.0f);
+  const V t = hn::MulAdd(hn::MulAdd(mhu, u, q), hn::Set(d, 1.442695040888963407f), magic);
+  const V n = hn::Sub(t, magic);
+  V r = hn::MulAdd(mhu, u, hn::Mul(n, hn::Set(d, -0.693145751953125f)));  // exact, then rounded once
+  r = hn::Add(r, hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), q));
+  V p = hn::Set(d, 1.381373149e-03f);
+  p = hn::MulAdd(p, r, hn::Set(d, 8.369124494e-03f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.166842625e-02f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.666651666e-01f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.999999404e-01f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
+#if HWY_ARCH_X86
+  const V pos = hn::Max(hn::Zero(d), x);
+#else
+  const V pos = hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x);
+#endif
+  return hn::MulAdd(hn::Mul(mhu, scale), p, pos);
+}
+#endif
+
+template <class D, class V>
+HWY_INLINE V Gelu(D d, V x) {
+  const auto slow = [&](V v) { return hn::Mul(hn::Mul(hn::Set(d, 0.5f), v), ErfPlusOneOfScaled(d, v)); };
+#if HWY_NATIVE_FMA
+  const V u = hn::Abs(x);
+  const auto central = hn::Lt(u, hn::Set(d, kGeluCentralEnd));  // NaN: false
+  const V y = GeluCentral(d, x, u);
+  if (HWY_LIKELY(hn::AllTrue(d, central))) return y;
+  return hn::IfThenElse(central, y, slow(x));  // per lane, as ExpFull
+#else
+  return slow(x);
+#endif
 }
 
 // 1/(1 + exp(-x)): the reciprocal of a denominator that can be huge (or
@@ -243,7 +320,9 @@ HWY_INLINE V TanhF32(D d, V x) {
   const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
   const V e = ExpCore(d, hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f))), NoLo{});
   const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
-  const V y = hn::IfThenElse(hn::Lt(a, hn::Set(d, 0.625f)), small_abs, large_abs);
+  // NaN fails the comparison and takes the polynomial, which keeps it NaN
+  // (the clamp in the exp's argument may not): no separate NaN select.
+  const V y = hn::IfThenElse(hn::Ge(a, hn::Set(d, 0.625f)), large_abs, small_abs);
   return hn::Or(y, hn::And(hn::SignBit(d), x));  // tanh is odd, -0 included
 }
 
@@ -256,7 +335,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
     case Fn::Log: return LogFull(d, x);
     case Fn::Tanh:
       if constexpr (sizeof(T) == 4)
-        return hn::IfThenElse(hn::IsNaN(x), x, TanhF32(d, x));
+        return TanhF32(d, x);
       else
         return hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x));
     case Fn::Sigmoid: return RecipOnePlusExpNeg(d, x);
@@ -265,9 +344,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
     case Fn::Relu: return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x);  // NaN and -0 stay
     case Fn::Rsqrt: return hn::Div(one, hn::Sqrt(x));
     case Fn::Gelu:
-      if constexpr (sizeof(T) == 4) {
-        return hn::Mul(hn::Mul(hn::Set(d, T(0.5)), x), ErfPlusOneOfScaled(d, x));
-      }
+      if constexpr (sizeof(T) == 4) return Gelu(d, x);
       break;
   }
   return x;  // unreachable: the callers send f64 gelu elsewhere
@@ -307,17 +384,16 @@ HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
   if (i < n) tail(i, n);
 }
 
-template <class T>
-HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
-  // One switch per array, not per vector: each case is its own loop.
+// Calls loop(body) with fn's body: one switch per array, not per vector,
+// each case its own loop. The body is forced inline: left to GCC, whether
+// gelu's (the biggest) is inlined or called once per vector (spilling around
+// the call) changed with unrelated code elsewhere in this file, and cost
+// gelu 1.25-1.35x.
+template <class Loop>
+HWY_INLINE void WithBody(Fn fn, Loop loop) {
   switch (fn) {
-// The body is forced inline: left to GCC, whether gelu's (the biggest) is
-// inlined or called once per vector (spilling around the call) changed with
-// unrelated code elsewhere in this file, and cost gelu 1.25-1.35x.
 #define DTENSOR_VMATH_CASE(F) \
-  case Fn::F:                 \
-    return ForEachVector(     \
-        x, y, n, [](auto d, auto v) __attribute__((always_inline)) { return Eval(d, Fn::F, v); });
+  case Fn::F: return loop([](auto d, auto v) __attribute__((always_inline)) { return Eval(d, Fn::F, v); });
     DTENSOR_VMATH_CASE(Exp)
     DTENSOR_VMATH_CASE(Log)
     DTENSOR_VMATH_CASE(Tanh)
@@ -329,6 +405,11 @@ HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
     DTENSOR_VMATH_CASE(Relu)
 #undef DTENSOR_VMATH_CASE
   }
+}
+
+template <class T>
+HWY_NOINLINE void ApplyT(Fn fn, const T* x, T* y, std::int64_t n) {
+  WithBody(fn, [&](auto body) { ForEachVector(x, y, n, body); });
 }
 void ApplyF32(Fn fn, const float* x, float* y, std::int64_t n) { ApplyT(fn, x, y, n); }
 void ApplyF64(Fn fn, const double* x, double* y, std::int64_t n) { ApplyT(fn, x, y, n); }
@@ -471,6 +552,143 @@ HWY_NOINLINE void F32ToBf16(const float* x, std::uint16_t* y, std::int64_t n) {
   }
 }
 
+// bf16 in and out through the f32 body, converted in registers rather than
+// through a buffer: a vector of 2N bf16 is two f32 vectors, its even
+// elements (each bf16's bits are the top half of its f32: shifted up) and
+// its odd ones (already in the top halves: masked), and the two results go
+// back to the same lanes, rounded as bfloat16(float) rounds (F32ToBf16):
+// to nearest even, which on the two results' halves regrouped as 16-bit
+// lanes (tops in place, bottoms beside them) is top + 1 where bottom + the
+// top's lowest bit > 0x8000; a NaN keeps its top half with the quiet bit
+// set. Which NaN an op returns when both operands are NaN depends on the
+// operand order the compiler chose in that copy of the body, so a pair with
+// a NaN result is computed again by the f32 kernel itself (ApplyT): bit for
+// bit what Bf16ToF32, apply and F32ToBf16 give.
+template <class DH, class VF>
+HWY_INLINE hn::Vec<DH> RoundPairToBf16(DH dh, VF ye, VF yo) {
+  const hn::RebindToUnsigned<hn::DFromV<VF>> du;
+  const auto round = [&](VF v) {
+    const auto bits = hn::BitCast(du, v);
+    return hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
+  };
+  return hn::OddEven(hn::BitCast(dh, round(yo)), hn::BitCast(dh, hn::ShiftRight<16>(round(ye))));
+}
+
+template <class DH, class VF>
+HWY_NOINLINE hn::Vec<DH> RoundPairToBf16WithNaN(DH dh, Fn fn, VF xe, VF xo) {
+  const hn::DFromV<VF> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const std::size_t N = hn::Lanes(df);
+  HWY_ALIGN float buf[2 * hn::MaxLanes(df)];
+  hn::Store(xe, df, buf);
+  hn::Store(xo, df, buf + N);
+  ApplyT(fn, buf, buf, static_cast<std::int64_t>(2 * N));
+  const VF ye = hn::Load(df, buf), yo = hn::Load(df, buf + N);
+  const auto quiet_top = [&](VF v) { return hn::Or(hn::BitCast(du, v), hn::Set(du, 0x00400000u)); };
+  const auto te = hn::BitCast(dh, hn::ShiftRight<16>(quiet_top(ye)));
+  const auto nan = hn::OddEven(hn::BitCast(dh, quiet_top(yo)), te);
+  const auto nan_mask = hn::OddEven(hn::BitCast(dh, hn::VecFromMask(du, hn::RebindMask(du, hn::IsNaN(yo)))),
+                                    hn::BitCast(dh, hn::VecFromMask(du, hn::RebindMask(du, hn::IsNaN(ye)))));
+  return hn::IfThenElse(hn::MaskFromVec(nan_mask), nan, RoundPairToBf16(dh, ye, yo));
+}
+
+template <class DH, class VH, class Body>
+HWY_INLINE VH Bf16Pair(DH dh, VH w, Fn fn, Body body) {
+  const hn::Repartition<float, DH> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto wu = hn::BitCast(du, w);
+  const auto xe = hn::BitCast(df, hn::ShiftLeft<16>(wu));
+  const auto xo = hn::BitCast(df, hn::And(wu, hn::Set(du, 0xffff0000u)));
+  const auto ye = body(df, xe), yo = body(df, xo);
+  if (HWY_UNLIKELY(!hn::AllFalse(df, hn::Or(hn::IsNaN(ye), hn::IsNaN(yo)))))
+    return RoundPairToBf16WithNaN(dh, fn, xe, xo);
+  return RoundPairToBf16(dh, ye, yo);
+}
+
+#if HWY_NATIVE_FMA
+// gelu's pairs whose lanes are all central (nearly all) skip the NaN test:
+// GeluCentral's results are finite. The others take the general pair, which
+// gives the central lanes the same values (Gelu selects per lane).
+template <class DH, class VH>
+HWY_INLINE VH GeluBf16Pair(DH dh, VH w) {
+  const hn::Repartition<float, DH> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto wu = hn::BitCast(du, w);
+  const auto xe = hn::BitCast(df, hn::ShiftLeft<16>(wu));
+  const auto xo = hn::BitCast(df, hn::And(wu, hn::Set(du, 0xffff0000u)));
+  const auto ue = hn::Abs(xe), uo = hn::Abs(xo);
+  if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(hn::Max(ue, uo), hn::Set(df, kGeluCentralEnd)))))
+    return RoundPairToBf16(dh, GeluCentral(df, xe, ue), GeluCentral(df, xo, uo));
+  return Bf16Pair(
+      dh, w, Fn::Gelu, [](auto d, auto v) __attribute__((always_inline)) { return Gelu(d, v); });
+}
+#endif
+
+#if HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR
+// bf16 gelu of big arrays by table: a bf16 input has 65536 values, so the
+// results of all of them (computed once per SIMD target by the pair path
+// above, which the tests hold bit for bit to widening, the f32 kernel and
+// rounding) are gathered instead of computed, the same bits at a fraction
+// of the cost (activations take few distinct values, so the gathers mostly
+// hit L1). 256 KiB per target, built on first use; arrays below
+// kGeluTableMin elements, which would not pay for building it, compute.
+constexpr std::int64_t kGeluTableMin = 16384;
+
+HWY_INLINE void GeluBf16Direct(const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  ForEachVector(
+      x, y, n, [](auto dh, auto w) __attribute__((always_inline)) { return GeluBf16Pair(dh, w); });
+}
+
+HWY_NOINLINE const std::int32_t* GeluBf16Table() {
+  static const std::vector<std::int32_t> table = [] {
+    std::vector<std::uint16_t> bits(65536);
+    for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<std::uint16_t>(i);
+    GeluBf16Direct(bits.data(), bits.data(), 65536);
+    return std::vector<std::int32_t>(bits.begin(), bits.end());
+  }();
+  return table.data();
+}
+
+HWY_NOINLINE void GeluBf16ByTable(const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  const std::int32_t* table = GeluBf16Table();
+  const hn::ScalableTag<std::uint16_t> dh;
+  const hn::Repartition<std::int32_t, decltype(dh)> di;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(dh));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto w = hn::BitCast(di, hn::LoadU(dh, x + i));
+    const auto even = hn::GatherIndex(di, table, hn::And(w, hn::Set(di, 0xffff)));
+    const auto odd =
+        hn::GatherIndex(di, table,
+                        hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(hn::RebindToUnsigned<decltype(di)>(), w))));
+    hn::StoreU(hn::OddEven(hn::BitCast(dh, hn::ShiftLeft<16>(odd)), hn::BitCast(dh, even)), dh, y + i);
+  }
+  for (; i < n; ++i) y[i] = static_cast<std::uint16_t>(table[x[i]]);
+}
+#endif
+
+HWY_NOINLINE void ApplyBf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+#if HWY_TARGET == HWY_SCALAR
+  // One lane: no pair of f32 vectors in a bf16 one. Blocks through a buffer.
+  constexpr std::int64_t kBlock = 256;
+  float buf[kBlock];
+  for (std::int64_t i = 0; i < n; i += kBlock) {
+    const std::int64_t m = std::min(kBlock, n - i);
+    Bf16ToF32(x + i, buf, m);
+    ApplyT(fn, buf, buf, m);
+    F32ToBf16(buf, y + i, m);
+  }
+#else
+#if HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR
+  if (fn == Fn::Gelu) return n >= kGeluTableMin ? GeluBf16ByTable(x, y, n) : GeluBf16Direct(x, y, n);
+#endif
+  WithBody(fn, [&](auto body) {
+    ForEachVector(
+        x, y, n, [ fn, body ](auto dh, auto w) __attribute__((always_inline)) { return Bf16Pair(dh, w, fn, body); });
+  });
+#endif
+}
+
 // f16 <-> f32 likewise, with the hardware's conversions where Highway has
 // them (F16C, on its AVX2 and AVX-512 targets; the others convert one value
 // at a time, as float16 does). The hardware rounds to nearest even as
@@ -522,6 +740,7 @@ HWY_EXPORT(ExpSubAccumulateF32);
 HWY_EXPORT(ExpSubAccumulateF64);
 HWY_EXPORT(Bf16ToF32);
 HWY_EXPORT(F32ToBf16);
+HWY_EXPORT(ApplyBf16);
 HWY_EXPORT(F16ToF32);
 HWY_EXPORT(F32ToF16);
 
@@ -548,6 +767,9 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
 
 void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(Bf16ToF32)(x, y, n); }
 void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16)(x, y, n); }
+void apply_bf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ApplyBf16)(fn, x, y, n);
+}
 
 void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F16ToF32)(x, y, n); }
 void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(x, y, n); }

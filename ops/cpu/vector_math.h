@@ -37,6 +37,9 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
 /// rounding (nearest even, NaN kept a quiet NaN), bit for bit.
 void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
 void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
+/// y = fn(x) for bf16 (as bits): bit for bit f32_to_bf16(apply(fn,
+/// bf16_to_f32(x))), converted in registers; y may alias x.
+void apply_bf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n);
 /// f16 likewise: to f32 exactly (a NaN stays a NaN of the same sign), and
 /// back with float16(float)'s rounding, bit for bit.
 void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);

@@ -89,6 +89,14 @@ void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
     y[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
   }
 }
+void apply_bf16(Fn fn, const std::uint16_t* x, std::uint16_t* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    float f;
+    bf16_to_f32(x + i, &f, 1);
+    f = eval(fn, f);
+    f32_to_bf16(&f, y + i, 1);
+  }
+}
 void f16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(float16::from_bits(x[i]));
 }
