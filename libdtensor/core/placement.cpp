@@ -50,11 +50,18 @@ std::string to_string(const Placement& p) {
   return "R";
 }
 
-Placement parse_placement(std::string_view text) {
+namespace {
+// parse_placement, for the text `text` that is part `index` (from 1) of the
+// layout `whole` (empty: the text is the whole input), so that an error
+// quotes what the user wrote.
+Placement parse_part(std::string_view text, std::size_t index, std::string_view whole) {
   std::string_view t = trim(text);
   auto bad = [&](std::string_view why) {
-    return ParseError(fmt::format("[placement] '{}' {}: expected S(d), R or P(sum|avg|max|min)", text, why));
+    const std::string where =
+        whole.empty() ? fmt::format("'{}'", text) : fmt::format("'{}' (placement {} of '{}')", text, index, whole);
+    return ParseError(fmt::format("[placement] {} {}: expected S(d), R or P(sum|avg|max|min)", where, why));
   };
+  if (t.empty()) throw bad("is empty");
   std::string_view head = t, arg;
   bool has_arg = false;
   if (auto open = t.find('('); open != std::string_view::npos) {
@@ -93,6 +100,14 @@ Placement parse_placement(std::string_view text) {
     }
   }
   throw bad("is not a placement");
+}
+}  // namespace
+
+Placement parse_placement(std::string_view text) { return parse_part(text, 1, {}); }
+
+void Layout::bad_mesh_dim(int mesh_dim) const {
+  throw LayoutError(fmt::format("[layout] mesh dim {} of the layout '{}': expected a mesh dim in [0, {})", mesh_dim,
+                                *this, mesh_ndim()));
 }
 
 Layout::Layout(std::vector<Placement> placements) : placements_(std::move(placements)) {
@@ -148,8 +163,9 @@ Layout Layout::parse(std::string_view text) {
   bool any_level = false;
   std::string_view t = trim(text);
   if (t.empty()) throw ParseError(fmt::format("[placement] empty placement list: expected e.g. S(0),R,P(sum)"));
-  for (std::string_view part : split_top_level(t)) {
-    part = trim(part);
+  const std::vector<std::string_view> parts = split_top_level(t);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::string_view part = trim(parts[i]);
     int level = -1;
     if (!part.empty() && part.back() == ']') {
       auto open = part.rfind('[');
@@ -161,7 +177,7 @@ Layout Layout::parse(std::string_view text) {
       part = trim(part.substr(0, open));
       any_level = true;
     }
-    Placement p = parse_placement(part);
+    Placement p = parse_part(part, i + 1, text);
     if (level >= 0 && !is_shard(p))
       throw ParseError(fmt::format("[placement] '{}' in '{}': only a shard has a nesting level", part, text));
     placements.push_back(p);
@@ -175,14 +191,24 @@ Layout Layout::parse(std::string_view text) {
     std::int64_t dim = std::get<Shard>(placements[m]).dim;
     auto it = std::find_if(order.begin(), order.end(), [&](auto& e) { return e.first == dim; });
     if (it != order.end()) continue;
+    // Levels are given per tensor dim: to every shard of it, or to none
+    // (which nest left to right).
     std::vector<std::pair<int, int>> by_level;
+    int without = -1;  // a mesh dim sharding `dim` with no level
     for (std::size_t o = 0; o < placements.size(); ++o)
       if (is_shard(placements[o], dim)) {
         if (given_levels[o] < 0)
-          throw ParseError(
-              fmt::format("[placement] '{}': give a nesting level to every shard of dim {} or to none", text, dim));
-        by_level.emplace_back(given_levels[o], static_cast<int>(o));
+          without = static_cast<int>(o);
+        else
+          by_level.emplace_back(given_levels[o], static_cast<int>(o));
       }
+    if (by_level.empty()) continue;
+    if (without >= 0)
+      throw ParseError(
+          fmt::format("[placement] '{}': S({}) on mesh dim {} has no nesting level but S({}) on mesh dim {} has one: "
+                      "give a "
+                      "nesting level to every shard of dim {} or to none",
+                      text, dim, without, dim, by_level.front().second, dim));
     std::sort(by_level.begin(), by_level.end());
     for (std::size_t i = 0; i < by_level.size(); ++i)
       if (by_level[i].first != static_cast<int>(i))
