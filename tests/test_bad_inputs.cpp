@@ -75,26 +75,29 @@ BOOST_AUTO_TEST_CASE(collectives_give_nan_whichever_rank_holds_it) {
   testing::run_ranks(n, [&](Communicator& comm) {
     for (DType dtype : kFloating)
       for (ReduceOp op : {ReduceOp::Max, ReduceOp::Min})
-        for (int holder = 0; holder < n; ++holder) {
-          // Element i of rank r's send: NaN at i == holder on the holder,
-          // else r + i (so the numbers alone would give a finite answer).
-          std::vector<double> mine(static_cast<std::size_t>(n));
-          for (int i = 0; i < n; ++i)
-            mine[static_cast<std::size_t>(i)] = comm.rank() == holder && i == holder ? kNaN : comm.rank() + i;
-          const Tensor send = values_as(mine, dtype);
-          Tensor reduced = Tensor::empty({n}, dtype);
-          comm.all_reduce(send.data(), reduced.data(), static_cast<std::size_t>(n), dtype, op);
-          for (int i = 0; i < n; ++i)
-            if (std::isnan(reduced.get({i})) != (i == holder))
-              log.add(fmt::format("rank {}: all_reduce {} {} with NaN on rank {}: element {} is {}", comm.rank(), op,
-                                  dtype, holder, i, reduced.get({i})));
-          Tensor block = Tensor::empty({1}, dtype);
-          const std::vector<std::size_t> counts(static_cast<std::size_t>(n), 1);
-          comm.reduce_scatter(send.data(), block.data(), counts, dtype, op);
-          if (std::isnan(block.get({0})) != (comm.rank() == holder))
-            log.add(fmt::format("rank {}: reduce_scatter {} {} with NaN on rank {}: got {}", comm.rank(), op, dtype,
-                                holder, block.get({0})));
-        }
+        for (int holder = 0; holder < n; ++holder)
+          for (int at = 0; at < n; ++at) {
+            // Element i of rank r's send: NaN at i == at on the holder, else
+            // r + i (so the numbers alone would give a finite answer). Every
+            // (holder, element) pair: a backend that reduces each element on
+            // one rank drops the NaN only where that rank is not the holder.
+            std::vector<double> mine(static_cast<std::size_t>(n));
+            for (int i = 0; i < n; ++i)
+              mine[static_cast<std::size_t>(i)] = comm.rank() == holder && i == at ? kNaN : comm.rank() + i;
+            const Tensor send = values_as(mine, dtype);
+            Tensor reduced = Tensor::empty({n}, dtype);
+            comm.all_reduce(send.data(), reduced.data(), static_cast<std::size_t>(n), dtype, op);
+            for (int i = 0; i < n; ++i)
+              if (std::isnan(reduced.get({i})) != (i == at))
+                log.add(fmt::format("rank {}: all_reduce {} {} with NaN at {} on rank {}: element {} is {}",
+                                    comm.rank(), op, dtype, at, holder, i, reduced.get({i})));
+            Tensor block = Tensor::empty({1}, dtype);
+            const std::vector<std::size_t> counts(static_cast<std::size_t>(n), 1);
+            comm.reduce_scatter(send.data(), block.data(), counts, dtype, op);
+            if (std::isnan(block.get({0})) != (comm.rank() == at))
+              log.add(fmt::format("rank {}: reduce_scatter {} {} with NaN at {} on rank {}: got {}", comm.rank(), op,
+                                  dtype, at, holder, block.get({0})));
+          }
   });
   testing::check_no_failures(log.failures);
 }
