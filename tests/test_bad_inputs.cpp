@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "dtensor/mesh/threads.h"
 #include "libdtensor/core/combine.h"
 #include "support.h"
 
@@ -131,6 +132,34 @@ BOOST_AUTO_TEST_CASE(sharded_max_is_the_plain_max) {
         log.add(fmt::format("rank {}: P(max) -> R with NaN on rank {} gives {}", comm.rank(), holder, r.get({0})));
     }
   });
+  testing::check_no_failures(log.failures);
+}
+
+// The same on simulated GPU ranks (device buffers, the device reduce
+// kernel): NaN through max, and the exact int64 Avg.
+BOOST_AUTO_TEST_CASE(simulated_gpu_ranks_keep_nan_and_average_exactly,
+                     *boost::unit_test::precondition(testing::needs_gpu)) {
+  constexpr int n = 4;
+  FailureLog log;
+  ThreadsOptions options;
+  options.device = Device::CUDA;
+  run_threads(
+      n,
+      [&](Communicator& comm) {
+        const Tensor send = values_as({comm.rank() == 2 ? kNaN : 1.0, 2.0}, DType::Float32).to(Device::CUDA);
+        Tensor got = Tensor::empty({2}, DType::Float32, Device::CUDA);
+        comm.all_reduce(send.data(), got.data(), 2, DType::Float32, ReduceOp::Max);
+        const Tensor host = got.to(Device::CPU);
+        if (!std::isnan(host.get({0})) || host.get({1}) != 2.0)
+          log.add(fmt::format("rank {}: device max gives {}, {}", comm.rank(), host.get({0}), host.get({1})));
+        const Tensor big = Tensor::full({3}, static_cast<double>(std::int64_t{1} << 62), DType::Int64);
+        const Tensor dev = big.to(Device::CUDA);
+        Tensor avg = Tensor::empty({3}, DType::Int64, Device::CUDA);
+        comm.all_reduce(dev.data(), avg.data(), 3, DType::Int64, ReduceOp::Avg);
+        if (!equal(avg.to(Device::CPU), big))
+          log.add(fmt::format("rank {}: device avg of 2^62 gives {}", comm.rank(), avg.to(Device::CPU)));
+      },
+      options);
   testing::check_no_failures(log.failures);
 }
 
