@@ -385,6 +385,12 @@ BOOST_AUTO_TEST_CASE(a_scalar_partial_sum_sits_on_coordinate_zero) {
       if (held != (origin ? 0.25 : 0.0))
         log.add(fmt::format("rank {}: a {}-d 0.25 as {} holds {} on coordinate [{}]", comm.rank(), shape.size(), layout,
                             held, fmt::join(mesh.coordinate(), ",")));
+      // R -> P(sum) by redistribution keeps the same rule.
+      const DTensor moved = distribute_tensor(full, mesh, Layout::replicated(mesh.ndim())).redistribute(layout);
+      const double kept = shape.empty() ? moved.to_local().get({}) : moved.to_local().get({0});
+      if (kept != (origin ? 0.25 : 0.0))
+        log.add(fmt::format("rank {}: a {}-d 0.25 redistributed R -> {} holds {} on coordinate [{}]", comm.rank(),
+                            shape.size(), layout, kept, fmt::join(mesh.coordinate(), ",")));
       const Tensor back = t.full_tensor();
       const double sum = shape.empty() ? back.get({}) : back.get({0});
       if (sum != 0.25)
