@@ -50,18 +50,11 @@ std::string to_string(const Placement& p) {
   return "R";
 }
 
-namespace {
-// parse_placement, for the text `text` that is part `index` (from 1) of the
-// layout `whole` (empty: the text is the whole input), so that an error
-// quotes what the user wrote.
-Placement parse_part(std::string_view text, std::size_t index, std::string_view whole) {
+Placement parse_placement(std::string_view text) {
   std::string_view t = trim(text);
   auto bad = [&](std::string_view why) {
-    const std::string where =
-        whole.empty() ? fmt::format("'{}'", text) : fmt::format("'{}' (placement {} of '{}')", text, index, whole);
-    return ParseError(fmt::format("[placement] {} {}: expected S(d), R or P(sum|avg|max|min)", where, why));
+    return ParseError(fmt::format("[placement] '{}' {}: expected S(d), R or P(sum|avg|max|min)", text, why));
   };
-  if (t.empty()) throw bad("is empty");
   std::string_view head = t, arg;
   bool has_arg = false;
   if (auto open = t.find('('); open != std::string_view::npos) {
@@ -101,9 +94,6 @@ Placement parse_part(std::string_view text, std::size_t index, std::string_view 
   }
   throw bad("is not a placement");
 }
-}  // namespace
-
-Placement parse_placement(std::string_view text) { return parse_part(text, 1, {}); }
 
 void Layout::bad_mesh_dim(int mesh_dim) const {
   throw LayoutError(fmt::format("[layout] mesh dim {} of the layout '{}': expected a mesh dim in [0, {})", mesh_dim,
@@ -177,7 +167,12 @@ Layout Layout::parse(std::string_view text) {
       part = trim(part.substr(0, open));
       any_level = true;
     }
-    Placement p = parse_part(part, i + 1, text);
+    // An empty part has nothing of its own to quote: name its place in the
+    // whole text.
+    if (part.empty())
+      throw ParseError(fmt::format("[placement] placement {} of '{}' is empty: expected S(d), R or P(sum|avg|max|min)",
+                                   i + 1, text));
+    Placement p = parse_placement(part);
     if (level >= 0 && !is_shard(p))
       throw ParseError(fmt::format("[placement] '{}' in '{}': only a shard has a nesting level", part, text));
     placements.push_back(p);
