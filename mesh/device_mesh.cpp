@@ -186,6 +186,13 @@ Communicator& DeviceMesh::group_comm(std::span<const int> mesh_dims) const {
 }
 
 DeviceMesh DeviceMesh::submesh(std::span<const std::string> names) const {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i), names[i]) !=
+        names.begin() + static_cast<std::ptrdiff_t>(i))
+      throw MeshError(
+          fmt::format("[mesh] submesh of ({}): '{}' is listed twice; expected distinct names of the "
+                      "mesh dims {}",
+                      fmt::join(names, ","), names[i], fmt::join(state_->names, ",")));
   if (names.empty() || names.size() > state_->shape.size())
     throw MeshError(fmt::format("[mesh] submesh of ({}) from the mesh with dims {}; expected 1 to {} dim names",
                                 fmt::join(names, ","), fmt::join(state_->names, ","), state_->shape.size()));

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
@@ -11,10 +12,15 @@
 namespace dtensor {
 namespace {
 
-// The box a rank must be sent when the full tensor is distributed: nothing
-// where a Partial(sum) mesh dim has a non-zero coordinate (it holds zeros).
-Box distributed_box(const DeviceMesh& mesh, const Shape& global, const Layout& layout, int rank) {
-  return needed_box(mesh.shape(), global, layout, mesh.coordinate_of(rank));
+// The bytes a rank must be sent when the full tensor is distributed: those
+// of its box, or none where it holds zeros (off coordinate 0 of a
+// Partial(sum) mesh dim). Asked of holds_zeros, not of the box's size: a
+// 0-d box has no size to zero, and emptied that way it still held its one
+// element, so every rank got the value.
+std::size_t distributed_bytes(const DeviceMesh& mesh, const Layout& layout, const Box& box, int rank,
+                              std::size_t itemsize) {
+  if (holds_zeros(layout, mesh.coordinate_of(rank))) return 0;
+  return static_cast<std::size_t>(byte_size(box.size, itemsize));
 }
 
 // Dims of the local shape that travel in from_local's agreement record; a
@@ -185,8 +191,8 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   std::vector<Box> boxes;
   boxes.reserve(n);
   for (int r = 0; r < n; ++r) {
-    boxes.push_back(distributed_box(mesh, global, layout, r));
-    bytes[r] = static_cast<std::size_t>(byte_size(boxes.back().size, is));
+    boxes.push_back(dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate_of(r)));
+    bytes[r] = distributed_bytes(mesh, layout, boxes.back(), r, is);
   }
   // The source packs every rank's box back to back on the mesh's device.
   const Device device = mesh.device();
@@ -198,13 +204,12 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
     packed = Tensor::empty({static_cast<std::int64_t>(total / is)}, dtype, device);
     std::size_t at = 0;
     for (int r = 0; r < n; ++r) {
-      pack_box(source, boxes[r], packed.bytes() + at);
+      if (bytes[r] != 0) pack_box(source, boxes[r], packed.bytes() + at);
       at += bytes[r];
     }
   }
-  Box mine = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate());
-  Tensor local = Tensor::empty(mine.size, dtype, device);
-  if (boxes[comm.rank()].empty()) local.zero_();
+  Tensor local = Tensor::empty(boxes[comm.rank()].size, dtype, device);
+  if (bytes[comm.rank()] == 0) local.zero_();
   comm.scatter(is_src ? packed.data() : nullptr, bytes, local.data(), src_rank);
   return DTensor::from_local(std::move(local), mesh, layout, global);
 }

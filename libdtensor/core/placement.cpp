@@ -95,6 +95,11 @@ Placement parse_placement(std::string_view text) {
   throw bad("is not a placement");
 }
 
+void Layout::bad_mesh_dim(int mesh_dim) const {
+  throw LayoutError(fmt::format("[layout] mesh dim {} of the layout '{}': expected a mesh dim in [0, {})", mesh_dim,
+                                *this, mesh_ndim()));
+}
+
 Layout::Layout(std::vector<Placement> placements) : placements_(std::move(placements)) {
   levels_.assign(placements_.size(), -1);
   compact_levels();
@@ -149,8 +154,8 @@ Layout Layout::parse(std::string_view text) {
   std::string_view t = trim(text);
   if (t.empty()) throw ParseError(fmt::format("[placement] empty placement list: expected e.g. S(0),R,P(sum)"));
   const std::vector<std::string_view> parts = split_top_level(t);
-  for (std::string_view part : parts) {
-    part = trim(part);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::string_view part = trim(parts[i]);
     int level = -1;
     if (!part.empty() && part.back() == ']') {
       auto open = part.rfind('[');
@@ -169,6 +174,11 @@ Layout Layout::parse(std::string_view text) {
       part = trim(part.substr(0, open));
       any_level = true;
     }
+    // An empty part has nothing of its own to quote: name its place in the
+    // whole text.
+    if (part.empty())
+      throw ParseError(fmt::format("[placement] placement {} of '{}' is empty: expected S(d), R or P(sum|avg|max|min)",
+                                   i + 1, text));
     Placement p = parse_placement(part);
     if (level >= 0 && !is_shard(p))
       throw ParseError(fmt::format("[placement] '{}' in '{}': only a shard has a nesting level", part, text));
@@ -183,14 +193,24 @@ Layout Layout::parse(std::string_view text) {
     std::int64_t dim = std::get<Shard>(placements[m]).dim;
     auto it = std::find_if(order.begin(), order.end(), [&](auto& e) { return e.first == dim; });
     if (it != order.end()) continue;
+    // Levels are given per tensor dim: to every shard of it, or to none
+    // (which nest left to right).
     std::vector<std::pair<int, int>> by_level;
+    int without = -1;  // a mesh dim sharding `dim` with no level
     for (std::size_t o = 0; o < placements.size(); ++o)
       if (is_shard(placements[o], dim)) {
         if (given_levels[o] < 0)
-          throw ParseError(
-              fmt::format("[placement] '{}': give a nesting level to every shard of dim {} or to none", text, dim));
-        by_level.emplace_back(given_levels[o], static_cast<int>(o));
+          without = static_cast<int>(o);
+        else
+          by_level.emplace_back(given_levels[o], static_cast<int>(o));
       }
+    if (by_level.empty()) continue;
+    if (without >= 0)
+      throw ParseError(
+          fmt::format("[placement] '{}': S({}) on mesh dim {} has no nesting level but S({}) on mesh dim {} has one: "
+                      "give a "
+                      "nesting level to every shard of dim {} or to none",
+                      text, dim, without, dim, by_level.front().second, dim));
     std::sort(by_level.begin(), by_level.end());
     for (std::size_t i = 0; i < by_level.size(); ++i)
       if (by_level[i].first != static_cast<int>(i))

@@ -101,6 +101,13 @@ void check_shape(std::span<const std::int64_t> shape, std::string_view what) {
                                  fmt::join(shape, "x"), std::numeric_limits<std::int64_t>::max()));
 }
 
+int wrap_dim(std::string_view where, std::int64_t dim, std::int64_t ndim) {
+  if (dim < -ndim || dim >= ndim)
+    throw ShapeError(
+        fmt::format("[{}] dim {} out of range for a {}-d tensor (expected {}..{})", where, dim, ndim, -ndim, ndim - 1));
+  return static_cast<int>(dim < 0 ? dim + ndim : dim);
+}
+
 Shape unravel_index(std::int64_t index, std::span<const std::int64_t> shape) {
   Shape coord(shape.size());
   for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {

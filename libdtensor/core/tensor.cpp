@@ -10,6 +10,7 @@
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
+#include "libdtensor/core/combine.h"
 #include "libdtensor/core/host_blocks.h"
 #include "libdtensor/core/strided_copy.h"
 
@@ -210,12 +211,7 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
-std::int64_t Tensor::size(int d) const {
-  int nd = dim();
-  int r = d < 0 ? d + nd : d;
-  if (r < 0 || r >= nd) throw ShapeError(fmt::format("[tensor] dim {} out of range for a {}-d tensor", d, nd));
-  return shape_[r];
-}
+std::int64_t Tensor::size(int d) const { return shape_[static_cast<std::size_t>(wrap_dim("tensor", d, dim()))]; }
 
 double Tensor::get(std::span<const std::int64_t> index) const {
   std::int64_t i = linear_index(*this, index);
@@ -481,6 +477,17 @@ template <class T, class Op>
 void reduce_loop(T* __restrict acc, const T* __restrict x, std::size_t n, Op op) {
   for (std::size_t i = 0; i < n; ++i) acc[i] = op(acc[i], x[i]);
 }
+// One loop per op (not combine::apply's switch per element), so that each
+// vectorizes.
+template <class T>
+void reduce_typed(T* __restrict acc, const T* __restrict x, std::size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: reduce_loop(acc, x, n, [](T u, T v) { return u + v; }); break;
+    case ReduceOp::Max: reduce_loop(acc, x, n, [](T u, T v) { return combine::max_nan(u, v); }); break;
+    case ReduceOp::Min: reduce_loop(acc, x, n, [](T u, T v) { return combine::min_nan(u, v); }); break;
+  }
+}
 }  // namespace
 
 void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op) {
@@ -490,25 +497,23 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, Reduc
       using H = decltype(zero);
       H* a = static_cast<H*>(acc);
       const H* b = static_cast<const H*>(x);
-      for (std::size_t i = 0; i < count; ++i) {
-        const float u = static_cast<float>(a[i]), v = static_cast<float>(b[i]);
-        const float r = op == ReduceOp::Max ? (u < v ? v : u) : op == ReduceOp::Min ? (v < u ? v : u) : u + v;
-        a[i] = H(r);
-      }
+      for (std::size_t i = 0; i < count; ++i)
+        a[i] = H(combine::apply(op, static_cast<float>(a[i]), static_cast<float>(b[i])));
     });
     return;
   }
   visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
-    T* a = static_cast<T*>(acc);
-    const T* b = static_cast<const T*>(x);
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Avg: reduce_loop(a, b, count, [](T u, T v) { return u + v; }); break;
-      case ReduceOp::Max: reduce_loop(a, b, count, [](T u, T v) { return u < v ? v : u; }); break;
-      case ReduceOp::Min: reduce_loop(a, b, count, [](T u, T v) { return v < u ? v : u; }); break;
-    }
+    reduce_typed(static_cast<T*>(acc), static_cast<const T*>(x), count, op);
   });
+}
+
+void average_split(const std::int64_t* x, std::int64_t* pairs, std::size_t count, std::int64_t n) {
+  for (std::size_t i = 0; i < count; ++i) combine::average_split(x[i], n, pairs + 2 * i);
+}
+
+void average_finish(const std::int64_t* pairs, std::int64_t* out, std::size_t count, std::int64_t n) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = combine::average_finish(pairs + 2 * i, n);
 }
 
 void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor) {

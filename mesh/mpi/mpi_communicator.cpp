@@ -61,6 +61,7 @@
 
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
+#include "../exact_average.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/backends.h"
@@ -90,31 +91,37 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
-// A user-defined MPI reduction on bf16/f16 bits: each pairwise step in
-// float, rounded once, as the threads backend and NCCL do. Never throws
-// (MPI calls it from C).
+// A user-defined MPI reduction through reduce_into, the element rule the
+// threads backend uses (libdtensor/core/combine.h): for bf16/f16 bits,
+// each pairwise step in float, rounded once; for floating max/min, NaN
+// propagates (MPI_MAX and MPI_MIN compare with < and drop it, so the result
+// depended on which rank held the NaN). Never throws (MPI calls it from C).
 template <DType D, ReduceOp Op>
-void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(inout, in, static_cast<std::size_t>(*len), D, Op);
 }
 
 template <DType D>
-MPI_Op half_op(ReduceOp op) {
+MPI_Op user_op(ReduceOp op) {
   // Created once, after MPI_Init (the first reduction runs after it); MPI
   // frees them at MPI_Finalize.
   static const std::array<MPI_Op, 3> ops = [] {
     std::array<MPI_Op, 3> out{};
-    MPI_Op_create(&half_reduce<D, ReduceOp::Sum>, 1, &out[0]);
-    MPI_Op_create(&half_reduce<D, ReduceOp::Max>, 1, &out[1]);
-    MPI_Op_create(&half_reduce<D, ReduceOp::Min>, 1, &out[2]);
+    MPI_Op_create(&user_reduce<D, ReduceOp::Sum>, 1, &out[0]);
+    MPI_Op_create(&user_reduce<D, ReduceOp::Max>, 1, &out[1]);
+    MPI_Op_create(&user_reduce<D, ReduceOp::Min>, 1, &out[2]);
     return out;
   }();
   return op == ReduceOp::Max ? ops[1] : op == ReduceOp::Min ? ops[2] : ops[0];
 }
 
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
-  if (dtype == DType::BFloat16) return half_op<DType::BFloat16>(op);
-  if (dtype == DType::Float16) return half_op<DType::Float16>(op);
+  if (dtype == DType::BFloat16) return user_op<DType::BFloat16>(op);
+  if (dtype == DType::Float16) return user_op<DType::Float16>(op);
+  if (op == ReduceOp::Max || op == ReduceOp::Min) {
+    if (dtype == DType::Float32) return user_op<DType::Float32>(op);
+    if (dtype == DType::Float64) return user_op<DType::Float64>(op);
+  }
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
@@ -180,6 +187,8 @@ class MpiCommunicator final : public Communicator {
   CommStats& stats() override { return *stats_; }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    if (backend_detail::integer_average(dtype, op) && size() > 1)
+      return backend_detail::all_reduce_integer_average(*this, send, recv, count);
     constexpr auto kind = CollectiveKind::AllReduce;
     const MPI_Datatype type = check_dtype(kind, dtype);
     const std::size_t isz = itemsize(dtype);
@@ -242,6 +251,8 @@ class MpiCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
                       ReduceOp op) override {
+    if (backend_detail::integer_average(dtype, op) && size() > 1)
+      return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
     constexpr auto kind = CollectiveKind::ReduceScatter;
     const MPI_Datatype type = check_dtype(kind, dtype);
     const std::size_t isz = itemsize(dtype);

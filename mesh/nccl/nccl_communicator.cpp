@@ -12,8 +12,8 @@
 // CommError at once, and throws CommTimeout naming the call.
 //
 // Mapping onto NCCL:
-//  - Avg is a Sum followed by a division on the device (integer division for
-//    i64), for every dtype: ncclAvg pre-multiplies each rank's addend by 1/n
+//  - Avg is a Sum followed by a division on the device for every floating
+//    dtype (i64: the exact average of exact_average.h): ncclAvg pre-multiplies each rank's addend by 1/n
 //    in floating types, which rounds differently from the sum / n of the
 //    threads and MPI backends; with the division the backends agree bitwise
 //    wherever the sum is exact.
@@ -58,6 +58,7 @@
 #include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
+#include "../exact_average.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/mesh/backends.h"
 #include "nccl_detail.h"
@@ -140,14 +141,24 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "nccl"; }
+  Device device() const override { return Device::CUDA; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
   CommStats& stats() override { return *stats_; }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    if (backend_detail::integer_average(dtype, op) && size() > 1)
+      return backend_detail::all_reduce_integer_average(*this, send, recv, count);
     constexpr auto kind = CollectiveKind::AllReduce;
     const std::size_t isz = itemsize(dtype);
     const cudaStream_t s = enter(kind);
-    if (size_ > 1 && count > 0) {
+    if (size_ > 1 && count > 0 && by_order_keys(dtype, op)) {
+      const std::size_t ksz = key_size(dtype);
+      auto keys = cuda::allocate(count * ksz);
+      cuda::order_keys(send, keys.get(), count, dtype, op);
+      call(kind, "ncclAllReduce", ncclAllReduce(keys.get(), keys.get(), count, key_type(dtype), nccl_op(op), comm_, s));
+      cuda::from_order_keys(keys.get(), recv, count, dtype);
+      wait(kind);  // keys go back to the stream's pool after the wait
+    } else if (size_ > 1 && count > 0) {
       call(kind, "ncclAllReduce", ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, s));
       if (op == ReduceOp::Avg) cuda::divide_by(recv, count, dtype, size_);
     } else {
@@ -191,6 +202,8 @@ class NcclCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
                       ReduceOp op) override {
+    if (backend_detail::integer_average(dtype, op) && size() > 1)
+      return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
     constexpr auto kind = CollectiveKind::ReduceScatter;
     const std::size_t isz = itemsize(dtype);
     check_entries(kind, "counts", counts.size());
@@ -201,7 +214,9 @@ class NcclCommunicator final : public Communicator {
     const auto* in = static_cast<const std::byte*>(send);
     const auto* own = in + offsets_[r] * isz;
     auto* out = static_cast<std::byte*>(recv);
-    if (size_ > 1 && total > 0) {
+    if (size_ > 1 && total > 0 && by_order_keys(dtype, op)) {
+      reduce_scatter_keys(send, recv, counts, total, dtype, op, s);
+    } else if (size_ > 1 && total > 0) {
       // recv may be this rank's own block of send (NCCL's in-place form);
       // any other overlap with send would be read by the peers' reductions
       // while written: reduce into scratch then.
@@ -430,6 +445,46 @@ class NcclCommunicator final : public Communicator {
     ncclResult_t rc_ = ncclSuccess;
     const char* call_ = "";
   };
+
+  // Floating max/min: ncclMax and ncclMin are fmaxf and fminf (or __hmax),
+  // which drop NaN. The ranks reduce combine.h's order keys as integers
+  // instead, which order NaN as combine::max_nan does, and turn the result
+  // back. f32 and f64 keys move the bytes the values would; bf16 and f16
+  // keys are int32, twice theirs.
+  static bool by_order_keys(DType dtype, ReduceOp op) {
+    return (op == ReduceOp::Max || op == ReduceOp::Min) && is_floating(dtype);
+  }
+  static std::size_t key_size(DType dtype) { return dtype == DType::Float64 ? 8 : 4; }
+  static ncclDataType_t key_type(DType dtype) { return dtype == DType::Float64 ? ncclInt64 : ncclInt32; }
+
+  // reduce_scatter's body on keys (offsets_ already hold the prefix sums);
+  // returns once the result is in recv.
+  void reduce_scatter_keys(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t total,
+                           DType dtype, ReduceOp op, cudaStream_t s) {
+    constexpr auto kind = CollectiveKind::ReduceScatter;
+    const std::size_t ksz = key_size(dtype);
+    const ncclDataType_t type = key_type(dtype);
+    const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
+    auto keys = cuda::allocate(total * ksz);
+    auto reduced = cuda::allocate(std::max<std::size_t>(mine, 1) * ksz);
+    cuda::order_keys(send, keys.get(), total, dtype, op);
+    const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
+    if (equal) {
+      call(kind, "ncclReduceScatter", ncclReduceScatter(keys.get(), reduced.get(), mine, type, nccl_op(op), comm_, s));
+    } else {
+      grouped(kind, [&](Issue& issue) {
+        for (int p = 0; p < size_; ++p) {
+          const auto pp = static_cast<std::size_t>(p);
+          if (counts[pp] == 0) continue;
+          std::byte* block = keys.get() + offsets_[pp] * ksz;
+          void* dst = p == rank_ ? static_cast<void*>(reduced.get()) : static_cast<void*>(block);
+          issue(ncclReduce(block, dst, counts[pp], type, nccl_op(op), p, comm_, s), "ncclReduce");
+        }
+      });
+    }
+    cuda::from_order_keys(reduced.get(), recv, mine, dtype);
+    wait(kind);  // the keys go back to the stream's pool after the wait
+  }
 
   template <class Body>
   void grouped(CollectiveKind kind, Body&& body) {

@@ -39,6 +39,7 @@
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
+#include "../exact_average.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/threads.h"
@@ -67,6 +68,8 @@ class ThreadsCommunicator final : public Communicator {
   CommStats& stats() override { return *stats_; }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    if (backend_detail::integer_average(dtype, op) && size() > 1)
+      return backend_detail::all_reduce_integer_average(*this, send, recv, count);
     constexpr auto kind = CollectiveKind::AllReduce;
     const std::size_t isz = check_dtype(kind, dtype);
     const int n = size();
@@ -139,6 +142,8 @@ class ThreadsCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
                       ReduceOp op) override {
+    if (backend_detail::integer_average(dtype, op) && size() > 1)
+      return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
     constexpr auto kind = CollectiveKind::ReduceScatter;
     const std::size_t isz = check_dtype(kind, dtype);
     const int n = size();

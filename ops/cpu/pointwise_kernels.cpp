@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 
 #include "dtensor/core/error.h"
+#include "libdtensor/core/combine.h"
 #include "pointwise_loop.h"
 #include "vector_math.h"
 
@@ -79,19 +80,10 @@ template <class T>
       fmt::format("[{}] internal: a floating-only function reached the kernel with a {} tensor", op, dtype_of<T>()));
 }
 
-// NaN propagates, as in torch.maximum / torch.minimum.
-template <class T>
-T max_nan(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>)
-    if (x != x || y != y) return x != x ? x : y;
-  return x > y ? x : y;
-}
-template <class T>
-T min_nan(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>)
-    if (x != x || y != y) return x != x ? x : y;
-  return x < y ? x : y;
-}
+// NaN propagates, as in torch.maximum / torch.minimum: the rule of every
+// max/min reduction and collective too.
+using combine::max_nan;
+using combine::min_nan;
 
 // The unary functions vector_math.h computes.
 std::optional<vmath::Fn> vector_fn(Unary fn) {

@@ -8,6 +8,7 @@
 #include <Eigen/Core>
 
 #include "libdtensor/core/strided_copy.h"
+#include "libdtensor/core/combine.h"
 #include "vector_math.h"
 
 namespace dtensor::cpu {
@@ -28,15 +29,9 @@ T highest() {
 }
 
 // max/min that propagate NaN, as PyTorch does (std::max drops a NaN second
-// argument).
-template <class T>
-T max_nan(T a, T b) {
-  return (b > a || b != b) ? b : a;
-}
-template <class T>
-T min_nan(T a, T b) {
-  return (b < a || b != b) ? b : a;
-}
+// argument): the rule every reduction and collective shares.
+using combine::max_nan;
+using combine::min_nan;
 
 // What a Norm accumulates, from p: a sum of |x|^p (with special cases) or a
 // max/min of |x|.

@@ -7,6 +7,7 @@
 
 #include "../cpu/pointwise_loop.h"
 #include "elementwise_common.cuh"
+#include "libdtensor/core/combine.h"
 #include "pointwise_reduction.h"
 
 namespace dtensor::cuda_kernels {
@@ -71,18 +72,9 @@ __device__ __forceinline__ void offsets_of(const Geometry<N>& g, std::int64_t i,
 
 // ---- the ops, in the compute type -------------------------------------------
 
-template <class C>
-__device__ __forceinline__ C max_nan(C x, C y) {
-  if constexpr (std::is_floating_point_v<C>)
-    if (x != x || y != y) return x != x ? x : y;
-  return x > y ? x : y;
-}
-template <class C>
-__device__ __forceinline__ C min_nan(C x, C y) {
-  if constexpr (std::is_floating_point_v<C>)
-    if (x != x || y != y) return x != x ? x : y;
-  return x < y ? x : y;
-}
+// NaN propagates, as in torch.maximum / torch.minimum (the reductions' rule).
+using combine::max_nan;
+using combine::min_nan;
 
 template <class C>
 __device__ __forceinline__ C apply_unary(Unary fn, C x, C s) {

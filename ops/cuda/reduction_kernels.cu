@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "elementwise_common.cuh"
+#include "libdtensor/core/combine.h"
 #include "pointwise_reduction.h"
 
 namespace dtensor::cuda_kernels {
@@ -40,15 +41,9 @@ __host__ __device__ constexpr C highest() {
   return std::numeric_limits<C>::max();
 }
 
-// NaN-propagating max/min, as the CPU reduction's.
-template <class C>
-__device__ __forceinline__ C max_nan(C a, C b) {
-  return (b > a || b != b) ? b : a;
-}
-template <class C>
-__device__ __forceinline__ C min_nan(C a, C b) {
-  return (b < a || b != b) ? b : a;
-}
+// NaN-propagating max/min, the CPU reduction's and the collectives' rule.
+using combine::max_nan;
+using combine::min_nan;
 
 // ---- what a reduction does, from (kind, p) ----------------------------------
 

@@ -53,13 +53,6 @@ Tensor concat_local(std::span<const Tensor> xs, int dim, const Shape& out_shape)
 
 // ---- Attribute helpers -----------------------------------------------------
 
-int wrap_dim(std::string_view op, std::int64_t d, std::int64_t ndim) {
-  if (d < -ndim || d >= ndim)
-    throw ShapeError(
-        fmt::format("[{}] dim {} out of range for a {}-d tensor (expected {}..{})", op, d, ndim, -ndim, ndim - 1));
-  return static_cast<int>(d < 0 ? d + ndim : d);
-}
-
 /// The target shape with one -1 inferred; ShapeError if it does not fit.
 Shape infer_shape(std::string_view op, const Shape& target, const Shape& from) {
   Shape out = target;

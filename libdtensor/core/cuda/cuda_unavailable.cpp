@@ -38,6 +38,10 @@ void fill_random(void*, DType, std::uint64_t, std::span<const std::int64_t>, std
 }
 void reduce_into(void*, const void*, std::size_t, DType, ReduceOp) { unavailable("reduce_into"); }
 void divide_by(void*, std::size_t, DType, std::int64_t) { unavailable("divide_by"); }
+void average_split(const std::int64_t*, std::int64_t*, std::size_t, std::int64_t) { unavailable("average_split"); }
+void average_finish(const std::int64_t*, std::int64_t*, std::size_t, std::int64_t) { unavailable("average_finish"); }
+void order_keys(const void*, void*, std::size_t, DType, ReduceOp) { unavailable("order_keys"); }
+void from_order_keys(const void*, void*, std::size_t, DType) { unavailable("from_order_keys"); }
 std::string describe_device(int) { return "no CUDA in this build"; }
 
 }  // namespace dtensor::cuda

@@ -5,6 +5,7 @@
 #include <Random123/philox.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include "libdtensor/core/cuda_check.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/half.h"
+#include "libdtensor/core/combine.h"
 
 namespace dtensor::cuda {
 namespace {
@@ -101,16 +103,56 @@ __global__ void cast_kernel(const S* __restrict__ s, D* __restrict__ d, std::int
 }
 
 template <class T>
-__global__ void reduce_kernel(T* __restrict__ acc, const T* __restrict__ x, std::int64_t n, int op) {
+__global__ void reduce_kernel(T* __restrict__ acc, const T* __restrict__ x, std::int64_t n, ReduceOp op) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
-      const float u = static_cast<float>(acc[i]), v = static_cast<float>(x[i]);
-      acc[i] = T(op == 1 ? (u < v ? v : u) : op == 2 ? (v < u ? v : u) : u + v);
-    } else {
-      const T u = acc[i], v = x[i];
-      acc[i] = op == 1 ? (u < v ? v : u) : op == 2 ? (v < u ? v : u) : u + v;
-    }
+    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+      acc[i] = T(combine::apply(op, static_cast<float>(acc[i]), static_cast<float>(x[i])));
+    else
+      acc[i] = combine::apply(op, acc[i], x[i]);
+  }
+}
+
+__global__ void average_split_kernel(const std::int64_t* __restrict__ x, std::int64_t* __restrict__ pairs,
+                                     std::int64_t count, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    combine::average_split(x[i], n, pairs + 2 * i);
+}
+
+__global__ void average_finish_kernel(const std::int64_t* __restrict__ pairs, std::int64_t* __restrict__ out,
+                                      std::int64_t count, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    out[i] = combine::average_finish(pairs + 2 * i, n);
+}
+
+// f32 and f64 key their own bits; bf16 and f16 key the bits of their float.
+template <class T>
+__device__ auto key_bits(T v) {
+  if constexpr (std::is_same_v<T, double>) {
+    return static_cast<std::uint64_t>(__double_as_longlong(v));
+  } else {
+    return static_cast<std::uint32_t>(__float_as_uint(static_cast<float>(v)));
+  }
+}
+
+template <class T, class Key>
+__global__ void order_keys_kernel(const T* __restrict__ x, Key* __restrict__ keys, std::int64_t n, ReduceOp op) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    keys[i] = combine::order_key(key_bits(x[i]), op);
+}
+
+template <class T, class Key>
+__global__ void from_order_keys_kernel(const Key* __restrict__ keys, T* __restrict__ out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const auto bits = combine::from_order_key(keys[i]);
+    if constexpr (std::is_same_v<T, double>)
+      out[i] = __longlong_as_double(static_cast<long long>(bits));
+    else
+      out[i] = T(__uint_as_float(bits));
   }
 }
 
@@ -303,13 +345,52 @@ void fill_random(void* data, DType dtype, std::uint64_t seed, std::span<const st
 
 void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op) {
   if (count == 0) return;
-  const int code = op == ReduceOp::Max ? 1 : op == ReduceOp::Min ? 2 : 0;
   with_type(dtype, [&](auto zero) {
     using T = decltype(zero);
     reduce_kernel<T><<<grid_for(count), 256, 0, stream()>>>(static_cast<T*>(acc), static_cast<const T*>(x),
-                                                            static_cast<std::int64_t>(count), code);
+                                                            static_cast<std::int64_t>(count), op);
   });
   check_launch("reduce kernel");
+}
+
+void average_split(const std::int64_t* x, std::int64_t* pairs, std::size_t count, std::int64_t n) {
+  if (count == 0) return;
+  average_split_kernel<<<grid_for(count), 256, 0, stream()>>>(x, pairs, static_cast<std::int64_t>(count), n);
+  check_launch("average split kernel");
+}
+
+void average_finish(const std::int64_t* pairs, std::int64_t* out, std::size_t count, std::int64_t n) {
+  if (count == 0) return;
+  average_finish_kernel<<<grid_for(count), 256, 0, stream()>>>(pairs, out, static_cast<std::int64_t>(count), n);
+  check_launch("average finish kernel");
+}
+
+void order_keys(const void* x, void* keys, std::size_t count, DType dtype, ReduceOp op) {
+  if (count == 0) return;
+  if (dtype == DType::Int64) throw DTypeError("[cuda] order_keys: int64 needs no keys");
+  with_type(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    using Key = std::conditional_t<std::is_same_v<T, double>, std::int64_t, std::int32_t>;
+    if constexpr (!std::is_same_v<T, std::int64_t>)
+      order_keys_kernel<T, Key><<<grid_for(count), 256, 0, stream()>>>(static_cast<const T*>(x),
+                                                                       static_cast<Key*>(keys),
+                                                                       static_cast<std::int64_t>(count), op);
+  });
+  check_launch("order keys kernel");
+}
+
+void from_order_keys(const void* keys, void* out, std::size_t count, DType dtype) {
+  if (count == 0) return;
+  if (dtype == DType::Int64) throw DTypeError("[cuda] from_order_keys: int64 needs no keys");
+  with_type(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    using Key = std::conditional_t<std::is_same_v<T, double>, std::int64_t, std::int32_t>;
+    if constexpr (!std::is_same_v<T, std::int64_t>)
+      from_order_keys_kernel<T, Key><<<grid_for(count), 256, 0, stream()>>>(static_cast<const Key*>(keys),
+                                                                            static_cast<T*>(out),
+                                                                            static_cast<std::int64_t>(count));
+  });
+  check_launch("from order keys kernel");
 }
 
 void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor) {

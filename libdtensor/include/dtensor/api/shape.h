@@ -10,6 +10,7 @@
 
 #include "dtensor/api/functional.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/shape.h"
 
 namespace dtensor {
 
@@ -79,7 +80,7 @@ T narrow(const T& x, std::int64_t dim, std::int64_t start, std::int64_t length) 
 /// from the end; clamped like Python).
 template <TensorOrDTensor T>
 T slice(const T& x, std::int64_t dim, std::int64_t start, std::int64_t end) {
-  const std::int64_t n = x.shape().at(dim < 0 ? dim + x.dim() : dim);
+  const std::int64_t n = x.shape()[wrap_dim("slice", dim, x.dim())];
   auto clamp = [n](std::int64_t v) { return v < 0 ? std::max<std::int64_t>(0, v + n) : std::min(v, n); };
   const std::int64_t s = clamp(start), e = clamp(end);
   return narrow(x, dim, s, std::max<std::int64_t>(0, e - s));
@@ -107,9 +108,7 @@ T stack(std::initializer_list<T> xs, std::int64_t dim) {
 /// dims. ShapeError if the sizes do not add up.
 template <TensorOrDTensor T>
 std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_t>& sizes) {
-  const int d = static_cast<int>(dim < 0 ? dim + x.dim() : dim);
-  if (d < 0 || d >= x.dim())
-    throw ShapeError(fmt::format("[split] dim {} out of range for a {}-d tensor", dim, x.dim()));
+  const int d = wrap_dim("split", dim, x.dim());
   std::int64_t total = 0;
   for (auto s : sizes) total += s;
   if (total != x.shape()[d])
@@ -127,10 +126,10 @@ std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_
 /// one shorter.
 template <TensorOrDTensor T>
 std::vector<T> split(const T& x, std::int64_t dim, std::int64_t size) {
-  const int d = static_cast<int>(dim < 0 ? dim + x.dim() : dim);
+  const int d = wrap_dim("split", dim, x.dim());
   if (size <= 0) throw ValueError(fmt::format("[split] chunk size {} must be positive", size));
   std::vector<std::int64_t> sizes;
-  for (std::int64_t left = x.shape().at(d); left > 0; left -= size) sizes.push_back(std::min(left, size));
+  for (std::int64_t left = x.shape()[d]; left > 0; left -= size) sizes.push_back(std::min(left, size));
   return split(x, dim, sizes);
 }
 /// Converts to `dtype` (any layout; a Partial input of an integer dtype, or

@@ -81,6 +81,16 @@ void fill_random(void* data, DType dtype, std::uint64_t seed, std::span<const st
 /// acc = op(acc, x) elementwise (Avg as Sum), and acc /= divisor.
 void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op);
 void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor);
+/// The device forms of dtensor::average_split and average_finish.
+void average_split(const std::int64_t* x, std::int64_t* pairs, std::size_t count, std::int64_t n);
+void average_finish(const std::int64_t* pairs, std::int64_t* out, std::size_t count, std::int64_t n);
+/// The NCCL fix-up for floating max/min (ncclMax drops NaN): order_keys
+/// writes each value's key, a signed integer (int32 for f32, bf16 and f16,
+/// int64 for f64) that orders as combine::max_nan / min_nan do, NaN above
+/// (max) or below (min) every number; from_order_keys turns reduced keys
+/// back into values (a NaN key into a NaN).
+void order_keys(const void* x, void* keys, std::size_t count, DType dtype, ReduceOp op);
+void from_order_keys(const void* keys, void* out, std::size_t count, DType dtype);
 
 /// "NVIDIA H200 (sm_90, 139 GiB)" for device `device`, or why there is none.
 std::string describe_device(int device = 0);

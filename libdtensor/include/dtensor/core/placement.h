@@ -86,10 +86,18 @@ class Layout {
 
   int mesh_ndim() const { return static_cast<int>(placements_.size()); }
   const std::vector<Placement>& placements() const { return placements_; }
-  const Placement& operator[](int mesh_dim) const { return placements_.at(mesh_dim); }
+  /// The placement on `mesh_dim`; LayoutError naming it and the range
+  /// outside [0, mesh_ndim()).
+  const Placement& operator[](int mesh_dim) const {
+    check_mesh_dim(mesh_dim);
+    return placements_[static_cast<std::size_t>(mesh_dim)];
+  }
   /// Nesting level of a Shard mesh dim among the mesh dims sharding the same
   /// tensor dim (0 = outermost); -1 for a mesh dim that does not shard.
-  int level(int mesh_dim) const { return levels_.at(mesh_dim); }
+  int level(int mesh_dim) const {
+    check_mesh_dim(mesh_dim);
+    return levels_[static_cast<std::size_t>(mesh_dim)];
+  }
   const std::vector<int>& levels() const { return levels_; }
   /// Mesh dims sharding tensor dim `dim`, outermost first.
   std::vector<int> split_order(std::int64_t dim) const;
@@ -110,6 +118,11 @@ class Layout {
 
  private:
   void compact_levels();
+  void check_mesh_dim(int mesh_dim) const {
+    if (mesh_dim < 0 || mesh_dim >= mesh_ndim()) [[unlikely]]
+      bad_mesh_dim(mesh_dim);
+  }
+  [[noreturn]] void bad_mesh_dim(int mesh_dim) const;
   std::vector<Placement> placements_;
   std::vector<int> levels_;
 };

@@ -56,6 +56,10 @@ Shape parse_shape(std::string_view text);
 /// Throws ShapeError if a size is negative or the sizes do not multiply out
 /// within int64 (checked_product); `what` names the caller.
 void check_shape(std::span<const std::int64_t> shape, std::string_view what);
+/// `dim` of an `ndim`-d tensor counted from 0 (negative dims count from the
+/// end, as in PyTorch); ShapeError naming `where`, the dim and the range
+/// [-ndim, ndim-1] otherwise.
+int wrap_dim(std::string_view where, std::int64_t dim, std::int64_t ndim);
 
 /// Linear rank <-> mesh coordinate, row-major (the last mesh dim varies fastest).
 Shape unravel_index(std::int64_t index, std::span<const std::int64_t> shape);

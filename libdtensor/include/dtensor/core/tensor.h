@@ -127,6 +127,12 @@ void fill_randn(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> g
 void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op);
 /// acc /= divisor, elementwise (integer division for int64).
 void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor);
+/// The exact int64 average over n ranks, in two steps around a Sum
+/// collective of 2 * count int64: average_split writes each rank's pairs
+/// (x / n, x % n) interleaved, average_finish turns the summed pairs into
+/// sum / n rounded toward zero, with no overflow wherever the average fits.
+void average_split(const std::int64_t* x, std::int64_t* pairs, std::size_t count, std::int64_t n);
+void average_finish(const std::int64_t* pairs, std::int64_t* out, std::size_t count, std::int64_t n);
 
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape) {

@@ -89,7 +89,9 @@ class Communicator {
 
   /// Elementwise reduction of `count` elements of `dtype` over all ranks;
   /// every rank gets the result. send == recv (in place) is allowed. Avg is
-  /// the sum divided by size() (integer division for int64).
+  /// the sum divided by size() (int64: the exact sum / size() rounded toward
+  /// zero, even where the sum itself would overflow). Max and Min propagate
+  /// NaN, as the local max and min do.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
 
   /// Rank i contributes recv_bytes[i] bytes (its own entry says how much

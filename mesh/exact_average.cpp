@@ -1,0 +1,74 @@
+#include "exact_average.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/core/cuda.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/core/tensor.h"
+
+namespace dtensor::backend_detail {
+namespace {
+
+// Pairs for `count` values at x, in a buffer on the communicator's device.
+Tensor split(Communicator& comm, const void* x, std::size_t count) {
+  Tensor pairs = Tensor::empty({static_cast<std::int64_t>(2 * count)}, DType::Int64, comm.device());
+  const auto* in = static_cast<const std::int64_t*>(x);
+  if (comm.device() == Device::CUDA)
+    cuda::average_split(in, pairs.data_as<std::int64_t>(), count, comm.size());
+  else
+    average_split(in, pairs.data_as<std::int64_t>(), count, comm.size());
+  return pairs;
+}
+
+void finish(Communicator& comm, const Tensor& pairs, void* out, std::size_t count) {
+  auto* o = static_cast<std::int64_t*>(out);
+  if (comm.device() == Device::CUDA)
+    cuda::average_finish(pairs.data_as<std::int64_t>(), o, count, comm.size());
+  else
+    average_finish(pairs.data_as<std::int64_t>(), o, count, comm.size());
+}
+
+// Runs `inner` (the collective on the pairs) and counts it in the stats as
+// the collective that was asked for: `kind`, receiving `bytes`.
+template <class Fn>
+void counted_as(Communicator& comm, CollectiveKind kind, std::uint64_t bytes, Fn&& inner) {
+  const CommStats before = comm.stats();
+  inner();
+  comm.stats() = before;
+  comm.stats().record(kind, bytes);
+}
+
+}  // namespace
+
+void all_reduce_integer_average(Communicator& comm, const void* send, void* recv, std::size_t count) {
+  Tensor pairs = split(comm, send, count);
+  const auto n = static_cast<std::int64_t>(count);
+  const auto bytes = static_cast<std::uint64_t>(all_reduce_recv_count(n, comm.size(), comm.rank())) * 8;
+  counted_as(comm, CollectiveKind::AllReduce, bytes,
+             [&] { comm.all_reduce(pairs.bytes(), pairs.bytes(), 2 * count, DType::Int64, ReduceOp::Sum); });
+  finish(comm, pairs, recv, count);
+}
+
+void reduce_scatter_integer_average(Communicator& comm, const void* send, void* recv,
+                                    std::span<const std::size_t> counts) {
+  // Rank p's block of pairs is the pairs of its block of values: the
+  // interleaved layout keeps every block contiguous, at twice the count.
+  std::vector<std::size_t> doubled(counts.begin(), counts.end());
+  std::size_t total = 0;
+  for (std::size_t& c : doubled) {
+    total += c;
+    c *= 2;
+  }
+  Tensor pairs = split(comm, send, total);
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::size_t mine = r < counts.size() ? counts[r] : 0;  // a wrong list is the inner call's error
+  Tensor reduced = Tensor::empty({static_cast<std::int64_t>(2 * mine)}, DType::Int64, comm.device());
+  const auto bytes =
+      static_cast<std::uint64_t>(reduce_scatter_recv_count(static_cast<std::int64_t>(mine), comm.size())) * 8;
+  counted_as(comm, CollectiveKind::ReduceScatter, bytes,
+             [&] { comm.reduce_scatter(pairs.bytes(), reduced.bytes(), doubled, DType::Int64, ReduceOp::Sum); });
+  finish(comm, reduced, recv, mine);
+}
+
+}  // namespace dtensor::backend_detail
