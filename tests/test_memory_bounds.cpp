@@ -138,6 +138,23 @@ BOOST_AUTO_TEST_CASE(recently_used_entries_survive) {
   clear_plan_cache();
 }
 
+// Big plans (exchanges on 256 ranks: hundreds of KiB each) are bounded by
+// bytes too, well before the entry bound.
+BOOST_AUTO_TEST_CASE(big_plans_are_bounded_by_bytes) {
+  clear_plan_cache();
+  for (std::int64_t n = 1; n <= 200; ++n) {
+    cached_plan(PlanRequest{{4, 4, 4, 4},
+                            {1000 + n, 1001},
+                            DType::Float32,
+                            Layout::parse("P(sum),P(sum),R,R"),
+                            Layout::parse("S(0),S(1),R,R"),
+                            CostModel{}});
+    BOOST_TEST_REQUIRE(plan_cache_stats().bytes <= kPlanCacheBytes);
+  }
+  BOOST_TEST(plan_cache_stats().evictions > 0u);
+  clear_plan_cache();
+}
+
 BOOST_AUTO_TEST_CASE(bounds_are_range_checked) {
   for (std::size_t bad : {std::size_t{0}, kMaxCacheEntries + 1}) {
     BOOST_CHECK_EXCEPTION(set_plan_cache_capacity(bad), ValueError, [&](const ValueError& e) {

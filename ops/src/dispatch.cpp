@@ -182,10 +182,10 @@ std::size_t entry_bytes(const Entry& e) {
   return n;
 }
 
-// Drops least recently used entries until one more fits.
-void make_room(Cache& c) {
+// Drops least recently used entries until one more of `bytes` fits.
+void make_room(Cache& c, std::size_t bytes) {
   const std::size_t limit = capacity().get();
-  while (c.lru.size() >= limit) {
+  while (c.lru.size() >= limit || (c.lru.size() > 0 && c.bytes + bytes > kPropagationCacheBytes)) {
     Entry* old = c.lru.back();
     c.lru.unlink(old);
     c.bytes -= old->bytes;
@@ -402,7 +402,7 @@ Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const Te
   make_decision(*entry);
   entry->hash = h;
   entry->bytes = entry_bytes(*entry);
-  make_room(cache);
+  make_room(cache, entry->bytes);
   cache.bytes += entry->bytes;
   cache.lru.push_front(entry.get());
   auto& bucket = cache.entries[h];

@@ -56,8 +56,9 @@ const Plan& cached_plan(const PlanRequest& request) {
   ++c.stats.misses;
   Plan plan = plan_redistribute(request);  // may throw: nothing changed yet
   const std::size_t limit = capacity().get();
+  const std::size_t bytes = request_bytes(request) + approx_bytes(plan) + sizeof(Node) - sizeof(Plan);
   decltype(c.plans)::node_type reused;
-  while (c.lru.size() >= limit) {
+  while (c.lru.size() >= limit || (c.lru.size() > 0 && c.bytes + bytes > kPlanCacheBytes)) {
     Node* old = c.lru.back();
     c.lru.unlink(old);
     c.bytes -= old->bytes;
@@ -75,7 +76,7 @@ const Plan& cached_plan(const PlanRequest& request) {
   }
   Node& n = it->second;
   n.key = &it->first;
-  n.bytes = request_bytes(it->first) + approx_bytes(n.plan) + sizeof(Node) - sizeof(Plan);
+  n.bytes = bytes;
   c.bytes += n.bytes;
   c.lru.push_front(&n);
   return n.plan;

@@ -77,6 +77,9 @@ Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAt
 /// says otherwise. An entry (the decision, copies of its plans, this rank's
 /// boxes) takes about 1-8 KiB, so a full cache holds a few MiB per rank.
 inline constexpr std::size_t kDefaultPropagationCacheEntries = 1024;
+/// And whatever the entry bound, one thread's entries take at most this
+/// many approximate bytes (entries holding big exchange plans go sooner).
+inline constexpr std::size_t kPropagationCacheBytes = std::size_t{64} << 20;
 
 /// This thread's propagation cache: a hit runs no meta or strategy function
 /// and prices nothing; only a miss does (and counts in `misses`).

@@ -92,6 +92,10 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh_shape
 /// about 0.5 KiB (one collective) to a few KiB (exchanges), so a full cache
 /// holds a few MiB per rank thread.
 inline constexpr std::size_t kDefaultPlanCacheEntries = 1024;
+/// And whatever the entry bound, the plans one thread keeps take at most
+/// this many approx_bytes (an exchange on a 256-rank mesh lists every
+/// rank pair's blocks: a few hundred KiB), the oldest going first.
+inline constexpr std::size_t kPlanCacheBytes = std::size_t{64} << 20;
 
 struct PlanCacheStats {
   std::uint64_t hits = 0;
