@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
   fmt::print("RSS after a quarter of the steps {:.0f} MiB, at the end {:.0f} MiB, peak {:.0f} MiB: {:.2f}x live\n",
              warm_rss, end_rss, peak_rss_mib(), peak_rss_mib() / live);
   const HostMemoryStats h = host_memory_stats();
-  fmt::print("host cache: {} hits, {} misses, {} released, {:.0f} MiB cached of a {:.0f} MiB limit\n", h.hits,
-             h.misses, h.releases, static_cast<double>(h.bytes_cached) / (1 << 20),
-             static_cast<double>(h.limit) / (1 << 20));
+  const double peak_in_use = static_cast<double>(h.peak_bytes_in_use) / (1 << 20);
+  fmt::print("host cache: {} hits, {} misses, {} released, {:.0f} MiB cached of a {:.0f} MiB limit\n", h.hits, h.misses,
+             h.releases, static_cast<double>(h.bytes_cached) / (1 << 20), static_cast<double>(h.limit) / (1 << 20));
+  fmt::print("peak bytes in big blocks (every tensor and buffer of 128 KiB and up) {:.0f} MiB: peak RSS {:.2f}x that\n",
+             peak_in_use, peak_rss_mib() / peak_in_use);
 }

@@ -60,12 +60,12 @@ class Cache {
         std::byte* p = it->second.back();
         it->second.pop_back();
         cached_ -= size;
-        in_use_ += size;
+        add_in_use_locked(size);
         ++stats_.hits;
         return p;
       }
       ++stats_.misses;
-      in_use_ += size;
+      add_in_use_locked(size);
     }
     std::byte* p = map_block(size);
     if (!p) {
@@ -80,15 +80,23 @@ class Cache {
     return p;
   }
 
-  void give(std::byte* p, std::size_t size) {
+  // Runs in a deleter: never throws (a block it cannot file is unmapped).
+  void give(std::byte* p, std::size_t size) noexcept {
     std::vector<Freed> out;
+    bool kept = false;
     {
       std::lock_guard lock(mutex_);
       in_use_ -= size;
-      free_[size].push_back(p);
-      cached_ += size;
-      trim_locked(out);
+      try {
+        out.reserve(4);
+        free_[size].push_back(p);
+        kept = true;
+        cached_ += size;
+        trim_locked(out);
+      } catch (const std::bad_alloc&) {
+      }
     }
+    if (!kept) unmap_block(p, size);
     for (auto [q, n] : out) unmap_block(q, n);
   }
 
@@ -113,6 +121,7 @@ class Cache {
     std::lock_guard lock(mutex_);
     Stats s = stats_;
     s.bytes_in_use = in_use_;
+    s.peak_bytes_in_use = peak_in_use_;
     s.bytes_cached = cached_;
     s.limit = limit_;
     return s;
@@ -123,6 +132,11 @@ class Cache {
     std::byte* p;
     std::size_t size;
   };
+
+  void add_in_use_locked(std::size_t size) {
+    in_use_ += size;
+    peak_in_use_ = std::max(peak_in_use_, in_use_);
+  }
 
   // Free bytes may match what is in use (or the floor), never the limit:
   // resident = in use + cached stays within twice the live bytes.
@@ -146,6 +160,7 @@ class Cache {
   std::map<std::size_t, std::vector<std::byte*>> free_;
   std::size_t limit_;
   std::size_t in_use_ = 0;
+  std::size_t peak_in_use_ = 0;
   std::size_t cached_ = 0;
   Stats stats_;
 };

@@ -18,6 +18,7 @@ struct HostMemoryStats {
   std::uint64_t misses = 0;      // big requests mapped afresh
   std::uint64_t releases = 0;    // cached blocks given back to the system
   std::size_t bytes_in_use = 0;  // big blocks held by tensors (class sizes)
+  std::size_t peak_bytes_in_use = 0;
   std::size_t bytes_cached = 0;  // big blocks kept free
   std::size_t limit = 0;         // the bound on bytes_cached
 };
