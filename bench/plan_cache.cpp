@@ -12,6 +12,17 @@ using namespace dtensor;
 
 namespace {
 
+// The calling thread's plan cache, as counters next to the timings.
+void report_cache(benchmark::State& state) {
+  const PlanCacheStats s = plan_cache_stats();
+  state.counters["entries"] = static_cast<double>(s.entries);
+  state.counters["capacity"] = static_cast<double>(s.capacity);
+  state.counters["cache_KiB"] = static_cast<double>(s.bytes) / 1024;
+  state.counters["evictions"] = static_cast<double>(s.evictions);
+  state.counters["hits"] = static_cast<double>(s.hits);
+  state.counters["misses"] = static_cast<double>(s.misses);
+}
+
 struct Named {
   const char* name;
   PlanRequest request;
@@ -39,6 +50,21 @@ void BM_PlanCacheHit(benchmark::State& state) {
   cached_plan(r);  // warm
   for (auto _ : state) benchmark::DoNotOptimize(&cached_plan(r));
   state.SetLabel(all[state.range(0)].name);
+  report_cache(state);
+}
+
+// A new request every iteration, round-robin over more shapes than the cache
+// holds: each is a miss that evicts the least recently used plan (the 1-D
+// S(0) -> R search is the cheapest, so this is mostly the cache's own cost).
+void BM_PlanCacheMissEvicting(benchmark::State& state) {
+  const std::size_t capacity = plan_cache_stats().capacity;
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    n = n % static_cast<std::int64_t>(capacity + 64) + 1;
+    benchmark::DoNotOptimize(&cached_plan(
+        PlanRequest{{8}, {8 * n}, DType::Float32, Layout::parse("S(0)"), Layout::parse("R"), CostModel{}}));
+  }
+  report_cache(state);
 }
 
 void BM_PlanCacheMiss(benchmark::State& state) {
@@ -66,4 +92,5 @@ constexpr int kLast = 7;
 BENCHMARK(BM_PlanCacheHit)->DenseRange(0, kLast);
 BENCHMARK(BM_PlanCacheMiss)->DenseRange(0, kLast);
 BENCHMARK(BM_PlanCacheMissPlain)->DenseRange(0, kLast);
+BENCHMARK(BM_PlanCacheMissEvicting);
 BENCHMARK_MAIN();

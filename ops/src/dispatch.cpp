@@ -10,6 +10,8 @@
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
+#include "libdtensor/core/cache_capacity.h"
+#include "libdtensor/core/lru_list.h"
 
 namespace dtensor {
 
@@ -69,10 +71,26 @@ struct Entry {
   /// The layout and global shape of every output this entry makes, shared
   /// by them (made on the first dispatch through the entry).
   std::shared_ptr<const ShardedMeta> output_meta;
+  /// The cache's bookkeeping: the key's hash (its bucket), the entry's
+  /// approx bytes, and its place in the recency order.
+  std::size_t hash = 0;
+  std::size_t bytes = 0;
+  Entry* lru_prev = nullptr;
+  Entry* lru_next = nullptr;
 };
 
+CacheCapacity& capacity() {
+  static CacheCapacity c("DTENSOR_PROPAGATION_CACHE_ENTRIES", kDefaultPropagationCacheEntries, "propagation cache");
+  return c;
+}
+
+// Per thread (per rank), so that a hit takes no lock: a lookup, a compare
+// of the key and a relink. Bounded by capacity() entries, the least
+// recently used going first.
 struct Cache {
   std::unordered_map<std::size_t, std::vector<std::unique_ptr<Entry>>> entries;
+  LruList<Entry> lru;
+  std::size_t bytes = 0;
   PropagationCacheStats stats;
 };
 thread_local Cache cache;
@@ -125,15 +143,58 @@ bool same_key(const Entry& e, const OpDef& op, const Shape& mesh, const Inputs& 
   return e.attrs == attrs && e.cost == cost;
 }
 
-// The cached entry for a call, or null; counts nothing.
+// The cached entry for a call (now the most recently used), or null; counts
+// nothing.
 template <class Inputs>
 Entry* find_entry(Cache& c, std::size_t h, const OpDef& op, const Shape& mesh, const Inputs& inputs,
                   const OpAttrs& attrs, const CostModel& cost) {
   const auto it = c.entries.find(h);
   if (it == c.entries.end()) return nullptr;
   for (const auto& e : it->second)
-    if (same_key(*e, op, mesh, inputs, attrs, cost)) return e.get();
+    if (same_key(*e, op, mesh, inputs, attrs, cost)) {
+      c.lru.touch(e.get());
+      return e.get();
+    }
   return nullptr;
+}
+
+template <class T>
+std::size_t buffer_bytes(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
+std::size_t strategy_bytes(const Strategy& s) {
+  std::size_t n = buffer_bytes(s.inputs) + approx_bytes(s.output) - sizeof(Layout) +
+                  (s.note.capacity() > 15 ? s.note.capacity() + 1 : 0);
+  for (const Layout& l : s.inputs) n += approx_bytes(l) - sizeof(Layout);
+  return n;
+}
+
+// An entry's memory once dispatch has filled its boxes (estimated from the
+// inputs' ranks, as they are filled after the entry is counted).
+std::size_t entry_bytes(const Entry& e) {
+  std::size_t n = sizeof(Entry) + buffer_bytes(e.mesh_shape) + buffer_bytes(e.inputs) + buffer_bytes(e.layouts) +
+                  buffer_bytes(e.plans) + buffer_bytes(e.decision.input_plans) + strategy_bytes(e.decision.chosen) +
+                  strategy_bytes(e.decision.runner_up) + buffer_bytes(e.decision.output.shape) + sizeof(ShardedMeta) +
+                  2 * e.mesh_shape.size() * sizeof(std::int64_t);
+  for (const TensorMeta& m : e.inputs) n += buffer_bytes(m.shape) + sizeof(Box) + 2 * buffer_bytes(m.shape);
+  for (const Layout& l : e.layouts) n += approx_bytes(l) - sizeof(Layout);
+  for (const auto& p : e.plans) n += approx_bytes(*p);
+  return n;
+}
+
+// Drops least recently used entries until one more of `bytes` fits.
+void make_room(Cache& c, std::size_t bytes) {
+  const std::size_t limit = capacity().get();
+  while (c.lru.size() >= limit || (c.lru.size() > 0 && c.bytes + bytes > kPropagationCacheBytes)) {
+    Entry* old = c.lru.back();
+    c.lru.unlink(old);
+    c.bytes -= old->bytes;
+    ++c.stats.evictions;
+    auto bucket = c.entries.find(old->hash);
+    auto& v = bucket->second;
+    v.erase(std::find_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == old; }));
+    if (v.empty()) c.entries.erase(bucket);
+  }
 }
 
 std::string layouts_text(std::span<const Layout> layouts) {
@@ -339,6 +400,11 @@ Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const Te
   entry->attrs = attrs;
   entry->cost = cost;
   make_decision(*entry);
+  entry->hash = h;
+  entry->bytes = entry_bytes(*entry);
+  make_room(cache, entry->bytes);
+  cache.bytes += entry->bytes;
+  cache.lru.push_front(entry.get());
   auto& bucket = cache.entries[h];
   bucket.push_back(std::move(entry));
   return *bucket.back();
@@ -464,8 +530,15 @@ Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAt
   return run_kernel(op, args);
 }
 
-PropagationCacheStats propagation_cache_stats() { return cache.stats; }
+PropagationCacheStats propagation_cache_stats() {
+  PropagationCacheStats s = cache.stats;
+  s.entries = cache.lru.size();
+  s.capacity = capacity().get();
+  s.bytes = cache.bytes;
+  return s;
+}
 void clear_propagation_cache() { cache = Cache{}; }
+void set_propagation_cache_capacity(std::size_t entries) { capacity().set(entries); }
 
 ExplainScope::ExplainScope(std::function<void(const std::string&)> sink) : previous_(explain_sink) {
   explain_sink = sink ? std::move(sink) : [](const std::string& line) { fmt::print("[explain] {}\n", line); };

@@ -24,6 +24,28 @@ bool is_local(StepKind kind) {
   return kind == StepKind::Slice || kind == StepKind::ZeroFill || kind == StepKind::Relabel;
 }
 
+namespace {
+template <class T>
+std::size_t buffer_bytes(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
+std::size_t heap_bytes(const Layout& l) { return buffer_bytes(l.placements()) + buffer_bytes(l.levels()); }
+}  // namespace
+
+std::size_t approx_bytes(const Layout& layout) { return sizeof(Layout) + heap_bytes(layout); }
+
+std::size_t approx_bytes(const Plan& plan) {
+  std::size_t n = sizeof(Plan) + buffer_bytes(plan.mesh_shape) + buffer_bytes(plan.global_shape) +
+                  heap_bytes(plan.from) + heap_bytes(plan.to) + buffer_bytes(plan.steps) +
+                  buffer_bytes(plan.recv_bytes);
+  for (const PlanStep& s : plan.steps) {
+    n += buffer_bytes(s.mesh_dims) + heap_bytes(s.from) + heap_bytes(s.to) + buffer_bytes(s.recv_bytes) +
+         (s.reason.capacity() > 15 ? s.reason.capacity() + 1 : 0) + buffer_bytes(s.blocks);
+    for (const ExchangeBlock& b : s.blocks) n += buffer_bytes(b.box.offset) + buffer_bytes(b.box.size);
+  }
+  return n;
+}
+
 std::int64_t PlanStep::max_recv_bytes() const {
   return recv_bytes.empty() ? 0 : *std::max_element(recv_bytes.begin(), recv_bytes.end());
 }

@@ -2,6 +2,7 @@
 // The umbrella header: everything a user of dtensor needs.
 #include "dtensor/core/dtype.h"               // IWYU pragma: export
 #include "dtensor/core/error.h"               // IWYU pragma: export
+#include "dtensor/core/host_memory.h"         // IWYU pragma: export
 #include "dtensor/core/placement.h"           // IWYU pragma: export
 #include "dtensor/core/reduce_op.h"           // IWYU pragma: export
 #include "dtensor/core/shape.h"               // IWYU pragma: export

@@ -58,7 +58,9 @@ struct OpDecision {
 };
 
 /// Propagation only (cached). LayoutError naming the op and the layouts if
-/// no candidate is valid.
+/// no candidate is valid. The reference stays valid until this thread's
+/// propagation cache evicts the decision (after propagation_cache_capacity
+/// other distinct calls) or is cleared.
 const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<const TensorMeta> inputs,
                          std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost);
 
@@ -70,14 +72,31 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
 /// Runs an op on plain (unsharded) tensors: meta, then the kernel.
 Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAttrs& attrs);
 
+/// The propagation cache's bound per thread unless
+/// DTENSOR_PROPAGATION_CACHE_ENTRIES or set_propagation_cache_capacity()
+/// says otherwise. An entry (the decision, copies of its plans, this rank's
+/// boxes) takes about 1-8 KiB, so a full cache holds a few MiB per rank.
+inline constexpr std::size_t kDefaultPropagationCacheEntries = 1024;
+/// And whatever the entry bound, one thread's entries take at most this
+/// many approximate bytes (entries holding big exchange plans go sooner).
+inline constexpr std::size_t kPropagationCacheBytes = std::size_t{64} << 20;
+
 /// This thread's propagation cache: a hit runs no meta or strategy function
 /// and prices nothing; only a miss does (and counts in `misses`).
 struct PropagationCacheStats {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
+  std::uint64_t evictions = 0;  // entries dropped to stay within capacity
+  std::size_t entries = 0;
+  std::size_t capacity = 0;
+  std::size_t bytes = 0;  // approximate: the entries' own size and buffers
 };
 PropagationCacheStats propagation_cache_stats();
 void clear_propagation_cache();
+/// The bound on every thread's propagation cache, from 1 to 2^20 entries
+/// (else ValueError naming the value); a cache above it shrinks at its next
+/// miss.
+void set_propagation_cache_capacity(std::size_t entries);
 
 /// While alive on this thread, every dispatched op prints what it did: the
 /// layouts in, the strategy chosen, its cost against the runner-up and the

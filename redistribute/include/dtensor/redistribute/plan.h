@@ -80,6 +80,12 @@ struct Plan {
   bool operator==(const Plan&) const = default;
 };
 
+/// The memory a value holds: its own size and its containers' heap buffers
+/// (their capacities), not the allocator's bookkeeping. What the caches
+/// report as their bytes.
+std::size_t approx_bytes(const Layout& layout);
+std::size_t approx_bytes(const Plan& plan);
+
 }  // namespace dtensor
 
 template <>

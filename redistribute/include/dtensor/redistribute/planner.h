@@ -1,6 +1,7 @@
 #pragma once
 // The planner: a pure function of metadata that finds the cheapest sequence
 // of steps turning one layout into another. It never sees a communicator.
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -72,6 +73,9 @@ Plan plan_redistribute(const PlanRequest& request, bool lower_bound, PlanSearchS
 
 /// The plan from the calling thread's cache (computed on a miss). A hit
 /// costs a hash and a compare of the request: well under a microsecond.
+/// The cache keeps the plan_cache_capacity() most recently used plans; the
+/// reference stays valid until this thread's cache evicts the plan (after
+/// that many other distinct requests) or clear_plan_cache().
 const Plan& cached_plan(const PlanRequest& request);
 
 /// What cached_plan(request).est_seconds is, without building a plan where
@@ -107,13 +111,30 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh_shape
                                         std::span<const std::int64_t> global_shape, DType dtype, const Layout& from,
                                         const Layout& to, const CostModel& cost);
 
+/// The plan cache's bound per thread unless DTENSOR_PLAN_CACHE_ENTRIES or
+/// set_plan_cache_capacity() says otherwise: a plan and its key take from
+/// about 0.5 KiB (one collective) to a few KiB (exchanges), so a full cache
+/// holds a few MiB per rank thread.
+inline constexpr std::size_t kDefaultPlanCacheEntries = 1024;
+/// And whatever the entry bound, the plans one thread keeps take at most
+/// this many approx_bytes (an exchange on a 256-rank mesh lists every
+/// rank pair's blocks: a few hundred KiB), the oldest going first.
+inline constexpr std::size_t kPlanCacheBytes = std::size_t{64} << 20;
+
 struct PlanCacheStats {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
+  std::uint64_t evictions = 0;  // plans dropped to stay within capacity
+  std::size_t entries = 0;
+  std::size_t capacity = 0;
+  std::size_t bytes = 0;  // approx_bytes of the plans and their keys
 };
 /// This thread's cache counters, and a way to empty it (for benchmarks).
 PlanCacheStats plan_cache_stats();
 void clear_plan_cache();
+/// The bound on every thread's plan cache, from 1 to 2^20 entries (else
+/// ValueError naming the value); a cache above it shrinks at its next miss.
+void set_plan_cache_capacity(std::size_t entries);
 
 /// The region a rank must hold real data for under `layout`: its local box,
 /// or nothing where a Partial(sum) mesh dim has a non-zero coordinate (those
