@@ -224,7 +224,7 @@ class BadArguments(unittest.TestCase):
         # The argument parser used to wrap --seed -1 to 2^64-1, clamp an
         # overflowing --seed or --ranks to the type's maximum, and read 0x10 as 16.
         seed_range = "expected a whole-number seed from 0 to 18446744073709551615"
-        ranks_range = "expected a whole number of ranks from 1 to 65536"
+        ranks_range = "expected a whole number of ranks from 1 to 1024"
         cases = [
             ("--seed", "-1", seed_range),
             ("--seed", "18446744073709551616", seed_range),
@@ -235,7 +235,7 @@ class BadArguments(unittest.TestCase):
             ("--ranks", "9223372036854775808", ranks_range),
             ("--ranks", "-4", ranks_range),
             ("--ranks", "0", ranks_range),
-            ("--ranks", "65537", ranks_range),
+            ("--ranks", "1025", ranks_range),
         ]
         for option, value, expected in cases:
             with self.subTest(option=option, value=value):
