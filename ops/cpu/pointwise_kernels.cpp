@@ -143,14 +143,11 @@ void unary_rows(Unary fn, const T* x, T* y, std::int64_t n, double scalar) {
     default: break;
   }
   if constexpr (std::is_floating_point_v<T>) {
-    if (const auto f = vector_fn(fn); f && !(fn == Unary::Gelu && std::is_same_v<T, double>)) {
+    if (const auto f = vector_fn(fn)) {
       vmath::apply(*f, x, y, n);
       return;
     }
     switch (fn) {
-      case Unary::Gelu:  // f64: exact (erf) form, PyTorch's approximate='none'
-        Y = X.unaryExpr([](T v) { return T(0.5) * v * (T(1) + std::erf(v * T(M_SQRT1_2))); });
-        return;
       case Unary::DivScalar: Y = X / s; return;
       case Unary::PowScalar: Y = X.pow(s); return;
       default: throw Error("[pointwise] internal: unknown unary op");

@@ -28,6 +28,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -347,7 +348,7 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
       if constexpr (sizeof(T) == 4) return Gelu(d, x);
       break;
   }
-  return x;  // unreachable: the callers send f64 gelu elsewhere
+  return x;  // unreachable: f64 gelu is computed by apply() before dispatch
 }
 
 // Outputs at least this big are written with streaming stores: they would
@@ -745,7 +746,15 @@ HWY_EXPORT(F16ToF32);
 HWY_EXPORT(F32ToF16);
 
 void apply(Fn fn, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF32)(fn, x, y, n); }
-void apply(Fn fn, const double* x, double* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF64)(fn, x, y, n); }
+void apply(Fn fn, const double* x, double* y, std::int64_t n) {
+  if (fn == Fn::Gelu) {
+    // The exact (erf) form, PyTorch's approximate='none', as the scalar
+    // fallback has it: Highway has no f64 erf to vectorise it with.
+    for (std::int64_t i = 0; i < n; ++i) y[i] = 0.5 * x[i] * (1.0 + std::erf(x[i] * M_SQRT1_2));
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(ApplyF64)(fn, x, y, n);
+}
 void binary(BinFn fn, const float* a, const float* b, float* y, std::int64_t n) {
   HWY_DYNAMIC_DISPATCH(BinaryF32)(fn, a, b, y, n);
 }
