@@ -4,6 +4,7 @@
 Standard library only. Exits non-zero if any test fails.
 """
 import json
+import os
 import subprocess
 import sys
 import unittest
@@ -340,8 +341,17 @@ class BadSizes(unittest.TestCase):
             self.skipTest("sanitizer runtimes reserve more address space than the cap")
         import resource
 
+        # The shared libraries are mapped whole (a CUDA build maps cuBLAS,
+        # hundreds of MiB): the cap leaves room for them and 400 MiB more.
+        libraries = 0
+        for line in ldd.splitlines():
+            path = line.split("=>")[-1].split("(")[0].strip()
+            if path.startswith("/") and os.path.isfile(path):
+                libraries += os.path.getsize(path)
+        limit = (400 << 20) + libraries
+
         def cap():
-            resource.setrlimit(resource.RLIMIT_AS, (400 << 20, 400 << 20))
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
         proc = subprocess.run([BINARY, "--mesh", "2", "--shape", "4096,8192", "--from", "S(0)", "--to", "R", "--run",
                                "--json"], capture_output=True, text=True, timeout=60, preexec_fn=cap)
