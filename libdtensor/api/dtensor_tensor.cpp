@@ -8,6 +8,7 @@
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
+#include "libdtensor/api/autograd_engine.h"
 
 namespace dtensor {
 namespace {
@@ -80,6 +81,16 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMet
     : local_(std::move(local)), mesh_(std::move(mesh)), meta_(std::move(meta)), cost_(std::move(cost)) {}
 
 DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
+                            std::optional<Shape> global_shape) {
+  // The shard is kept without its record; the DTensor records the step.
+  const Tensor source = local;
+  if (local.autograd_meta()) local.set_autograd_meta(nullptr);
+  DTensor out = wrap_local(std::move(local), mesh, std::move(placements), std::move(global_shape));
+  record_from_local(source, out);
+  return out;
+}
+
+DTensor DTensor::wrap_local(Tensor local, const DeviceMesh& mesh, Layout placements,
                             std::optional<Shape> global_shape) {
   if (!local.defined()) throw ValueError("[from_local] the local tensor is undefined");
   if (local.device() != mesh.device())
@@ -156,7 +167,9 @@ DTensor DTensor::redistribute(const Layout& placements) const {
   if (placements == this->placements()) return *this;
   const Plan& plan = plan_to(placements);
   Tensor out = execute_plan(plan, mesh_, local_);
-  return DTensor(std::move(out), mesh_, plan.to, shape(), cost_);
+  DTensor result(std::move(out), mesh_, plan.to, shape(), cost_);
+  record_redistribute(*this, result);
+  return result;
 }
 
 Tensor DTensor::full_tensor() const { return redistribute(Layout::replicated(mesh_.ndim())).to_local(); }
@@ -177,7 +190,10 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   if (is_src && !full.defined()) throw ValueError("[distribute_tensor] the source rank passed an undefined tensor");
   // The source tells everyone the shape and dtype, so other ranks need not
   // hold (or even know) the full tensor.
-  std::int64_t header[2] = {is_src ? full.dim() : 0, is_src ? static_cast<std::int64_t>(full.dtype()) : 0};
+  // (The third entry: whether the source's tensor requires a gradient, so
+  // that every rank records the step and runs its backward's gather.)
+  std::int64_t header[3] = {is_src ? full.dim() : 0, is_src ? static_cast<std::int64_t>(full.dtype()) : 0,
+                            is_src && grad_enabled() && full.requires_grad() ? 1 : 0};
   comm.broadcast_host(header, sizeof header, src_rank);
   Shape global(static_cast<std::size_t>(header[0]));
   if (is_src) global = full.shape();
@@ -211,7 +227,9 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   Tensor local = Tensor::empty(boxes[comm.rank()].size, dtype, device);
   if (bytes[comm.rank()] == 0) local.zero_();
   comm.scatter(is_src ? packed.data() : nullptr, bytes, local.data(), src_rank);
-  return DTensor::from_local(std::move(local), mesh, layout, global);
+  DTensor out = DTensor::from_local(std::move(local), mesh, layout, global);
+  record_distribute(header[2] != 0, is_src ? full : Tensor(), out);
+  return out;
 }
 
 }  // namespace dtensor

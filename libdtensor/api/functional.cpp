@@ -4,14 +4,18 @@
 #include <vector>
 
 #include "dtensor/core/error.h"
+#include "libdtensor/api/autograd_engine.h"
 
 namespace dtensor {
 
 namespace detail {
 struct DispatchAccess {
   static DTensor wrap(ShardedTensor out, const DeviceMesh& mesh, const CostModel& cost) {
+    // A kernel may hand an input's shard back, with that shard's record.
+    if (out.local.autograd_meta()) out.local.set_autograd_meta(nullptr);
     return DTensor(std::move(out.local), mesh, std::move(out.meta), cost);
   }
+  static const Tensor& local(const DTensor& x) { return x.local_; }
 };
 }  // namespace detail
 
@@ -27,7 +31,7 @@ DTensor call_op(std::string_view name, std::span<const DTensor> inputs, const Op
 }
 
 Tensor call_op(std::string_view name, std::span<const Tensor> inputs, const OpAttrs& attrs) {
-  return run_unsharded(OpRegistry::global().get(name), inputs, attrs);
+  return call_op(Op(OpRegistry::global().get(name)), inputs, attrs);
 }
 
 DTensor call_op(Op op, std::span<const DTensor> inputs, const OpAttrs& attrs) {
@@ -62,14 +66,18 @@ DTensor call_op(Op handle, std::span<const DTensor* const> inputs, const OpAttrs
     if (i > 0 && !(x.mesh() == mesh))
       throw MeshError(fmt::format("[{}] input {} is on mesh {}, input 0 on mesh {}: expected one mesh", op.name, i,
                                   x.mesh(), mesh));
-    args[i] = ShardedInput{&x.to_local(), &x.placements(), &x.shape()};
+    args[i] = ShardedInput{&detail::DispatchAccess::local(x), &x.placements(), &x.shape()};
   }
   const CostModel& cost = inputs[0]->cost_model();
-  return detail::DispatchAccess::wrap(dispatch(op, mesh, args, attrs, cost), mesh, cost);
+  DTensor out = detail::DispatchAccess::wrap(dispatch(op, mesh, args, attrs, cost), mesh, cost);
+  record_op(op, attrs, inputs, out);
+  return out;
 }
 
 Tensor call_op(Op op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
-  return run_unsharded(op.def(), inputs, attrs);
+  Tensor out = run_unsharded(op.def(), inputs, attrs);
+  record_op(op.def(), attrs, inputs, out);
+  return out;
 }
 
 }  // namespace dtensor

@@ -255,6 +255,7 @@ Tensor Tensor::view(Shape shape) const {
                                  fmt::join(shape, "x"), dtensor::numel(shape), fmt::join(shape_, "x"), numel_));
   Tensor t = *this;
   t.shape_ = std::move(shape);
+  t.autograd_.reset();  // a view is a new tensor to autograd (the view op records it)
   return t;
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
@@ -95,6 +96,7 @@ struct Cache {
 };
 thread_local Cache cache;
 thread_local std::function<void(const std::string&)> explain_sink;
+thread_local std::string explain_tag;  // ExplainTag's, e.g. "backward of linear"
 
 // A call's inputs as the cache key reads them, in the two forms calls come
 // in: the metadata spans of decide() and a miss, and the inputs by address
@@ -411,8 +413,9 @@ Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const Te
 }
 
 void explain(const OpDef& op, const OpDecision& d, std::span<const Layout> layouts, const CommStats& moved) {
-  if (!d.chosen.note.empty()) explain_sink(fmt::format("{}: {}", op.name, d.chosen.note));
-  std::string line = fmt::format("{}: inputs {}; chose {} -> {} at {}", op.name, layouts_text(layouts),
+  const std::string tag = explain_tag.empty() ? std::string() : fmt::format("[{}] ", explain_tag);
+  if (!d.chosen.note.empty()) explain_sink(fmt::format("{}{}: {}", tag, op.name, d.chosen.note));
+  std::string line = fmt::format("{}{}: inputs {}; chose {} -> {} at {}", tag, op.name, layouts_text(layouts),
                                  layouts_text(d.chosen.inputs), d.chosen.output, human_seconds(d.cost_seconds));
   if (d.owed_seconds > 0)
     line += fmt::format(" (of which {} owed for reducing its new Partial later)", human_seconds(d.owed_seconds));
@@ -544,5 +547,8 @@ ExplainScope::ExplainScope(std::function<void(const std::string&)> sink) : previ
   explain_sink = sink ? std::move(sink) : [](const std::string& line) { fmt::print("[explain] {}\n", line); };
 }
 ExplainScope::~ExplainScope() { explain_sink = std::move(previous_); }
+
+ExplainTag::ExplainTag(std::string tag) : previous_(std::exchange(explain_tag, std::move(tag))) {}
+ExplainTag::~ExplainTag() { explain_tag = std::move(previous_); }
 
 }  // namespace dtensor

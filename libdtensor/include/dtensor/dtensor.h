@@ -20,6 +20,7 @@
 #include "dtensor/ops/dispatch.h"             // IWYU pragma: export
 #include "dtensor/ops/op.h"                   // IWYU pragma: export
 #include "dtensor/api/dtensor_tensor.h"       // IWYU pragma: export
+#include "dtensor/api/autograd.h"             // IWYU pragma: export
 #include "dtensor/api/functional.h"           // IWYU pragma: export
 #include "dtensor/api/linalg.h"               // IWYU pragma: export
 #include "dtensor/api/nn.h"                   // IWYU pragma: export

@@ -17,6 +17,7 @@ namespace dtensor {
 
 namespace detail {
 struct DispatchAccess;  // functional.cpp
+struct AutogradAccess;  // autograd.cpp
 }  // namespace detail
 
 class DTensor {
@@ -32,8 +33,17 @@ class DTensor {
   static DTensor from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
                             std::optional<Shape> global_shape = std::nullopt);
 
-  /// This rank's shard (shares storage).
-  const Tensor& to_local() const { return local_; }
+  /// This rank's shard (shares storage). While recording (autograd.h), the
+  /// shard of a DTensor that requires a gradient is itself recorded: its
+  /// gradient flows back as a DTensor in this DTensor's layout.
+  const Tensor& to_local() const {
+    if (autograd_ && !local_.autograd_meta()) record_local();
+    return local_;
+  }
+  /// The same, with the layout the shard's gradient has when it flows back
+  /// (PyTorch's grad_placements), e.g. Partial where each rank's local
+  /// gradient is only its part of the sum.
+  Tensor to_local(const Layout& grad_layout) const;
   /// The whole tensor on every rank (redistributes to all-Replicate).
   Tensor full_tensor() const;
   /// The same global tensor under another layout; the planner picks the
@@ -54,13 +64,31 @@ class DTensor {
   const CostModel& cost_model() const { return cost_; }
   DTensor with_cost_model(CostModel cost) const;
 
+  // ---- Autograd (dtensor/api/autograd.h), the same as on Tensor -------------
+  /// Marks a leaf as needing a gradient (DTypeError naming the dtype for
+  /// integer tensors). Returns *this.
+  DTensor& requires_grad_(bool on = true);
+  bool requires_grad() const;
+  /// On this mesh with this global shape, in the layout backward produced
+  /// (possibly Partial: full_tensor() reduces it).
+  std::optional<DTensor> grad() const;
+  void zero_grad();
+  /// Backward from a 0-d DTensor (ValueError naming the shape otherwise).
+  void backward(bool retain_graph = false) const;
+  void backward(const DTensor& grad_output, bool retain_graph = false) const;
+  DTensor detach() const;
+  const std::shared_ptr<AutogradMeta>& autograd_meta() const { return autograd_; }
+
  private:
   // call_op (functional.cpp) wraps a kernel's output without re-checking it:
   // dispatch already derived the layout and shapes.
   friend struct detail::DispatchAccess;
   DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost);
+  // from_local without recording.
+  static DTensor wrap_local(Tensor local, const DeviceMesh& mesh, Layout placements,
+                            std::optional<Shape> global_shape);
   DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost);
-  Tensor local_;
+  mutable Tensor local_;  // mutable: to_local() records it lazily
   DeviceMesh mesh_;
   // Layout and global shape, immutable and shared: copies and the outputs of
   // one propagation-cache entry point at the same one, so that neither
@@ -70,6 +98,11 @@ class DTensor {
   const ShardedMeta& meta() const { return meta_ ? *meta_ : empty_meta(); }
   static const ShardedMeta& empty_meta();
   CostModel cost_;
+  // Autograd's record (null: not in any graph), shared by copies. local_
+  // gets its own record (its gradient flows back here) on first to_local().
+  friend struct detail::AutogradAccess;
+  std::shared_ptr<AutogradMeta> autograd_;
+  void record_local() const;
 };
 
 /// Splits `full` (read on `src_rank` only; other ranks may pass an undefined

@@ -58,6 +58,14 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
+/// Autograd cannot do what was asked: a backward through a graph an earlier
+/// backward freed, through an op without a backward rule, or from a tensor
+/// that does not require a gradient. Names the op or tensor.
+class AutogradError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A device runtime call failed (CUDA, cuBLAS): names the call and the
 /// runtime's own message, e.g. "[cuda] cudaMalloc of 8 GiB: out of memory".
 class DeviceError : public Error {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -14,6 +15,12 @@
 #include "dtensor/core/shape.h"
 
 namespace dtensor {
+
+/// Autograd's per-tensor record (requires_grad, the node that made the
+/// tensor, the accumulated gradient). Defined by the api layer
+/// (libdtensor/api/autograd_engine.h): core only carries the pointer, never
+/// looks inside, so the lowest layer stays ignorant of autograd.
+struct AutogradMeta;
 
 class Tensor {
  public:
@@ -80,12 +87,36 @@ class Tensor {
   void fill(double value);
   void zero_();
 
+  // ---- Autograd (dtensor/api/autograd.h), the same on DTensor ----------------
+  // Declared here so that Tensor and DTensor read alike; defined in the api
+  // layer (libdtensor/api/autograd.cpp), which owns the semantics. Copies of
+  // a tensor share its record; view() and the ops make new tensors.
+  /// Marks a leaf as needing a gradient (DTypeError naming the dtype for
+  /// integer tensors). Returns *this.
+  Tensor& requires_grad_(bool on = true);
+  /// A leaf marked so, or the output of a recorded op.
+  bool requires_grad() const;
+  /// The accumulated gradient of a leaf; empty until a backward reaches it.
+  std::optional<Tensor> grad() const;
+  /// Empties grad().
+  void zero_grad();
+  /// Backward from a 0-d tensor (ValueError naming the shape otherwise).
+  void backward(bool retain_graph = false) const;
+  /// Backward with the gradient of this tensor given.
+  void backward(const Tensor& grad_output, bool retain_graph = false) const;
+  /// The same data, cut from the graph (requires_grad() false).
+  Tensor detach() const;
+  /// The opaque slot autograd keeps its record in.
+  const std::shared_ptr<AutogradMeta>& autograd_meta() const { return autograd_; }
+  void set_autograd_meta(std::shared_ptr<AutogradMeta> meta) { autograd_ = std::move(meta); }
+
  private:
   std::shared_ptr<std::byte[]> storage_;
   Shape shape_;
   std::int64_t numel_ = 0;
   DType dtype_ = DType::Float32;
   Device device_ = Device::CPU;
+  std::shared_ptr<AutogradMeta> autograd_;  // null: not part of any graph
 };
 
 /// Comparisons work on any device (a CUDA operand is copied to the host).

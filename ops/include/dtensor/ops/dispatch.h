@@ -112,4 +112,18 @@ class ExplainScope {
   std::function<void(const std::string&)> previous_;
 };
 
+/// While alive on this thread, explain lines start with `tag` (autograd
+/// marks the ops of a backward pass "backward of <forward op>"). Tags nest;
+/// the innermost is shown.
+class ExplainTag {
+ public:
+  explicit ExplainTag(std::string tag);
+  ~ExplainTag();
+  ExplainTag(const ExplainTag&) = delete;
+  ExplainTag& operator=(const ExplainTag&) = delete;
+
+ private:
+  std::string previous_;
+};
+
 }  // namespace dtensor

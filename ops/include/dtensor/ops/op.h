@@ -82,6 +82,13 @@ struct DimStrategy {
 /// PyTorch's register_single_dim_strategy): see expand_to_mesh.
 using DimStrategyFn = std::function<std::vector<DimStrategy>(const StrategyQuery&)>;
 
+/// An op's backward rule. Defined by the api layer (dtensor/api/autograd.h,
+/// make_backward), since a rule is written with call_op on Tensors and
+/// DTensors, which live above ops: the registry only carries it, as an
+/// opaque pointer. The library's own ops get theirs from the api layer's
+/// table (keyed by op), so their registrations here stay as they are.
+struct BackwardRule;
+
 struct OpDef {
   std::string name;
   /// Number of tensor inputs; -1 for any number (cat, stack, einsum).
@@ -106,6 +113,13 @@ struct OpDef {
   bool cpu_handles_half = false;
   /// One line for people (explain mode, errors).
   std::string doc;
+  /// How gradients pass back through the op (dtensor/api/autograd.h,
+  /// make_backward); null: the api layer's table of rules, if it has one.
+  std::shared_ptr<const BackwardRule> backward;
+  /// Math does not differentiate the op (comparisons, argmax, integer
+  /// ops): its outputs never require a gradient. An op with neither this
+  /// nor a rule fails only when a gradient has to pass through it.
+  bool not_differentiable = false;
 
   const Kernel& kernel(Device device) const { return device == Device::CUDA ? cuda_kernel : cpu_kernel; }
 };

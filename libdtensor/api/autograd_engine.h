@@ -1,0 +1,80 @@
+#pragma once
+// Autograd's internals: the per-tensor record, the graph's nodes and the
+// recording entry points that call_op and the layout changes use.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "dtensor/api/autograd.h"
+
+namespace dtensor {
+
+using AnyTensor = std::variant<Tensor, DTensor>;
+class Node;
+
+struct AutogradMeta {
+  bool requires_grad = false;     // a leaf marked by requires_grad_()
+  std::shared_ptr<Node> grad_fn;  // the node that made the tensor (null: a leaf)
+  std::optional<AnyTensor> grad;  // a leaf's accumulated gradient
+  bool in_graph() const { return requires_grad || grad_fn; }
+};
+
+inline bool in_graph(const std::shared_ptr<AutogradMeta>& m) { return m && m->in_graph(); }
+
+/// Where an input's gradient goes: the node that made it, or a leaf's
+/// record (both null: nowhere).
+struct Edge {
+  std::shared_ptr<Node> fn;
+  std::shared_ptr<AutogradMeta> leaf;
+};
+Edge edge_of(const std::shared_ptr<AutogradMeta>& meta);
+
+class Node {
+ public:
+  Node();  // takes this thread's next sequence number
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  /// What made the node, for messages ("linear", "redistribute").
+  virtual std::string name() const = 0;
+  /// The gradients of the edges' tensors, one per edge (empty: none).
+  virtual std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) = 0;
+  /// Drops what the node saved (after a backward without retain_graph).
+  virtual void release() = 0;
+
+  std::vector<Edge> edges;
+  /// Creation order on this thread: backward runs nodes from the newest, the
+  /// same order on every rank, so that their collectives match.
+  std::uint64_t sequence;
+  bool released = false;
+};
+
+/// The same data with no record (what nodes save, so that a saved output
+/// does not hold its own node).
+Tensor detached(const Tensor& t);
+DTensor detached(const DTensor& t);
+
+/// Makes `out` the output of `node`.
+void attach(Tensor& out, std::shared_ptr<Node> node);
+void attach(DTensor& out, std::shared_ptr<Node> node);
+
+/// call_op's recording (out's own record is replaced either way).
+void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> inputs, Tensor& out);
+void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* const> inputs, DTensor& out);
+
+/// The layout changes' recording (autograd_layout.cpp).
+void record_redistribute(const DTensor& in, DTensor& out);
+void record_from_local(const Tensor& local, DTensor& out);
+void record_distribute(bool source_requires_grad, const Tensor& full, DTensor& out);
+Tensor record_to_local(const DTensor& in, const Tensor& local, const Layout& grad_layout);
+
+/// The library's own rules (autograd_rules.cpp): name -> rule, and the
+/// names of the ops marked not differentiable.
+std::vector<std::pair<std::string_view, std::shared_ptr<const BackwardRule>>> builtin_backward_rules();
+std::vector<std::string_view> builtin_not_differentiable();
+
+}  // namespace dtensor

@@ -1,0 +1,104 @@
+#pragma once
+// Reverse-mode autograd for Tensor and DTensor alike, with PyTorch's names:
+// x.requires_grad_(), y.backward(), x.grad(), x.zero_grad(), x.detach(),
+// NoGradGuard.
+//
+// Recording happens at call_op (every op goes through it) and at the layout
+// changes (redistribute, distribute_tensor, from_local, to_local): an op
+// whose inputs require a gradient makes a node that keeps its attrs, its
+// inputs and its output. backward() walks the nodes in reverse creation
+// order (the same order on every rank, so their collectives match) and
+// calls each op's backward rule, which is written with call_op on the same
+// front end: the backward is itself dispatched, planned, counted by
+// CommCounter and shown by ExplainScope as "[backward of <op>] ...".
+//
+// Where the rules live: OpDef (ops/, below this layer) cannot name Tensor or
+// DTensor rules' types, so it carries an opaque pointer to a BackwardRule,
+// defined here. A user's op sets OpDef::backward = make_backward(...) before
+// OpRegistry::add (examples/custom_op.cpp); the library's own ops take
+// theirs from a table in this layer (autograd_rules*.cpp), which
+// set_backward() can override (a fused backward kernel plugs in that way).
+//
+// Guarantees:
+// - A DTensor's gradient is a DTensor on its mesh with its global shape, in
+//   the layout backward produced; it may be Partial (the reduction is
+//   deferred; full_tensor() gives the true gradient). Gradients accumulate
+//   over backward calls, through the add op's propagation, so Partial plus
+//   Partial stays Partial.
+// - A layout change's gradient goes back to the forward source layout with
+//   Partial replaced by Replicate; the planner picks the collective.
+// - The graph is freed after backward unless retain_graph; a second
+//   backward through it raises AutogradError saying so.
+// - An op with neither a rule nor OpDef::not_differentiable raises
+//   AutogradError naming it when a gradient must pass through it, never at
+//   forward time. The outputs of a not-differentiable op never require one.
+// - Saved tensors share storage with the forward's: an in-place op (add_)
+//   on one of them between forward and backward changes the gradient.
+// - No higher-order gradients: the backward itself is not recorded.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/api/dtensor_tensor.h"
+#include "dtensor/ops/op.h"
+
+namespace dtensor {
+
+/// Whether this thread records ops (true unless a NoGradGuard is alive).
+bool grad_enabled();
+
+/// Switches recording off on this thread while alive (PyTorch's no_grad).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// What a backward rule is given. Saved tensors are detached copies (same
+/// storage).
+template <class X>
+struct BackwardArgs {
+  const OpAttrs& attrs;
+  std::span<const X> inputs;
+  const X& output;
+  const X& grad;                   // the output's gradient, in whatever layout it arrived
+  const std::vector<bool>& needs;  // which inputs need a gradient
+  bool needs_grad(std::size_t i) const { return needs[i]; }
+};
+
+/// One gradient per input (empty where not needed or not defined).
+template <class X>
+using InputGrads = std::vector<std::optional<X>>;
+
+struct BackwardRule {
+  std::function<InputGrads<Tensor>(const BackwardArgs<Tensor>&)> on_tensor;
+  std::function<InputGrads<DTensor>(const BackwardArgs<DTensor>&)> on_dtensor;
+};
+
+/// A rule from one generic callable `[](const auto& a) { ... }` taking
+/// BackwardArgs<X> and returning InputGrads<X>, written with the front-end
+/// functions (or call_op), instantiated for Tensor and DTensor.
+template <class F>
+std::shared_ptr<const BackwardRule> make_backward(F f) {
+  return std::make_shared<const BackwardRule>(BackwardRule{f, f});
+}
+
+/// Replaces the rule of a registered op (for the library's own ops: the
+/// table's). Thread-safe; meant for start-up.
+void set_backward(Op op, std::shared_ptr<const BackwardRule> rule);
+
+/// The rule backward would use for `op` (null: none).
+std::shared_ptr<const BackwardRule> backward_rule(const OpDef& op);
+/// Marked not differentiable (OpDef::not_differentiable or the library's
+/// table: comparisons, argmax).
+bool is_not_differentiable(const OpDef& op);
+
+}  // namespace dtensor
