@@ -1,0 +1,492 @@
+// Autograd: finite-difference gradient checks on plain Tensors (f64), the
+// same gradients on DTensors over meshes 4, 2x2 and 2x3 with non-dividing
+// shapes, the layout changes' backward collectives, the Megatron and
+// data-parallel communication counts, and the errors.
+#include <boost/test/unit_test.hpp>
+
+#include <functional>
+#include <mutex>
+#include <random>
+
+#include "support.h"
+
+using namespace dtensor;
+
+namespace autograd_suite {
+
+Tensor uniform(const Shape& shape, std::uint64_t seed, double lo = -1, double hi = 1) {
+  Tensor t = Tensor::rand(shape, DType::Float64, seed);
+  double* p = t.data_as<double>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = lo + (hi - lo) * p[i];
+  return t;
+}
+
+template <class X>
+using Fn = std::function<X(const std::vector<X>&)>;
+
+/// One op under test: its input shapes (and value range), and the program
+/// on Tensor and DTensor alike.
+struct Case {
+  std::string name;
+  std::vector<Shape> shapes;
+  Fn<Tensor> on_tensor;
+  Fn<DTensor> on_dtensor;
+  double lo = -1, hi = 1;
+  bool sharded = true;  // also in the DTensor sweep
+};
+
+#define CASE(NAME, SHAPES, BODY, ...)                                      \
+  Case {                                                                   \
+    NAME, SHAPES, [](const std::vector<Tensor>& in) { return BODY; },      \
+        [](const std::vector<DTensor>& in) { return BODY; }, ##__VA_ARGS__ \
+  }
+
+template <class X>
+X weighted_sum(const X& y, const X& w) {
+  return sum(mul(y, w));
+}
+
+std::vector<Case> cases() {
+  using S = std::vector<Shape>;
+  return {
+      CASE("neg", (S{{5, 3}}), neg(in[0])),
+      CASE("abs", (S{{5, 3}}), abs(in[0])),
+      CASE("exp", (S{{5, 3}}), exp(in[0])),
+      CASE("log", (S{{5, 3}}), log(in[0]), 0.5, 2.0),
+      CASE("sqrt", (S{{5, 3}}), sqrt(in[0]), 0.5, 2.0),
+      CASE("rsqrt", (S{{5, 3}}), rsqrt(in[0]), 0.5, 2.0),
+      CASE("tanh", (S{{5, 3}}), tanh(in[0])),
+      CASE("sigmoid", (S{{5, 3}}), sigmoid(in[0])),
+      CASE("relu", (S{{5, 3}}), relu(in[0])),
+      CASE("gelu", (S{{5, 3}}), gelu(in[0])),
+      CASE("silu", (S{{5, 3}}), silu(in[0])),
+      CASE("add_scalar", (S{{5, 3}}), add(in[0], 1.5)),
+      CASE("mul_scalar", (S{{5, 3}}), mul(in[0], -2.5)),
+      CASE("div_scalar", (S{{5, 3}}), div(in[0], 4.0)),
+      CASE("pow_scalar", (S{{5, 3}}), pow(in[0], 3.0)),
+      CASE("add_broadcast", (S{{5, 3}, {3}}), add(in[0], in[1])),
+      CASE("sub_broadcast", (S{{5, 1}, {5, 3}}), sub(in[0], in[1])),
+      CASE("mul_broadcast", (S{{2, 5, 3}, {5, 1}}), mul(in[0], in[1])),
+      CASE("div", (S{{5, 3}, {5, 3}}), div(in[0], in[1]), 0.5, 2.0),
+      CASE("pow", (S{{5, 3}, {5, 3}}), pow(in[0], in[1]), 0.5, 2.0),
+      CASE("maximum", (S{{5, 3}, {5, 3}}), maximum(in[0], in[1])),
+      CASE("minimum", (S{{5, 3}, {3}}), minimum(in[0], in[1])),
+      CASE("where", (S{{5, 3}, {5, 3}, {3}}), where(gt(in[0], mul(in[0], 0.0)), in[1], in[2])),
+      CASE("matmul", (S{{5, 3}, {3, 7}}), matmul(in[0], in[1])),
+      CASE("matmul_batched", (S{{2, 5, 3}, {3, 4}}), matmul(in[0], in[1]), -1, 1, false),
+      CASE("matmul_vector", (S{{5, 3}, {3}}), matmul(in[0], in[1]), -1, 1, false),
+      CASE("bmm", (S{{2, 5, 3}, {2, 3, 4}}), bmm(in[0], in[1])),
+      CASE("linear", (S{{5, 3}, {7, 3}}), linear(in[0], in[1])),
+      CASE("linear_bias", (S{{2, 5, 3}, {7, 3}, {7}}), linear(in[0], in[1], in[2])),
+      CASE("einsum", (S{{5, 3}, {3, 7}}), einsum("ij,jk->ki", std::vector{in[0], in[1]})),
+      CASE("einsum_summed_label", (S{{5, 3}, {5}}), einsum("ij,i->i", std::vector{in[0], in[1]})),
+      CASE("sum_dims", (S{{5, 3, 2}}), sum(in[0], {1})),
+      CASE("sum_keepdim", (S{{5, 3, 2}}), sum(in[0], {0, 2}, true)),
+      CASE("mean", (S{{5, 3}}), mean(in[0], {0})),
+      CASE("mean_all", (S{{5, 3}}), mean(in[0])),
+      CASE("softmax", (S{{5, 3}}), softmax(in[0], 1)),
+      CASE("log_softmax", (S{{5, 3}}), log_softmax(in[0], 0)),
+      CASE("transpose", (S{{5, 3}}), transpose(in[0], 0, 1)),
+      CASE("permute", (S{{5, 3, 2}}), permute(in[0], {2, 0, 1})),
+      CASE("reshape", (S{{5, 3}}), reshape(in[0], {3, 5})),
+      CASE("view", (S{{5, 3}}), view(in[0], {15})),
+      CASE("flatten", (S{{5, 3, 2}}), flatten(in[0], 1, 2)),
+      CASE("unflatten", (S{{5, 6}}), unflatten(in[0], 1, {2, 3})),
+      CASE("squeeze", (S{{5, 1, 3}}), squeeze(in[0], 1)),
+      CASE("unsqueeze", (S{{5, 3}}), unsqueeze(in[0], 1)),
+      CASE("expand", (S{{5, 1}}), expand(in[0], {5, 3})),
+      CASE("narrow", (S{{5, 3}}), narrow(in[0], 0, 1, 3)),
+      CASE("cat", (S{{5, 3}, {2, 3}}), cat({in[0], in[1]}, 0)),
+      CASE("stack", (S{{5, 3}, {5, 3}}), stack({in[0], in[1]}, 1)),
+      CASE("to", (S{{5, 3}}), to(to(in[0], DType::Float32), DType::Float64), -1, 1, false),
+      CASE("chain", (S{{5, 3}, {3, 4}}), softmax(tanh(matmul(in[0], in[1])), 1)),
+  };
+}
+
+std::vector<Tensor> inputs_of(const Case& c, std::uint64_t seed) {
+  std::vector<Tensor> in;
+  for (std::size_t i = 0; i < c.shapes.size(); ++i) in.push_back(uniform(c.shapes[i], seed + 17 * i, c.lo, c.hi));
+  return in;
+}
+
+// The loss's weights: fixed random, so every output element matters.
+Tensor loss_weight(const Tensor& y, std::uint64_t seed) { return uniform(y.shape(), seed ^ 0x5eed, -1, 1); }
+
+/// The gradients of sum(f(in) * w) by backward.
+std::vector<Tensor> backward_grads(const Case& c, std::vector<Tensor> in, std::uint64_t seed) {
+  for (auto& x : in) x.requires_grad_();
+  Tensor y = c.on_tensor(in);
+  Tensor w = loss_weight(y, seed);
+  weighted_sum(y, w).backward();
+  std::vector<Tensor> out;
+  for (auto& x : in) out.push_back(x.grad() ? *x.grad() : Tensor::zeros(x.shape(), x.dtype()));
+  return out;
+}
+
+BOOST_AUTO_TEST_SUITE(autograd)
+
+BOOST_AUTO_TEST_CASE(finite_differences_agree_with_backward) {
+  const std::uint64_t seed = 1234;
+  int checked = 0;
+  for (const Case& c : cases()) {
+    const std::vector<Tensor> in = inputs_of(c, seed);
+    const std::vector<Tensor> got = backward_grads(c, in, seed);
+    NoGradGuard no_grad;
+    const Tensor w = loss_weight(c.on_tensor(in), seed);
+    auto loss = [&](const std::vector<Tensor>& xs) { return weighted_sum(c.on_tensor(xs), w).get({}); };
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const double eps = c.name == "to" ? 1e-2 : 1e-6;  // through f32: a step its rounding does not swamp
+      double worst = 0;
+      for (std::int64_t k = 0; k < in[i].numel(); ++k) {
+        std::vector<Tensor> plus = in, minus = in;
+        plus[i] = in[i].clone();
+        minus[i] = in[i].clone();
+        plus[i].data_as<double>()[k] += eps;
+        minus[i].data_as<double>()[k] -= eps;
+        const double numeric = (loss(plus) - loss(minus)) / (2 * eps);
+        const double analytic = got[i].data_as<double>()[k];
+        worst = std::max(worst, std::abs(numeric - analytic) / (1e-6 + std::abs(numeric)));
+      }
+      const double tol = c.name == "to" ? 1e-3 : 1e-5;
+      BOOST_TEST(worst < tol,
+                 "case " << c.name << " input " << i << " seed " << seed << ": worst relative error " << worst);
+      ++checked;
+    }
+  }
+  BOOST_TEST(checked > 50);
+}
+
+// Each case on DTensors in seeded random layouts (no Partial) agrees with
+// the plain gradient once gathered.
+BOOST_AUTO_TEST_CASE(dtensor_gradients_equal_the_unsharded_ones) {
+  const std::vector<Shape> meshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
+  const std::uint64_t seed = 99;
+  for (const Shape& mesh_shape : meshes) {
+    std::vector<std::string> failures;
+    std::mutex mu;
+    const auto all = cases();
+    testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+      DeviceMesh mesh(comm, mesh_shape);
+      std::mt19937_64 rng(seed);
+      for (const Case& c : all) {
+        if (!c.sharded) continue;
+        const std::vector<Tensor> in = inputs_of(c, seed);
+        const std::vector<Tensor> expected = backward_grads(c, in, seed);
+        std::vector<DTensor> din;
+        std::vector<Layout> layouts;
+        for (const Tensor& x : in) {
+          layouts.push_back(testing::random_layout(rng, mesh.ndim(), x.dim(), ReduceOp::Sum, 0));
+          din.push_back(distribute_tensor(x, mesh, layouts.back()));
+          din.back().requires_grad_();
+        }
+        DTensor y = c.on_dtensor(din);
+        Tensor w;
+        {
+          NoGradGuard no_grad;
+          w = loss_weight(c.on_tensor(in), seed);
+        }
+        weighted_sum(y, distribute_tensor(w, mesh, Layout::replicated(mesh.ndim()))).backward();
+        for (std::size_t i = 0; i < din.size(); ++i) {
+          // No gradient reads as zeros, as in backward_grads (where's condition).
+          Tensor got = din[i].grad() ? din[i].grad()->full_tensor() : Tensor::zeros(in[i].shape(), in[i].dtype());
+          if (!allclose(got, expected[i], 1e-9, 1e-9)) {
+            std::lock_guard lock(mu);
+            failures.push_back(fmt::format("mesh {} case {} input {} layout {} seed {}: gradient {}",
+                                           fmt::join(mesh_shape, "x"), c.name, i, layouts[i], seed,
+                                           fmt::format("off by {}", max_abs_diff(got, expected[i]))));
+          }
+        }
+      }
+    });
+    testing::check_no_failures(failures);
+  }
+}
+
+// ---- Layout changes -------------------------------------------------------------------------
+
+struct Row {
+  const char* from;
+  const char* to;
+  const char* grad;  // the gradient's layout as it arrives
+  CollectiveKind kind;
+  std::uint64_t count;
+  const char* back;  // the gradient's layout after backward
+};
+
+BOOST_AUTO_TEST_CASE(layout_change_backward_follows_the_table) {
+  if (!testing::can_run(4)) return;
+  const Row rows[] = {
+      {"S(0)", "R", "R", CollectiveKind::AllGather, 0, "S(0)"},
+      {"S(0)", "R", "P(sum)", CollectiveKind::ReduceScatter, 1, "S(0)"},
+      {"R", "S(0)", "S(0)", CollectiveKind::AllGather, 1, "R"},
+      {"P(sum)", "R", "R", CollectiveKind::AllReduce, 0, "R"},
+      {"P(sum)", "S(0)", "S(0)", CollectiveKind::AllGather, 1, "R"},
+      {"S(0)", "S(1)", "S(1)", CollectiveKind::AllToAll, 1, "S(0)"},
+  };
+  const Tensor full = uniform({6, 5}, 7), g = uniform({6, 5}, 8);
+  for (const Row& row : rows) {
+    std::vector<std::string> failures;
+    std::mutex mu;
+    testing::run_ranks(4, [&](Communicator& comm) {
+      DeviceMesh mesh(comm, {4});
+      DTensor x = distribute_tensor(full, mesh, Layout::parse(row.from));
+      x.requires_grad_();
+      DTensor y = x.redistribute(Layout::parse(row.to));
+      DTensor grad = distribute_tensor(g, mesh, Layout::parse(row.grad));
+      CommCounter counter(mesh);
+      y.backward(grad);
+      const CommStats c = counter.counts();
+      std::string why;
+      if (c.count(row.kind) != row.count || c.data_collectives() != row.count)
+        why += fmt::format(" issued {} (expected {} of {})", c, row.count, row.kind);
+      if (x.grad()->placements() != Layout::parse(row.back))
+        why += fmt::format(" gradient in {} (expected {})", x.grad()->placements(), row.back);
+      if (!allclose(x.grad()->full_tensor(), g, 1e-12, 1e-12)) why += " wrong values";
+      if (!why.empty()) {
+        std::lock_guard lock(mu);
+        failures.push_back(fmt::format("{} -> {} with the gradient {}:{}", row.from, row.to, row.grad, why));
+      }
+    });
+    testing::check_no_failures(failures);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(to_local_and_from_local_carry_gradients) {
+  if (!testing::can_run(4)) return;
+  const Tensor full = uniform({6, 5}, 3);
+  std::vector<std::string> failures;
+  std::mutex mu;
+  testing::run_ranks(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {4});
+    DTensor x = distribute_tensor(full, mesh, Layout::parse("S(0)"));
+    x.requires_grad_();
+    // Local math on the shard, then back: the gradient flows through both.
+    Tensor local = mul(x.to_local(), 3.0);
+    DTensor y = DTensor::from_local(local, mesh, Layout::parse("S(0)"), full.shape());
+    sum(y).backward();
+    Tensor expected = Tensor::full(full.shape(), 3.0, DType::Float64);
+    if (!allclose(x.grad()->full_tensor(), expected)) {
+      std::lock_guard lock(mu);
+      failures.push_back("to_local/from_local: wrong gradient");
+    }
+    // to_local(grad_layout): a local gradient that is only this rank's part
+    // of the sum, declared Partial.
+    DTensor r = distribute_tensor(full, mesh, Layout::parse("R"));
+    r.requires_grad_();
+    Tensor part = r.to_local(Layout::parse("P(sum)"));
+    part.backward(Tensor::ones(part.shape(), DType::Float64));
+    if (!allclose(r.grad()->full_tensor(), Tensor::full(full.shape(), 4.0, DType::Float64))) {
+      std::lock_guard lock(mu);
+      failures.push_back(fmt::format("to_local(P): gradient {}", r.grad()->placements()));
+    }
+  });
+  testing::check_no_failures(failures);
+}
+
+// ---- Communication counts -------------------------------------------------------------------
+
+struct MlpCounts {
+  std::uint64_t all_reduce = 0, total = 0, backward_total = 0;
+  bool values_ok = true;
+  std::string detail;
+};
+
+MlpCounts megatron(bool x_needs_grad) {
+  const Shape mesh_shape = testing::backend_meshes({{4}}).front();
+  const std::int64_t tp = mesh_shape[0], tokens = std::max<std::int64_t>(6, 2 * tp),
+                     ffn = std::max<std::int64_t>(12, 3 * tp);
+  const Tensor x = uniform({tokens, 8}, 1), w1 = uniform({ffn, 8}, 2), w2 = uniform({8, ffn}, 3),
+               wt = uniform({tokens, 8}, 4);
+  // The reference gradients on plain tensors.
+  std::vector<Tensor> ref{x, w1, w2};
+  for (auto& t : ref) t = t.detach().requires_grad_();
+  sum(mul(linear(gelu(linear(ref[0], ref[1])), ref[2]), wt)).backward();
+  MlpCounts counts;
+  std::mutex mu;
+  testing::run_ranks(static_cast<int>(tp), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape, {"tp"});
+    DTensor W1 = distribute_tensor(w1, mesh, Layout::parse("S(0)"));
+    DTensor W2 = distribute_tensor(w2, mesh, Layout::parse("S(1)"));
+    DTensor X = distribute_tensor(x, mesh, Layout::parse("R"));
+    DTensor Wt = distribute_tensor(wt, mesh, Layout::parse("R"));
+    W1.requires_grad_();
+    W2.requires_grad_();
+    if (x_needs_grad) X.requires_grad_();
+    CommCounter counter(mesh);
+    DTensor y = linear(gelu(linear(X, W1)), W2).redistribute(Layout::parse("R"));
+    DTensor loss = sum(mul(y, Wt));
+    CommCounter backward_counter(mesh);
+    loss.backward();
+    // x's gradient is Partial over tp (Megatron's f): reduced to x's layout.
+    std::optional<DTensor> gx =
+        x_needs_grad ? std::optional<DTensor>(X.grad()->redistribute(X.placements())) : std::nullopt;
+    const CommStats c = counter.counts();
+    const CommStats b = backward_counter.counts();
+    bool ok = allclose(W1.grad()->full_tensor(), *ref[1].grad(), 1e-9, 1e-9) &&
+              allclose(W2.grad()->full_tensor(), *ref[2].grad(), 1e-9, 1e-9);
+    if (gx) ok = ok && allclose(gx->full_tensor(), *ref[0].grad(), 1e-9, 1e-9);
+    if (testing::reports_results(comm)) {
+      std::lock_guard lock(mu);
+      counts.all_reduce = c.count(CollectiveKind::AllReduce);
+      counts.total = c.data_collectives();
+      counts.backward_total = b.data_collectives();
+      counts.values_ok = ok;
+      counts.detail = fmt::format("forward+backward {}; W1.grad {}, W2.grad {}", c, W1.grad()->placements(),
+                                  W2.grad()->placements());
+    }
+  });
+  return counts;
+}
+
+BOOST_AUTO_TEST_CASE(megatron_mlp_backward_without_input_gradient_is_one_all_reduce_in_all) {
+  const MlpCounts c = megatron(false);
+  BOOST_TEST(c.values_ok, c.detail);
+  BOOST_TEST(c.all_reduce == 1u, c.detail);
+  BOOST_TEST(c.total == 1u, c.detail);
+  BOOST_TEST(c.backward_total == 0u, c.detail);
+}
+
+BOOST_AUTO_TEST_CASE(megatron_mlp_backward_with_input_gradient_is_two_all_reduces_in_all) {
+  const MlpCounts c = megatron(true);
+  BOOST_TEST(c.values_ok, c.detail);
+  BOOST_TEST(c.all_reduce == 2u, c.detail);
+  BOOST_TEST(c.total == 2u, c.detail);
+}
+
+BOOST_AUTO_TEST_CASE(data_parallel_weight_gradient_is_partial_and_reduced_once) {
+  const Shape mesh_shape = testing::backend_meshes({{4}}).front();
+  const std::int64_t dp = mesh_shape[0], batch = 2 * dp + 1;  // uneven shards
+  const Tensor w = uniform({3, 5}, 11), x1 = uniform({batch, 5}, 12), x2 = uniform({batch, 5}, 13),
+               wt = uniform({batch, 3}, 14);
+  Tensor ref = w.detach().requires_grad_();
+  sum(mul(linear(x1, ref), wt)).backward();
+  sum(mul(linear(x2, ref), wt)).backward();
+  std::vector<std::string> failures;
+  std::mutex mu;
+  testing::run_ranks(static_cast<int>(dp), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape, {"dp"});
+    DTensor W = distribute_tensor(w, mesh, Layout::parse("R"));
+    W.requires_grad_();
+    DTensor Wt = distribute_tensor(wt, mesh, Layout::parse("S(0)"));
+    std::vector<DTensor> xs{distribute_tensor(x1, mesh, Layout::parse("S(0)")),
+                            distribute_tensor(x2, mesh, Layout::parse("S(0)"))};
+    std::string why;
+    CommCounter all(mesh);
+    for (const DTensor& X : xs) {
+      DTensor loss = sum(mul(linear(X, W), Wt));
+      CommCounter backward_counter(mesh);
+      loss.backward();
+      if (backward_counter.counts().data_collectives() != 0)
+        why += fmt::format(" backward issued {}", backward_counter.counts());
+      if (W.grad()->placements() != Layout::parse("P(sum)")) why += fmt::format(" W.grad {}", W.grad()->placements());
+    }
+    DTensor reduced = W.grad()->redistribute(Layout::parse("R"));
+    const CommStats c = all.counts();
+    // The loss's own sum over dp is Partial too, never reduced: one
+    // all_reduce in all, the gradient's.
+    if (c.count(CollectiveKind::AllReduce) != 1 || c.data_collectives() != 1) why += fmt::format(" issued {}", c);
+    if (!allclose(reduced.full_tensor(), *ref.grad(), 1e-9, 1e-9)) why += " wrong values";
+    if (!why.empty()) {
+      std::lock_guard lock(mu);
+      failures.push_back("data parallel:" + why);
+    }
+  });
+  testing::check_no_failures(failures);
+}
+
+BOOST_AUTO_TEST_CASE(backward_ops_are_explained_as_backward) {
+  if (!testing::can_run(4)) return;
+  std::vector<std::string> lines;
+  std::mutex mu;
+  testing::run_ranks(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {4});
+    DTensor x = distribute_tensor(uniform({6, 5}, 1), mesh, Layout::parse("S(0)"));
+    DTensor w = distribute_tensor(uniform({3, 5}, 2), mesh, Layout::parse("R"));
+    w.requires_grad_();
+    DTensor loss = sum(linear(x, w));
+    std::vector<std::string> mine;
+    {
+      ExplainScope scope([&](const std::string& line) { mine.push_back(line); });
+      loss.backward();
+    }
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      lines = mine;
+    }
+  });
+  bool tagged = false;
+  for (const auto& l : lines) tagged = tagged || l.find("[backward of linear] einsum") != std::string::npos;
+  BOOST_TEST(tagged, fmt::format("{}", fmt::join(lines, "\n")));
+}
+
+// ---- Semantics and errors -----------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(gradients_accumulate_and_zero_grad_empties_them) {
+  Tensor x = uniform({4}, 1).requires_grad_();
+  BOOST_TEST(!x.grad().has_value());
+  sum(mul(x, 2.0)).backward();
+  sum(mul(x, 3.0)).backward();
+  BOOST_TEST(allclose(*x.grad(), Tensor::full({4}, 5.0, DType::Float64)));
+  x.zero_grad();
+  BOOST_TEST(!x.grad().has_value());
+}
+
+BOOST_AUTO_TEST_CASE(no_grad_and_detach_stop_recording) {
+  Tensor x = uniform({4}, 1).requires_grad_();
+  BOOST_TEST(x.requires_grad());
+  {
+    NoGradGuard no_grad;
+    BOOST_TEST(!exp(x).requires_grad());
+  }
+  BOOST_TEST(exp(x).requires_grad());
+  BOOST_TEST(!exp(x.detach()).requires_grad());
+  BOOST_TEST(!gt(x, x).requires_grad());  // not differentiable
+}
+
+BOOST_AUTO_TEST_CASE(retain_graph_allows_a_second_backward_and_a_freed_graph_says_so) {
+  Tensor x = uniform({4}, 1).requires_grad_();
+  Tensor loss = sum(exp(x));
+  loss.backward(true);
+  loss.backward();
+  BOOST_TEST(allclose(*x.grad(), mul(exp(x.detach()), 2.0)));
+  try {
+    loss.backward();
+    BOOST_FAIL("expected AutogradError");
+  } catch (const AutogradError& e) {
+    BOOST_TEST(std::string(e.what()).find("freed") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("'sum'") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(errors_are_typed_and_name_the_value) {
+  Tensor x = uniform({4, 3}, 1).requires_grad_();
+  try {
+    exp(x).backward();
+    BOOST_FAIL("expected ValueError");
+  } catch (const ValueError& e) {
+    BOOST_TEST(std::string(e.what()).find("4x3") != std::string::npos, e.what());
+  }
+  Tensor i = Tensor::zeros({3}, DType::Int64);
+  try {
+    i.requires_grad_();
+    BOOST_FAIL("expected DTypeError");
+  } catch (const DTypeError& e) {
+    BOOST_TEST(std::string(e.what()).find(fmt::format("{}", DType::Int64)) != std::string::npos, e.what());
+  }
+  // Through a not-differentiable op: the result does not require a gradient.
+  Tensor through = sum(gt(x, mul(x, 0.0)));
+  BOOST_CHECK_THROW(through.backward(), AutogradError);
+  // Through an op without a rule: the error names it, at backward only.
+  Tensor m = sum(max(x, {1}));
+  try {
+    m.backward();
+    BOOST_FAIL("expected AutogradError");
+  } catch (const AutogradError& e) {
+    BOOST_TEST(std::string(e.what()).find("'max'") != std::string::npos, e.what());
+  }
+  BOOST_CHECK_THROW(exp(x).backward(Tensor::ones({3, 4}, DType::Float64)), ShapeError);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace autograd_suite
