@@ -41,8 +41,9 @@ std::vector<OpSample> activation_samples() {
       sample({uniform({3, 4, 5}, DType::Float64, 3, -4, 4), uniform({3, 4, 5}, DType::Float64, 4)}),
   };
   OpSample f32 = sample({uniform({6, 5}, DType::Float32, 5, -4, 4), uniform({6, 5}, DType::Float32, 6)});
-  f32.rtol = 1e-5;
-  f32.atol = 1e-6;
+  // A Partial gradient's addends round in f32 before they are summed.
+  f32.rtol = 1e-4;
+  f32.atol = 1e-4;
   out.push_back(f32);
   return out;
 }
