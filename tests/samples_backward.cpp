@@ -91,9 +91,9 @@ const RegisterSamples rms_norm_weight_backward_cases("rms_norm_weight_backward",
 // than ranks.
 const RegisterSamples embedding_backward_cases("embedding_backward", [](std::mt19937_64&) {
   return std::vector<OpSample>{
-      sample({indices({9}, 7, 31), uniform({9, 4}, DType::Float64, 32)}, ShapeAttrs{.shape = {7, 4}}),
-      sample({indices({3, 4}, 6, 33), uniform({3, 4, 5}, DType::Float64, 34)}, ShapeAttrs{.shape = {6, 5}}),
-      sample({indices({2}, 3, 35), uniform({2, 2}, DType::Float64, 36)}, ShapeAttrs{.shape = {3, 2}}),
+      sample({indices({9}, 7, 31), uniform({9, 4}, DType::Float64, 32), uniform({7, 4}, DType::Float64, 37)}),
+      sample({indices({3, 4}, 6, 33), uniform({3, 4, 5}, DType::Float64, 34), uniform({6, 5}, DType::Float64, 38)}),
+      sample({indices({2}, 3, 35), uniform({2, 2}, DType::Float64, 36), uniform({3, 2}, DType::Float64, 39)}),
   };
 });
 
@@ -164,8 +164,8 @@ BOOST_AUTO_TEST_CASE(known_answers) {
                       DimAttrs{.dim = 1}),
               f64({0, 0}, {1, 2}));
   // Indices (2, 0, 2): row 2 gets grad rows 0 and 2, row 1 nothing.
-  check_equal(call_op("embedding_backward", {i64({2, 0, 2}, {3}), f64({1, 2, 3, 4, 5, 6}, {3, 2})},
-                      ShapeAttrs{.shape = {3, 2}}),
+  check_equal(call_op("embedding_backward",
+                      {i64({2, 0, 2}, {3}), f64({1, 2, 3, 4, 5, 6}, {3, 2}), Tensor::zeros({3, 2}, DType::Float64)}),
               f64({3, 4, 0, 0, 6, 8}, {3, 2}));
   // Uniform logits over 2 classes: softmax 1/2, target 1, grad 2: (1, -1).
   check_equal(call_op("cross_entropy_backward",
@@ -195,15 +195,17 @@ BOOST_AUTO_TEST_CASE(bad_calls_name_the_value) {
   const Tensor x = f64({1, 2, 3, 4}, {2, 2});
   BOOST_CHECK_THROW(call_op("gelu_backward", {x, f64({1, 2}, {2})}), ShapeError);
   BOOST_CHECK_THROW(call_op("softmax_backward", {x, x}, DimAttrs{.dim = 2}), ShapeError);
-  BOOST_CHECK_THROW(call_op("embedding_backward", {i64({0, 1}, {2}), x}, ShapeAttrs{.shape = {3, 3}}), ShapeError);
-  BOOST_CHECK_THROW(call_op("embedding_backward", {i64({0, 5}, {2}), x}, ShapeAttrs{.shape = {3, 2}}), ValueError);
+  const Tensor table = Tensor::zeros({3, 2}, DType::Float64);
+  BOOST_CHECK_THROW(call_op("embedding_backward", {i64({0, 1}, {2}), x, Tensor::zeros({3, 3}, DType::Float64)}),
+                    ShapeError);
+  BOOST_CHECK_THROW(call_op("embedding_backward", {i64({0, 5}, {2}), x, table}), ValueError);
   BOOST_CHECK_THROW(call_op("cross_entropy_backward", {x, i64({0, 2}, {2}), f64({0, 0}, {2}), f64({1, 1}, {2})}),
                     ValueError);
   BOOST_CHECK_THROW(call_op("max_backward", {x, f64({1, 2, 3}, {3})}, ReduceAttrs{.dims = {1}}), ShapeError);
   BOOST_CHECK_THROW(call_op("sum_to_shape", {x}, ShapeAttrs{.shape = {3}}), ShapeError);
   BOOST_CHECK_THROW(call_op("layer_norm_backward", {x, x}, NormAttrs{.weight = true}), ValueError);
   try {
-    call_op("embedding_backward", {i64({0, 5}, {2}), x}, ShapeAttrs{.shape = {3, 2}});
+    call_op("embedding_backward", {i64({0, 5}, {2}), x, table});
   } catch (const ValueError& e) {
     BOOST_TEST(std::string(e.what()).find("index 5") != std::string::npos, e.what());
   }
@@ -216,7 +218,8 @@ BOOST_AUTO_TEST_CASE(sharded_gradients_need_no_communication) {
   testing::FailureLog log;
   const Tensor idx = indices({6}, 8, 71);
   const Tensor g = uniform({6, 3}, DType::Float64, 72);
-  const Tensor want = call_op("embedding_backward", {idx, g}, ShapeAttrs{.shape = {8, 3}});
+  const Tensor weights = uniform({8, 3}, DType::Float64, 76);
+  const Tensor want = call_op("embedding_backward", {idx, g, weights});
   const Tensor z = uniform({4, 8}, DType::Float64, 73, -3, 3);
   const Tensor lse = call_op("log", {call_op("sum", {call_op("exp", {z})}, ReduceAttrs{.dims = {1}})});
   const Tensor t = indices({4}, 8, 74);
@@ -228,14 +231,16 @@ BOOST_AUTO_TEST_CASE(sharded_gradients_need_no_communication) {
     const DTensor di = distribute_tensor(idx, mesh, r), dg = distribute_tensor(g, mesh, r);
     const DTensor dz = distribute_tensor(z, mesh, Layout::parse("S(1)")), dt = distribute_tensor(t, mesh, r);
     const DTensor dlse = distribute_tensor(lse, mesh, r), dgl = distribute_tensor(gl, mesh, r);
+    const DTensor dw = distribute_tensor(weights, mesh, Layout::parse("S(0)"));
     CommCounter counter(mesh);
-    // Every rank holds the whole batch; asked for a row-sharded table, each
-    // adds only the lookups of its own two rows.
-    const DTensor table =
-        call_op(Op::find("embedding_backward"), std::vector<DTensor>{di, dg}, ShapeAttrs{.shape = {8, 3}});
+    // Every rank holds the whole batch; for a row-sharded table each adds
+    // only the lookups of its own two rows.
+    const DTensor table = call_op("embedding_backward", std::vector<DTensor>{di, dg, dw});
     const DTensor dce = call_op("cross_entropy_backward", std::vector<DTensor>{dz, dt, dlse, dgl});
     const CommStats c = counter.counts();
     if (c.data_collectives() != 0) log.add(fmt::format("rank {}: the backward ops issued {}", world.rank(), c));
+    if (table.placements() != Layout::parse("S(0)"))
+      log.add(fmt::format("rank {}: embedding_backward gave {}; expected S(0)", world.rank(), table.placements()));
     if (dce.placements() != Layout::parse("S(1)"))
       log.add(fmt::format("rank {}: cross_entropy_backward gave {}; expected S(1)", world.rank(), dce.placements()));
     if (!allclose(table.full_tensor(), want, 1e-12, 1e-12)) log.add("embedding_backward differs");

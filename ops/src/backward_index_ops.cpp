@@ -21,35 +21,38 @@ void check_i64(std::string_view op, std::string_view what, DType dtype) {
   if (dtype != DType::Int64) throw DTypeError(fmt::format("[{}] {} are {}; expected i64", op, what, dtype));
 }
 
-// ---- embedding_backward(indices [...], grad [..., D]) -> [V, D] --------------
-// ShapeAttrs::shape is the table's shape [V, D].
+// ---- embedding_backward(indices [...], grad [..., D], table [V, D]) -> [V, D]
+// The table is there for its shape and its layout (its values are not
+// read): the gradient comes out in the table's own layout where that is free.
 
-TensorMeta embedding_backward_meta(std::span<const TensorMeta> in, const OpAttrs& a) {
+TensorMeta embedding_backward_meta(std::span<const TensorMeta> in, const OpAttrs&) {
   constexpr std::string_view op = "embedding_backward";
   check_i64(op, "indices", in[0].dtype);
   check_floating(op, "grad", in[1].dtype);
-  const Shape& table = a.get<ShapeAttrs>(op).shape;
-  if (table.size() != 2 || table[0] < 0 || table[1] < 0)
-    throw ShapeError(fmt::format("[{}] table shape {} in ShapeAttrs; expected [rows, dim]", op, fmt::join(table, "x")));
+  const Shape& table = in[2].shape;
+  if (table.size() != 2)
+    throw ShapeError(fmt::format("[{}] table of shape {} ({} dims); expected 2 dims [rows, dim]", op,
+                                 fmt::join(table, "x"), table.size()));
+  if (in[2].dtype != in[1].dtype)
+    throw DTypeError(fmt::format("[{}] table is {}; expected grad's dtype {}", op, in[2].dtype, in[1].dtype));
   Shape want = in[0].shape;
   want.push_back(table[1]);
   if (in[1].shape != want)
     throw ShapeError(fmt::format("[{}] grad of shape {}; expected {} (the indices' shape, then the table's dim {})", op,
                                  fmt::join(in[1].shape, "x"), fmt::join(want, "x"), table[1]));
-  return {table, in[1].dtype};
+  return in[2];
 }
 
-// Per mesh dim: R, R -> R; R, R -> S(0) (each rank adds only the indices in
-// its own rows, as the forward masks them); indices and grad sharded on one
-// index dim -> P(sum) (each rank adds its own lookups); grad S(last) -> S(1);
-// grad P(sum) -> P(sum).
+// Per mesh dim: all R -> R; table S(0) -> S(0) (each rank adds only the
+// lookups of its own rows, as the forward masks them); table S(1) with grad
+// S(last) -> S(1); indices and grad sharded on one index dim -> P(sum) (each
+// rank adds its own lookups); grad P(sum) -> P(sum).
 std::vector<DimStrategy> embedding_backward_strategy(const StrategyQuery& q) {
   const auto nd = static_cast<std::int64_t>(q.inputs[0].shape.size());
-  std::vector<DimStrategy> per_dim{{{Replicate{}, Replicate{}}, Replicate{}},
-                                   {{Replicate{}, Replicate{}}, Shard{0}},
-                                   {{Replicate{}, Shard{nd}}, Shard{1}}};
-  for (std::int64_t k = 0; k < nd; ++k) per_dim.push_back({{Shard{k}, Shard{k}}, Partial{ReduceOp::Sum}});
-  per_dim.push_back(partial_gradient(2, 1));
+  const Placement r = Replicate{};
+  std::vector<DimStrategy> per_dim{{{r, r, r}, r}, {{r, r, Shard{0}}, Shard{0}}, {{r, Shard{nd}, Shard{1}}, Shard{1}}};
+  for (std::int64_t k = 0; k < nd; ++k) per_dim.push_back({{Shard{k}, Shard{k}, r}, Partial{ReduceOp::Sum}});
+  per_dim.push_back(partial_gradient(3, 1));
   return per_dim;
 }
 
@@ -208,10 +211,10 @@ void add_sum_to_shape(OpRegistry& registry) {
 void register_backward_index_ops(OpRegistry& registry) {
   OpDef emb;
   emb.name = "embedding_backward";
-  emb.num_inputs = 2;
+  emb.num_inputs = 3;
   emb.doc =
-      "embedding_backward(indices, grad): the table's gradient, grad's rows added at their indices into a "
-      "table of ShapeAttrs::shape [V, D]";
+      "embedding_backward(indices, grad, table): the table's gradient, grad's rows added at their indices (the "
+      "table gives the shape and layout; its values are not read)";
   emb.meta = embedding_backward_meta;
   emb.dim_strategy = embedding_backward_strategy;
   device::bind_backward_kernels(emb, [](const device::BackwardKernels& k) {
