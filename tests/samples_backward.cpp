@@ -213,7 +213,7 @@ BOOST_AUTO_TEST_CASE(bad_calls_name_the_value) {
 
 // A row-sharded table's gradient fills only its own rows, with no
 // communication; vocab-parallel cross entropy's gradient stays sharded on
-// the class dim.
+// the class dim; a batch-sharded norm's weight gradient is Partial(sum).
 BOOST_AUTO_TEST_CASE(sharded_gradients_need_no_communication) {
   testing::FailureLog log;
   const Tensor idx = indices({6}, 8, 71);
@@ -225,6 +225,9 @@ BOOST_AUTO_TEST_CASE(sharded_gradients_need_no_communication) {
   const Tensor t = indices({4}, 8, 74);
   const Tensor gl = uniform({4}, DType::Float64, 75);
   const Tensor want_ce = call_op("cross_entropy_backward", {z, t, lse, gl});
+  const Tensor x = uniform({8, 5}, DType::Float64, 77), gx = uniform({8, 5}, DType::Float64, 78);
+  const NormAttrs norm{.weight = true};
+  const Tensor want_dw = call_op("layer_norm_weight_backward", {x, gx}, norm);
   run_threads(4, [&](Communicator& world) {
     DeviceMesh mesh(world, {4});
     const Layout r = Layout::parse("R");
@@ -232,12 +235,21 @@ BOOST_AUTO_TEST_CASE(sharded_gradients_need_no_communication) {
     const DTensor dz = distribute_tensor(z, mesh, Layout::parse("S(1)")), dt = distribute_tensor(t, mesh, r);
     const DTensor dlse = distribute_tensor(lse, mesh, r), dgl = distribute_tensor(gl, mesh, r);
     const DTensor dw = distribute_tensor(weights, mesh, Layout::parse("S(0)"));
+    const DTensor dx = distribute_tensor(x, mesh, Layout::parse("S(0)")),
+                  dgx = distribute_tensor(gx, mesh, Layout::parse("S(0)"));
     CommCounter counter(mesh);
     // Every rank holds the whole batch; for a row-sharded table each adds
     // only the lookups of its own two rows.
     const DTensor table = call_op("embedding_backward", std::vector<DTensor>{di, dg, dw});
     const DTensor dce = call_op("cross_entropy_backward", std::vector<DTensor>{dz, dt, dlse, dgl});
+    // Batch-sharded rows: each rank sums its own, the weight's gradient is
+    // Partial(sum).
+    const DTensor norm_w = call_op("layer_norm_weight_backward", std::vector<DTensor>{dx, dgx}, norm);
     const CommStats c = counter.counts();
+    if (norm_w.placements() != Layout::parse("P(sum)"))
+      log.add(fmt::format("rank {}: layer_norm_weight_backward gave {}; expected P(sum)", world.rank(),
+                          norm_w.placements()));
+    if (!allclose(norm_w.full_tensor(), want_dw, 1e-12, 1e-12)) log.add("layer_norm_weight_backward differs");
     if (c.data_collectives() != 0) log.add(fmt::format("rank {}: the backward ops issued {}", world.rank(), c));
     if (table.placements() != Layout::parse("S(0)"))
       log.add(fmt::format("rank {}: embedding_backward gave {}; expected S(0)", world.rank(), table.placements()));
