@@ -6,7 +6,8 @@
 // Built from Highway's contrib/math (documented there: exp 1 ULP, log 4 ULP,
 // tanh 4 ULP): exp is its polynomial behind a leaner reduction (ExpCore),
 // with Highway's Exp for the vectors that reach the range ends; log is its
-// Log, whose ends (x < 0 -> NaN, 0 -> -inf, +inf, NaN) are fixed up here;
+// Log's method with the division replaced (LogNormal), its Log at the ends
+// (subnormals; x < 0 -> NaN, 0 -> -inf, +inf, NaN fixed up here);
 // f64 tanh is its Tanh, f32 tanh is TanhF32 below. Highway 1.0.3 has no
 // erf: gelu's is below (ErfPlusOneOfScaled). Every fast path that covers only
 // part of the range selects per lane, so a lane's result never depends on
@@ -144,12 +145,47 @@ HWY_INLINE V Recip(D d, V x) {
   }
 }
 
+// log of a positive normal f32 as Highway's Log computes it (musl's
+// reduction: x = 2^e * y, y in [sqrt2/2, sqrt2), z = (y - 1)/(y + 1) and
+// log y = 2 atanh z by its polynomial), but z's division is a reciprocal
+// refined by one Newton step (Recip): z's extra ULP reaches the result only
+// through z * (y - 1 - P(z)), under a fifth of it, and the division was
+// the longest instruction of the loop. f64 keeps Highway's Log.
+template <class D, class V>
+HWY_INLINE V LogNormal(D d, V x) {
+  using T = hn::TFromD<D>;
+  if constexpr (sizeof(T) != 4) {
+    return hn::impl::Log<D, V, /*kAllowSubnormals=*/false>(d, x);
+  } else {
+    const hn::RebindToSigned<D> di;
+    const hn::RebindToUnsigned<D> du;
+    const V one = hn::Set(d, 1.0f);
+    const auto bits = hn::Add(hn::BitCast(di, x), hn::Set(di, 0x3F800000 - 0x3F3504F3));
+    const V e =
+        hn::ConvertTo(d, hn::Sub(hn::BitCast(di, hn::ShiftRight<23>(hn::BitCast(du, bits))), hn::Set(di, 0x7F)));
+    const V y = hn::BitCast(d, hn::Add(hn::And(bits, hn::Set(di, 0x7FFFFF)), hn::Set(di, 0x3F3504F3)));
+    const V ym1 = hn::Sub(y, one);
+    const V z = hn::Mul(ym1, Recip(d, hn::Add(y, one)));
+    const V z2 = hn::Mul(z, z);
+    const V z4 = hn::Mul(z2, z2);
+    const V poly = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.28498786688f), z4, hn::Set(d, 0.66666662693f)), z2,
+                              hn::Mul(hn::MulAdd(hn::Set(d, 0.24279078841f), z4, hn::Set(d, 0.40000972152f)), z4));
+    return hn::MulSub(e, hn::Set(d, 0.69313812256f),
+                      hn::Sub(hn::MulSub(z, hn::Sub(ym1, poly), hn::Mul(e, hn::Set(d, 9.0580006145e-6f))), ym1));
+  }
+}
+
+// The vectors with a lane that is not a positive normal: such lanes take
+// Highway's Log (subnormals scaled) and the ends' fixups; the normal lanes
+// keep LogNormal's value, as among normal neighbours.
 template <class D, class V>
 HWY_NOINLINE V LogEnds(D d, V x) {
   using T = hn::TFromD<D>;
   const V zero = hn::Zero(d);
   const V inf = hn::Set(d, std::numeric_limits<T>::infinity());
-  V y = hn::Log(d, x);
+  const auto normal = hn::And(hn::Ge(x, hn::Set(d, std::numeric_limits<T>::min())),
+                              hn::Le(x, hn::Set(d, std::numeric_limits<T>::max())));
+  V y = hn::IfThenElse(normal, LogNormal(d, x), hn::Log(d, x));
   y = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), y);
   y = hn::IfThenElse(hn::Eq(x, inf), inf, y);
   y = hn::IfThenElse(hn::Lt(x, zero), hn::Set(d, std::numeric_limits<T>::quiet_NaN()), y);
@@ -157,14 +193,13 @@ HWY_NOINLINE V LogEnds(D d, V x) {
 }
 
 // Vectors of positive normal numbers (nearly all) skip the subnormal scaling
-// and the fixups of the ends; Highway's Log computes a normal lane the same
-// with and without them, so a lane never depends on its neighbours.
+// and the fixups of the ends.
 template <class D, class V>
 HWY_INLINE V LogFull(D d, V x) {
   using T = hn::TFromD<D>;
   const auto normal = hn::And(hn::Ge(x, hn::Set(d, std::numeric_limits<T>::min())),
                               hn::Le(x, hn::Set(d, std::numeric_limits<T>::max())));
-  if (HWY_LIKELY(hn::AllTrue(d, normal))) return hn::impl::Log<D, V, /*kAllowSubnormals=*/false>(d, x);
+  if (HWY_LIKELY(hn::AllTrue(d, normal))) return LogNormal(d, x);
   return LogEnds(d, x);
 }
 
