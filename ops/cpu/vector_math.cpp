@@ -9,7 +9,7 @@
 // Log's method with the division replaced (LogNormal), its Log at the ends
 // (subnormals; x < 0 -> NaN, 0 -> -inf, +inf, NaN fixed up here);
 // f64 tanh is its Tanh, f32 tanh is TanhF32 below. Highway 1.0.3 has no
-// erf: gelu's is below (ErfPlusOneOfScaled). Every fast path that covers only
+// erf: gelu's is below (GeluCentral, GeluErfc). Every fast path that covers only
 // part of the range selects per lane, so a lane's result never depends on
 // its neighbours. The measured bounds are in tests/test_vector_math.cpp.
 //
@@ -223,12 +223,19 @@ HWY_INLINE V LogFull(D d, V x) {
 // for f64 these bounds are too loose (f64 gelu stays on std::erf,
 // pointwise_kernels.cpp).
 template <class D, class V>
-HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
+HWY_INLINE V GeluErfc(D d, V x) {
   const V one = hn::Set(d, 1.0f);
   const V half = hn::Set(d, 0.5f);
   const V xa = hn::Min(hn::Abs(x), hn::Set(d, 28.2842712f));
   // 1 + a/2 in one rounding: a = xa / sqrt(2) is not needed on its own.
-  const V t = Recip(d, hn::MulAdd(xa, hn::Set(d, 0.35355339059327376f), one));
+  // Without FMA the Newton step of Recip rounds 1 - x*r on its own (an ULP
+  // more in t, which erfc is proportional to): those targets divide.
+  const V den = hn::MulAdd(xa, hn::Set(d, 0.35355339059327376f), one);
+#if HWY_NATIVE_FMA
+  const V t = Recip(d, den);
+#else
+  const V t = hn::Div(one, den);
+#endif
   V q = hn::Set(d, 0.17087277f);
   q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
@@ -253,14 +260,24 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   // One exp of the exact sum (see ExpCore); where that leaves ExpCore's
   // range, per lane, the product of the two parts' exps. Only the low end
   // can be left: head <= 0 and Q < 0.2. NaN (if Min kept it) fails the test.
+  // For x < 0, gelu = (x/2 * t) * e: x/2 * t before the exp, whose result
+  // is normal where ExpCore is used, so the one rounding that can fall among
+  // the subnormals is the last (t * e first is subnormal from x = -13.1 on,
+  // 8 ULP there); the lanes below take (x/2 * t * e^rest) * e^head.
+  const V hx = hn::Mul(half, x);
+  const V hxt = hn::Mul(hx, t);
   const auto fast = hn::Ge(hn::Add(head, rest), hn::Set(d, -87.0f));
-  V e = ExpCore(d, head, rest);
-  if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) e = hn::IfThenElse(fast, e, hn::Mul(ExpFull(d, head), ExpFull(d, rest)));
-  const V erfc = hn::Mul(t, e);
-  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
+  const V e = ExpCore(d, head, rest);
+  V erfc = hn::Mul(t, e);
+  V neg = hn::Mul(hxt, e);
+  if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) {
+    const V eh = ExpFull(d, head), er = ExpFull(d, rest);
+    erfc = hn::IfThenElse(fast, erfc, hn::Mul(t, hn::Mul(eh, er)));
+    neg = hn::IfThenElse(fast, neg, hn::Mul(hn::Mul(hxt, er), eh));
+  }
+  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Mul(hx, hn::Sub(hn::Set(d, 2.0f), erfc)), neg);
 }
 
-#if HWY_NATIVE_FMA
 // gelu(x) for |x| < kGeluCentralEnd, where nearly all activations lie: the
 // same erfc(a) = exp(-a^2 + log erfcx(a)) as above (a = |x|/sqrt2), but on
 // this bounded range log erfcx is a polynomial in |x| (L below, degree 9,
@@ -272,8 +289,12 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
 // degree-6 polynomial (relative error 7e-8 with f32 Horner), 2^n comes from
 // t's bits (the magic constant carries the exponent bias). Then gelu =
 // max(x, 0) - |x|/2 * erfc(a): one rounding, exact in sign (x86's max
-// returns its second operand for +-0, so gelu(-0) = -0). Needs FMA.
-constexpr float kGeluCentralEnd = 3.5f;
+// returns its second operand for +-0, so gelu(-0) = -0). Without FMA
+// -x^2/2 rounds on its own (2^-25 |x|^2 relative to the result) and every
+// MulAdd rounds twice, so those targets take it only below 1.5 (there the
+// erfc formula's Q(t) would cancel: 10.6 ULP near x = -0.06), where it
+// stays within the bound.
+constexpr float kGeluCentralEnd = HWY_NATIVE_FMA ? 3.5f : 1.5f;
 
 template <class D, class V>
 HWY_INLINE V GeluCentral(D d, V x, V u) {
@@ -302,27 +323,21 @@ HWY_INLINE V GeluCentral(D d, V x, V u) {
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
-#if HWY_ARCH_X86
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
   const V pos = hn::Max(hn::Zero(d), x);
 #else
   const V pos = hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x);
 #endif
   return hn::MulAdd(hn::Mul(mhu, scale), p, pos);
 }
-#endif
 
 template <class D, class V>
 HWY_INLINE V Gelu(D d, V x) {
-  const auto slow = [&](V v) { return hn::Mul(hn::Mul(hn::Set(d, 0.5f), v), ErfPlusOneOfScaled(d, v)); };
-#if HWY_NATIVE_FMA
   const V u = hn::Abs(x);
   const auto central = hn::Lt(u, hn::Set(d, kGeluCentralEnd));  // NaN: false
   const V y = GeluCentral(d, x, u);
   if (HWY_LIKELY(hn::AllTrue(d, central))) return y;
-  return hn::IfThenElse(central, y, slow(x));  // per lane, as ExpFull
-#else
-  return slow(x);
-#endif
+  return hn::IfThenElse(central, y, GeluErfc(d, x));  // per lane, as ExpFull
 }
 
 // 1/(1 + exp(-x)): the reciprocal of a denominator that can be huge (or
