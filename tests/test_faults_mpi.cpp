@@ -292,22 +292,26 @@ void expect_from_local_error(std::string_view name, const std::function<FromLoca
 
 BOOST_AUTO_TEST_CASE(dtype_differs) {
   const int odd = odd_rank("dtype_differs");
-  expect_from_local_error<
-      DTypeError>("dtype_differs",
-                  [](int rank, int odd) {
-                    return FromLocalArgs{Tensor::ones({2, 3}, rank == odd ? DType::Float64 : DType::Float32)};
-                  },
-                  {"[from_local]", "dtype", "rank 0 passes f32", fmt::format("rank {} passes f64", odd)});
+  expect_from_local_error<DTypeError>("dtype_differs",
+                                      [](int rank, int odd) {
+                                        return FromLocalArgs{Tensor::ones({2, 3}, rank == odd ? DType::Float64
+                                                                                              : DType::Float32),
+                                                             Layout::parse("S(0)"), std::nullopt};
+                                      },
+                                      {"[from_local]", "dtype", "rank 0 passes f32",
+                                       fmt::format("rank {} passes f64", odd)});
 }
 
 BOOST_AUTO_TEST_CASE(number_of_dims_differs) {
   const int odd = odd_rank("number_of_dims_differs");
-  expect_from_local_error<
-      ShapeError>("number_of_dims_differs",
-                  [](int rank, int odd) {
-                    return FromLocalArgs{rank == odd ? Tensor::ones({2, 3, 1}) : Tensor::ones({2, 3})};
-                  },
-                  {"[from_local]", "dims", "rank 0 passes a 2-dim", fmt::format("rank {} passes a 3-dim", odd)});
+  expect_from_local_error<ShapeError>("number_of_dims_differs",
+                                      [](int rank, int odd) {
+                                        return FromLocalArgs{rank == odd ? Tensor::ones({2, 3, 1})
+                                                                         : Tensor::ones({2, 3}),
+                                                             Layout::parse("S(0)"), std::nullopt};
+                                      },
+                                      {"[from_local]", "dims", "rank 0 passes a 2-dim",
+                                       fmt::format("rank {} passes a 3-dim", odd)});
 }
 
 BOOST_AUTO_TEST_CASE(many_dims_agree) {
@@ -329,7 +333,8 @@ BOOST_AUTO_TEST_CASE(many_dims_differ) {
                                       [](int rank, int odd) {
                                         return FromLocalArgs{rank == odd
                                                                  ? Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3})
-                                                                 : Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 3})};
+                                                                 : Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 3}),
+                                                             Layout::parse("S(0)"), std::nullopt};
                                       },
                                       {"[from_local]", "rank 0 passes a 10-dim",
                                        fmt::format("rank {} passes a 11-dim", odd)});

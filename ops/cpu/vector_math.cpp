@@ -12,16 +12,12 @@
 // erf: gelu's is below (GeluCentral, GeluErfc). Every fast path that covers only
 // part of the range selects per lane, so a lane's result never depends on
 // its neighbours. The measured bounds are in tests/test_vector_math.cpp.
-//
-// Skipped target: AVX3_DL adds integer instructions (VNNI, VBMI2, ...) this
-// math does not use, so AVX3 (AVX-512F/VL/DQ/BW) serves those CPUs at the
-// same width, for one target less to compile.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_AVX3_DL
-#endif
+// The Highway targets compiled are set once, in libdtensor/meson.build.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/vector_math.cpp"
+#include "libdtensor/core/strided_copy.h"
+
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/cache_control.h>
@@ -417,10 +413,8 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
   return x;  // unreachable: f64 gelu is computed by apply() before dispatch
 }
 
-// Outputs at least this big are written with streaming stores: they would
-// not stay in cache anyway, and a streaming store skips reading the fresh
-// output's lines first (a third of the traffic of y = a + b).
-constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
+// Outputs of kStreamStoreBytes and more are written with streaming stores.
+using dtensor::cpu::kStreamStoreBytes;
 
 // The loop every function shares: whole vectors, then the tail through a
 // padded buffer (its unused lanes are zeros; no FP exception is unmasked).
@@ -436,7 +430,7 @@ HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
     hn::Store(body(d, hn::Load(d, buf)), d, buf);
     for (std::int64_t j = from; j < to; ++j) y[j] = buf[j - from];
   };
-  if (n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes) {
+  if (n * static_cast<std::int64_t>(sizeof(T)) >= kStreamStoreBytes) {
     const auto misaligned = reinterpret_cast<std::uintptr_t>(y) % (N * sizeof(T));
     if (misaligned % sizeof(T) == 0 && misaligned != 0) {
       i = N - static_cast<std::int64_t>(misaligned / sizeof(T));
@@ -502,7 +496,7 @@ HWY_INLINE void BinaryLoop(const T* a, const T* b, T* y, std::int64_t n) {
   const hn::ScalableTag<T> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
-  const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes;
+  const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamStoreBytes;
   if (stream) {
     for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % (N * sizeof(T)) != 0; ++i) y[i] = Combine<F>(a[i], b[i]);
     for (; i + N <= n; i += N) hn::Stream(Combine<F>(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);
