@@ -204,8 +204,9 @@ BOOST_AUTO_TEST_CASE(add_of_partials_stays_partial_and_a_replicate_addend_joins_
     DTensor z = x + y;
     if (counter.counts().data_collectives() != 0) log.add("P+P communicated");
     if (!(z.placements() == Layout::parse("P(sum)"))) log.add(fmt::format("P+P gave {}", z.placements()));
+    const DTensor r = shard_of(b, mesh, Layout::parse("R"));  // from_local's check is not the add's
     CommCounter counter2(mesh);
-    DTensor w = x + shard_of(b, mesh, Layout::parse("R"));
+    DTensor w = x + r;
     // R -> P(sum) is local (one rank keeps the values, the others zero), so
     // the Replicate addend joins the Partial instead of reducing it.
     if (counter2.counts().data_collectives() != 0) log.add(fmt::format("P+R issued {}", counter2.counts()));

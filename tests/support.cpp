@@ -27,6 +27,30 @@ Communicator& mpi_test_world() {
 }
 }  // namespace
 
+namespace {
+double test_scale() {
+  static const double scale = [] {
+    const char* text = std::getenv("DTENSOR_TEST_SCALE");
+    if (text == nullptr || *text == '\0') return 1.0;
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    if (*end != '\0' || !(v > 0.0 && v <= 1.0))
+      throw ValueError(fmt::format("DTENSOR_TEST_SCALE='{}': expected a number in (0, 1]", text));
+    BOOST_TEST_MESSAGE(fmt::format("DTENSOR_TEST_SCALE={}: property loops run that fraction of their cases", v));
+    return v;
+  }();
+  return scale;
+}
+}  // namespace
+
+bool reduced_scale() { return test_scale() < 1.0; }
+
+std::size_t scaled_cases(std::size_t full, std::size_t at_least) {
+  const double scale = test_scale();
+  const auto scaled = static_cast<std::size_t>(std::ceil(static_cast<double>(full) * scale));
+  return std::min(full, std::max(scaled, at_least));
+}
+
 std::string_view test_backend() { return launched_under_mpi() ? "mpi" : "threads"; }
 
 bool can_run(std::int64_t ranks) { return test_backend() == "threads" || ranks == mpi_job_size(); }

@@ -40,6 +40,17 @@ std::int64_t lower_bound_elements(const Shape& mesh_shape, const Shape& global, 
 /// Replicate; half the time the shards of each dim nest in a random order.
 Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int partial_odds);
 
+/// How many of `full` random cases a property loop runs here: all of them,
+/// unless DTENSOR_TEST_SCALE (a number in (0, 1]) asks for that fraction
+/// (at least `at_least`). ./dev sanitize sets it: under ASan and TSan the
+/// same code paths run 3-10x slower, and a fraction of the seeded cases
+/// still reaches every path the sanitizers check; the plain build runs them
+/// all. A bad value is a ValueError naming it.
+std::size_t scaled_cases(std::size_t full, std::size_t at_least = 1);
+/// Whether DTENSOR_TEST_SCALE is below 1 (property loops may then also skip
+/// their few cases that take seconds on their own).
+bool reduced_scale();
+
 /// The backend the suites run on: "mpi" when the test binary was started
 /// by mpirun (one rank per process), else "threads".
 std::string_view test_backend();

@@ -19,8 +19,7 @@
 #include "libdtensor/core/host_blocks.h"
 #include "libdtensor/core/strided_copy.h"
 #ifdef DTENSOR_TEST_HIGHWAY
-// The targets the library's transpose_plane.cpp is compiled for.
-#define HWY_DISABLED_TARGETS HWY_AVX3_DL
+// The targets the library is compiled for come with hwy_dep (libdtensor/meson.build).
 #include <hwy/targets.h>
 #endif
 

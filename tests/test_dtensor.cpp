@@ -279,16 +279,13 @@ BOOST_AUTO_TEST_CASE(errors_name_the_bad_value) {
       }
       return "no error";
     };
-    if (comm.rank() != 0) return;  // errors below are raised before any collective
-    messages[0] = catch_msg([&] {
-      DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(2)"), Shape{8, 4});
-    });
-    messages[1] = catch_msg([&] {
-      DTensor::from_local(Tensor::zeros({3, 4}), mesh, Layout::parse("S(0)"), Shape{8, 4});
-    });
-    messages[2] = catch_msg([&] {
-      DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(0),R"), Shape{8, 4});
-    });
+    // Every rank makes the call (from_local checks the ranks agree first) and
+    // gets the same error; rank 0 keeps the messages.
+    std::vector<std::string> got(3);
+    got[0] = catch_msg([&] { DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(2)"), Shape{8, 4}); });
+    got[1] = catch_msg([&] { DTensor::from_local(Tensor::zeros({3, 4}), mesh, Layout::parse("S(0)"), Shape{8, 4}); });
+    got[2] = catch_msg([&] { DTensor::from_local(Tensor::zeros({4, 4}), mesh, Layout::parse("S(0),R"), Shape{8, 4}); });
+    if (comm.rank() == 0) messages = got;
   });
   BOOST_TEST(messages[0].find("Shard(2)") != std::string::npos, messages[0]);
   BOOST_TEST(messages[1].find("3x4") != std::string::npos, messages[1]);

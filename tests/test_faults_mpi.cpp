@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -259,8 +260,15 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(from_local_agreement, *boost::unit_test::precondition(four_ranks))
 
 // Every rank must throw E naming `expected` (and no rank may pass).
+// What one rank passes to from_local.
+struct FromLocalArgs {
+  Tensor local;
+  Layout placements = Layout::parse("S(0)");
+  std::optional<Shape> global_shape;
+};
+
 template <class E>
-void expect_from_local_error(std::string_view name, const std::function<Tensor(int rank, int odd)>& local,
+void expect_from_local_error(std::string_view name, const std::function<FromLocalArgs(int rank, int odd)>& args,
                              const std::vector<std::string>& expected) {
   const int odd = odd_rank(name);
   BOOST_TEST_MESSAGE("case " << name << ": seed " << kSeed << ", rank " << odd << " deviates");
@@ -269,7 +277,8 @@ void expect_from_local_error(std::string_view name, const std::function<Tensor(i
         fmt::format("case {} (seed {}, rank {} deviates) on {} rank {}", name, kSeed, odd, comm.backend(), comm.rank());
     DeviceMesh mesh(comm, {kRanks});
     try {
-      DTensor t = DTensor::from_local(local(comm.rank(), odd), mesh, Layout::parse("S(0)"));
+      FromLocalArgs a = args(comm.rank(), odd);
+      DTensor t = DTensor::from_local(a.local, mesh, a.placements, a.global_shape);
       log.add(fmt::format("{}: from_local passed (global shape {})", where, fmt::join(t.shape(), "x")));
     } catch (const E& e) {
       for (const auto& n : expected)
@@ -285,7 +294,9 @@ BOOST_AUTO_TEST_CASE(dtype_differs) {
   const int odd = odd_rank("dtype_differs");
   expect_from_local_error<DTypeError>("dtype_differs",
                                       [](int rank, int odd) {
-                                        return Tensor::ones({2, 3}, rank == odd ? DType::Float64 : DType::Float32);
+                                        return FromLocalArgs{Tensor::ones({2, 3}, rank == odd ? DType::Float64
+                                                                                              : DType::Float32),
+                                                             Layout::parse("S(0)"), std::nullopt};
                                       },
                                       {"[from_local]", "dtype", "rank 0 passes f32",
                                        fmt::format("rank {} passes f64", odd)});
@@ -295,7 +306,9 @@ BOOST_AUTO_TEST_CASE(number_of_dims_differs) {
   const int odd = odd_rank("number_of_dims_differs");
   expect_from_local_error<ShapeError>("number_of_dims_differs",
                                       [](int rank, int odd) {
-                                        return rank == odd ? Tensor::ones({2, 3, 1}) : Tensor::ones({2, 3});
+                                        return FromLocalArgs{rank == odd ? Tensor::ones({2, 3, 1})
+                                                                         : Tensor::ones({2, 3}),
+                                                             Layout::parse("S(0)"), std::nullopt};
                                       },
                                       {"[from_local]", "dims", "rank 0 passes a 2-dim",
                                        fmt::format("rank {} passes a 3-dim", odd)});
@@ -318,11 +331,82 @@ BOOST_AUTO_TEST_CASE(many_dims_differ) {
   const int odd = odd_rank("many_dims_differ");
   expect_from_local_error<ShapeError>("many_dims_differ",
                                       [](int rank, int odd) {
-                                        return rank == odd ? Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3})
-                                                           : Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 3});
+                                        return FromLocalArgs{rank == odd
+                                                                 ? Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3})
+                                                                 : Tensor::ones({2, 1, 1, 1, 1, 1, 1, 1, 1, 3}),
+                                                             Layout::parse("S(0)"), std::nullopt};
                                       },
                                       {"[from_local]", "rank 0 passes a 10-dim",
                                        fmt::format("rank {} passes a 11-dim", odd)});
+}
+
+// With a global shape given, the ranks are still checked against each other.
+BOOST_AUTO_TEST_CASE(given_global_shape_differs) {
+  const int odd = odd_rank("given_global_shape_differs");
+  expect_from_local_error<ShapeError>(
+      "given_global_shape_differs",
+      [](int rank, int odd) {
+        return FromLocalArgs{Tensor::ones({2, 3}), Layout::parse("S(0)"), rank == odd ? Shape{8, 4} : Shape{8, 3}};
+      },
+      {"[from_local]", "global_shape", "rank 0 passes 8x3", fmt::format("rank {} passes 8x4", odd)});
+}
+
+BOOST_AUTO_TEST_CASE(given_dtype_differs) {
+  const int odd = odd_rank("given_dtype_differs");
+  expect_from_local_error<DTypeError>("given_dtype_differs",
+                                      [](int rank, int odd) {
+                                        return FromLocalArgs{Tensor::ones({2, 3},
+                                                                          rank == odd ? DType::Int64 : DType::Float32),
+                                                             Layout::parse("S(0)"), Shape{8, 3}};
+                                      },
+                                      {"[from_local]", "dtype", "rank 0 passes f32",
+                                       fmt::format("rank {} passes i64", odd)});
+}
+
+BOOST_AUTO_TEST_CASE(given_number_of_dims_differs) {
+  const int odd = odd_rank("given_number_of_dims_differs");
+  expect_from_local_error<ShapeError>("given_number_of_dims_differs",
+                                      [](int rank, int odd) {
+                                        return rank == odd ? FromLocalArgs{Tensor::ones({2, 3, 1}),
+                                                                           Layout::parse("S(0)"), Shape{8, 3, 1}}
+                                                           : FromLocalArgs{Tensor::ones({2, 3}), Layout::parse("S(0)"),
+                                                                           Shape{8, 3}};
+                                      },
+                                      {"[from_local]", "dims", "rank 0 passes a 2-dim",
+                                       fmt::format("rank {} passes a 3-dim", odd)});
+}
+
+BOOST_AUTO_TEST_CASE(placements_differ) {
+  const int odd = odd_rank("placements_differ");
+  expect_from_local_error<LayoutError>(
+      "placements_differ",
+      [](int rank, int odd) {
+        return FromLocalArgs{Tensor::ones({8, 3}), Layout::parse(rank == odd ? "R" : "P(sum)"), Shape{8, 3}};
+      },
+      {"[from_local]", "placements", "rank 0 passes P(sum)", fmt::format("rank {} passes R", odd)});
+}
+
+// One rank's shard is not its box: every rank names it, not only that one.
+BOOST_AUTO_TEST_CASE(one_local_shape_is_not_its_box) {
+  const int odd = odd_rank("one_local_shape_is_not_its_box");
+  expect_from_local_error<
+      ShapeError>("one_local_shape_is_not_its_box",
+                  [](int rank, int odd) {
+                    return FromLocalArgs{Tensor::ones({rank == odd ? 3 : 2, 3}), Layout::parse("S(0)"), Shape{8, 3}};
+                  },
+                  {"[from_local]", "S(0) of a 8x3 tensor",
+                   fmt::format("rank {} holds a 3x3 shard where it should hold 2x3", odd)});
+}
+
+BOOST_AUTO_TEST_CASE(given_and_agreeing) {
+  on_ranks(kDeadline, [&](Communicator& comm, testing::FailureLog& log) {
+    DeviceMesh mesh(comm, {kRanks});
+    const std::int64_t rows = comm.rank() < 3 ? 3 : 1;  // torch.chunk of 10 rows in 4: 3, 3, 3, 1
+    for (auto check : {FromLocalCheck::RanksAgree, FromLocalCheck::Trust}) {
+      DTensor t = DTensor::from_local(Tensor::ones({rows, 5}), mesh, Layout::parse("S(0)"), Shape{10, 5}, check);
+      if (t.shape() != Shape{10, 5}) log.add(fmt::format("rank {}: {}", comm.rank(), t));
+    }
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -27,14 +27,7 @@ namespace {
 
 constexpr unsigned kSeed = 20261201;
 
-double rss_mib() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
-}
+double rss_mib() { return static_cast<double>(resident_bytes()) / (1 << 20); }
 
 // AddressSanitizer keeps freed memory in quarantine and maps shadow memory,
 // so resident memory says nothing about the allocator there.

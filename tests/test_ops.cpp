@@ -106,9 +106,10 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
       std::vector<bool> varied;
       for (std::size_t i = 0; i < s.inputs.size(); ++i) varied.push_back(options[i].size() > 1);
       std::vector<std::vector<Layout>> other_partials = other_partial_combos(combos, varied, rng);
-      if (combos.size() > kMaxCombos) {
+      const std::size_t max_combos = testing::scaled_cases(std::min(combos.size(), kMaxCombos), 4);
+      if (combos.size() > max_combos) {
         std::shuffle(combos.begin(), combos.end(), rng);
-        combos.resize(kMaxCombos);
+        combos.resize(max_combos);
       }
       combos.insert(combos.end(), other_partials.begin(), other_partials.end());
       std::string current;

@@ -350,7 +350,7 @@ void DTensor::backward(bool retain_graph) const {
   // The gradient of a 0-d loss is one on every rank: Replicate (a Partial
   // loss's pieces each get the whole gradient).
   DTensor one = DTensor::from_local(Tensor::ones({}, dtype(), mesh().device()), mesh(),
-                                    Layout::replicated(mesh().ndim()), Shape{})
+                                    Layout::replicated(mesh().ndim()), Shape{}, FromLocalCheck::Trust)
                     .with_cost_model(cost_model());
   run_backward(autograd_, one, retain_graph);
 }

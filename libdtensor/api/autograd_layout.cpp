@@ -56,8 +56,8 @@ class ToLocalNode final : public Node {
   std::string name() const override { return "to_local"; }
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     const Tensor& g = std::get<Tensor>(grad);
-    return {
-        AnyTensor(DTensor::from_local(g, like_->mesh(), layout_, like_->shape()).with_cost_model(like_->cost_model()))};
+    return {AnyTensor(DTensor::from_local(g, like_->mesh(), layout_, like_->shape(), FromLocalCheck::Trust)
+                          .with_cost_model(like_->cost_model()))};
   }
   void release() override { released = true; }
 

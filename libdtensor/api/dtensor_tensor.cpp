@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
 
 #include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
@@ -24,50 +27,177 @@ std::size_t distributed_bytes(const DeviceMesh& mesh, const Layout& layout, cons
   return static_cast<std::size_t>(byte_size(box.size, itemsize));
 }
 
-// Dims of the local shape that travel in from_local's agreement record; a
+// Dims of each shape that travel inline in from_local's agreement record; a
 // tensor with more takes a second exchange for the rest.
 constexpr std::size_t kInlineDims = 8;
+// Characters of the layout's text form that travel in the record (the rest
+// is compared through its hash and shown as "...").
+constexpr std::size_t kLayoutChars = 64;
 
-// from_local's shape exchange: every rank's local shape (n * nd values, in
-// rank order), after checking that the ranks agree on the dtype and the
-// number of dims (DTypeError / ShapeError naming the first rank that differs
-// from rank 0, on every rank alike). One all_gather of a fixed-size record
-// (dtype, dims, the first kInlineDims sizes) whatever the ranks passed, so
-// that a disagreement is reported as such rather than as a collective whose
-// sizes differ.
-std::vector<std::int64_t> local_shapes(const Tensor& local, const DeviceMesh& mesh) {
-  constexpr std::size_t kRecord = 2 + kInlineDims;
+// What one rank passed to from_local, as a fixed-size record: one all_gather
+// of it whatever the ranks passed, so that a disagreement is reported as
+// such rather than as a collective whose sizes differ.
+struct FromLocalRecord {
+  std::int64_t dtype = 0;
+  std::int64_t ndim = 0;
+  std::int64_t has_global = 0;
+  std::uint64_t layout_hash = 0;
+  std::array<std::int64_t, kInlineDims> local{};
+  std::array<std::int64_t, kInlineDims> global{};
+  std::array<char, kLayoutChars> layout{};
+};
+
+std::uint64_t fnv1a(std::string_view text) {
+  std::uint64_t h = 14695981039346656037ULL;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+FromLocalRecord make_record(const Tensor& local, const Layout& placements, const std::optional<Shape>& global_shape) {
+  FromLocalRecord r;
+  r.dtype = static_cast<std::int64_t>(local.dtype());
+  r.ndim = local.dim();
+  r.has_global = global_shape ? 1 : 0;
+  const std::string text = fmt::format("{}", placements);
+  r.layout_hash = fnv1a(text);
+  std::copy_n(text.begin(), std::min(text.size(), kLayoutChars - 1), r.layout.begin());
+  std::copy_n(local.shape().begin(), std::min(local.shape().size(), kInlineDims), r.local.begin());
+  if (global_shape) std::copy_n(global_shape->begin(), std::min(global_shape->size(), kInlineDims), r.global.begin());
+  return r;
+}
+
+std::string layout_text(const FromLocalRecord& r) {
+  std::string text(r.layout.data());
+  if (text.size() == kLayoutChars - 1) text += "...";
+  return text;
+}
+
+// The ranks whose entry differs from rank 0's, "1, 3".
+template <class Same>
+std::vector<int> differing(std::span<const FromLocalRecord> all, Same same) {
+  std::vector<int> ranks;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (!same(all[0], all[r])) ranks.push_back(static_cast<int>(r));
+  return ranks;
+}
+
+// Every rank's local and global shapes (n * nd values each, in rank order),
+// after checking that the ranks agree on the dtype, the number of dims,
+// whether a global shape is given, the layout and the global shape: the
+// error (the same on every rank) names the argument, rank 0's value, and
+// the ranks that differ with theirs.
+struct Shapes {
+  std::vector<std::int64_t> local;
+  std::vector<std::int64_t> global;
+};
+
+Shapes agreed_shapes(const Tensor& local, const DeviceMesh& mesh, const Layout& placements,
+                     const std::optional<Shape>& global_shape) {
   const auto n = static_cast<std::size_t>(mesh.size());
+  const FromLocalRecord mine = make_record(local, placements, global_shape);
+  std::vector<FromLocalRecord> all(n);
+  mesh.comm().all_gather_host(&mine, all.data(), sizeof mine);
+  auto fail = [&](auto make_error, std::string_view what, std::vector<int> ranks, auto value) {
+    std::vector<std::string> theirs;
+    for (int r : ranks) theirs.push_back(fmt::format("rank {} passes {}", r, value(all[static_cast<std::size_t>(r)])));
+    throw make_error(
+        fmt::format("[from_local] the ranks disagree on {}: rank 0 passes {}, {}; expected the same on "
+                    "every rank",
+                    what, value(all[0]), fmt::join(theirs, ", ")));
+  };
+  auto ranks = differing(all, [](auto& a, auto& b) { return a.dtype == b.dtype; });
+  if (!ranks.empty())
+    fail([](std::string m) { return DTypeError(m); }, "the dtype of the local tensor", ranks,
+         [](const FromLocalRecord& r) { return fmt::format("{}", static_cast<DType>(r.dtype)); });
+  ranks = differing(all, [](auto& a, auto& b) { return a.ndim == b.ndim; });
+  if (!ranks.empty())
+    fail([](std::string m) { return ShapeError(m); }, "the number of dims of the local tensor", ranks,
+         [](const FromLocalRecord& r) { return fmt::format("a {}-dim tensor", r.ndim); });
+  ranks = differing(all, [](auto& a, auto& b) { return a.has_global == b.has_global; });
+  if (!ranks.empty())
+    fail([](std::string m) { return ValueError(m); }, "global_shape", ranks,
+         [](const FromLocalRecord& r) { return r.has_global ? "one" : "none"; });
+  ranks = differing(all, [](auto& a, auto& b) { return a.layout_hash == b.layout_hash; });
+  if (!ranks.empty())
+    fail([](std::string m) { return LayoutError(m); }, "placements", ranks,
+         [](const FromLocalRecord& r) { return layout_text(r); });
   const auto nd = static_cast<std::size_t>(local.dim());
-  std::array<std::int64_t, kRecord> mine{};
-  mine[0] = static_cast<std::int64_t>(local.dtype());
-  mine[1] = static_cast<std::int64_t>(nd);
-  std::copy_n(local.shape().begin(), std::min(nd, kInlineDims), mine.begin() + 2);
-  std::vector<std::int64_t> records(n * kRecord);
-  mesh.comm().all_gather_host(mine.data(), records.data(), sizeof(mine));
-  auto record = [&](std::size_t r) { return records.data() + r * kRecord; };
-  for (std::size_t r = 1; r < n; ++r) {
-    if (record(r)[0] != record(0)[0])
-      throw DTypeError(
-          fmt::format("[from_local] the ranks disagree on the dtype of the local tensor: rank 0 passes {}, rank {} "
-                      "passes {}; "
-                      "expected one dtype on every rank",
-                      static_cast<DType>(record(0)[0]), r, static_cast<DType>(record(r)[0])));
-    if (record(r)[1] != record(0)[1])
-      throw ShapeError(
-          fmt::format("[from_local] the ranks disagree on the number of dims of the local tensor: rank 0 passes a "
-                      "{}-dim "
-                      "tensor, rank {} passes a {}-dim one; expected the same number on every rank",
-                      record(0)[1], r, record(r)[1]));
-  }
-  std::vector<std::int64_t> all(n * nd);
+  Shapes shapes{std::vector<std::int64_t>(n * nd), std::vector<std::int64_t>(global_shape ? n * nd : 0)};
   if (nd <= kInlineDims) {
-    for (std::size_t r = 0; r < n; ++r)
-      std::copy_n(record(r) + 2, nd, all.begin() + static_cast<std::ptrdiff_t>(r * nd));
+    for (std::size_t r = 0; r < n; ++r) {
+      std::copy_n(all[r].local.begin(), nd, shapes.local.begin() + static_cast<std::ptrdiff_t>(r * nd));
+      if (global_shape)
+        std::copy_n(all[r].global.begin(), nd, shapes.global.begin() + static_cast<std::ptrdiff_t>(r * nd));
+    }
   } else {
-    mesh.comm().all_gather_host(local.shape().data(), all.data(), nd * sizeof(std::int64_t));
+    mesh.comm().all_gather_host(local.shape().data(), shapes.local.data(), nd * sizeof(std::int64_t));
+    // A global shape of another length is caught below as a disagreement.
+    if (global_shape) {
+      Shape padded(nd, -1);
+      std::copy_n(global_shape->begin(), std::min(nd, global_shape->size()), padded.begin());
+      mesh.comm().all_gather_host(padded.data(), shapes.global.data(), nd * sizeof(std::int64_t));
+    }
   }
-  return all;
+  if (global_shape) {
+    auto global_of = [&](std::size_t r) { return std::span<const std::int64_t>(shapes.global).subspan(r * nd, nd); };
+    ranks.clear();
+    for (std::size_t r = 1; r < n; ++r)
+      if (!std::ranges::equal(global_of(r), global_of(0)) ||
+          all[r].global != all[0].global)  // dims past the tensor's own, when the lengths differ
+        ranks.push_back(static_cast<int>(r));
+    if (!ranks.empty()) {
+      std::vector<std::string> theirs;
+      for (int r : ranks) theirs.push_back(fmt::format("rank {} passes {}", r, fmt::join(global_of(r), "x")));
+      throw ShapeError(
+          fmt::format("[from_local] the ranks disagree on global_shape: rank 0 passes {}, {}; expected "
+                      "the same on every rank",
+                      fmt::join(global_of(0), "x"), fmt::join(theirs, ", ")));
+    }
+  }
+  return shapes;
+}
+
+// Checks that every rank's local shape is the box `layout` gives it in a
+// `global` tensor: one ShapeError, the same on every rank, naming each rank
+// that differs, its shape and its box.
+void check_boxes(const DeviceMesh& mesh, const Layout& layout, const Shape& global,
+                 std::span<const std::int64_t> local_shapes, std::string_view hint) {
+  const int n = mesh.size();
+  const std::size_t nd = global.size();
+  std::vector<std::string> wrong;
+  for (int r = 0; r < n; ++r) {
+    Box b = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate_of(r));
+    auto got = local_shapes.subspan(static_cast<std::size_t>(r) * nd, nd);
+    if (!std::ranges::equal(b.size, got))
+      wrong.push_back(fmt::format("rank {} holds a {} shard where it should hold {}", r, fmt::join(got, "x"),
+                                  fmt::join(b.size, "x")));
+  }
+  if (!wrong.empty())
+    throw ShapeError(fmt::format("[from_local] {} of a {} tensor on mesh {}: {}{}", layout, fmt::join(global, "x"),
+                                 fmt::join(mesh.shape(), "x"), fmt::join(wrong, "; "), hint));
+}
+
+// Sums the leaves of each sharded dim's split: the global shape the local
+// shapes imply.
+Shape inferred_global(const DeviceMesh& mesh, const Layout& layout, std::span<const std::int64_t> local_shapes,
+                      const Shape& mine) {
+  const int n = mesh.size();
+  const int nd = static_cast<int>(mine.size());
+  Shape global = mine;
+  for (int d = 0; d < nd; ++d) {
+    std::vector<int> sharding = layout.split_order(d);
+    if (sharding.empty()) continue;
+    std::int64_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      Shape c = mesh.coordinate_of(r);
+      bool on_axis = true;
+      for (int m = 0; m < mesh.ndim(); ++m)
+        if (c[m] != 0 && std::find(sharding.begin(), sharding.end(), m) == sharding.end()) on_axis = false;
+      if (on_axis) total = checked_add(total, local_shapes[static_cast<std::size_t>(r) * nd + d], "from_local");
+    }
+    global[d] = total;
+  }
+  return global;
 }
 
 }  // namespace
@@ -80,18 +210,18 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shap
 DTensor::DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost)
     : local_(std::move(local)), mesh_(std::move(mesh)), meta_(std::move(meta)), cost_(std::move(cost)) {}
 
-DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
-                            std::optional<Shape> global_shape) {
+DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, Layout placements, std::optional<Shape> global_shape,
+                            FromLocalCheck check) {
   // The shard is kept without its record; the DTensor records the step.
   const Tensor source = local;
   if (local.autograd_meta()) local.set_autograd_meta(nullptr);
-  DTensor out = wrap_local(std::move(local), mesh, std::move(placements), std::move(global_shape));
+  DTensor out = wrap_local(std::move(local), mesh, std::move(placements), std::move(global_shape), check);
   record_from_local(source, out);
   return out;
 }
 
-DTensor DTensor::wrap_local(Tensor local, const DeviceMesh& mesh, Layout placements,
-                            std::optional<Shape> global_shape) {
+DTensor DTensor::wrap_local(Tensor local, const DeviceMesh& mesh, Layout placements, std::optional<Shape> global_shape,
+                            FromLocalCheck check) {
   if (!local.defined()) throw ValueError("[from_local] the local tensor is undefined");
   if (local.device() != mesh.device())
     throw ValueError(
@@ -99,55 +229,31 @@ DTensor DTensor::wrap_local(Tensor local, const DeviceMesh& mesh, Layout placeme
                     "with to({})",
                     local.device(), mesh.device(), mesh.device()));
   const int nd = local.dim();
-  if (global_shape) check_shape(*global_shape, "from_local");
-  // Without a global shape, every rank learns every local shape first (and
-  // checks the ranks agree), before anything that could fail on some ranks
-  // only.
-  const std::vector<std::int64_t> all = global_shape ? std::vector<std::int64_t>{} : local_shapes(local, mesh);
-  Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
-  Shape global;
-  if (global_shape) {
+  auto check_given = [&] {
+    check_shape(*global_shape, "from_local");
     if (static_cast<int>(global_shape->size()) != nd)
       throw ShapeError(fmt::format("[from_local] global shape {} has {} dims, the local tensor {} has {}",
                                    fmt::join(*global_shape, "x"), global_shape->size(), fmt::join(local.shape(), "x"),
                                    nd));
-    global = *global_shape;
-  } else {
-    // Sum the leaves of each sharded dim's split, and check that chunk
-    // semantics reproduce every shape.
-    const int n = static_cast<int>(mesh.size());
-    global = local.shape();
-    for (int d = 0; d < nd; ++d) {
-      std::vector<int> sharding = layout.split_order(d);
-      if (sharding.empty()) continue;
-      std::int64_t total = 0;
-      for (int r = 0; r < n; ++r) {
-        Shape c = mesh.coordinate_of(r);
-        bool on_axis = true;
-        for (int m = 0; m < mesh.ndim(); ++m)
-          if (c[m] != 0 && std::find(sharding.begin(), sharding.end(), m) == sharding.end()) on_axis = false;
-        if (on_axis) total += all[static_cast<std::size_t>(r) * nd + d];
-      }
-      global[d] = total;
-    }
-    for (int r = 0; r < n; ++r) {
-      Box b = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate_of(r));
-      Shape got(all.begin() + static_cast<std::ptrdiff_t>(r) * nd,
-                all.begin() + static_cast<std::ptrdiff_t>(r + 1) * nd);
-      if (b.size != got)
-        throw ShapeError(
-            fmt::
-                format("[from_local] rank {} holds a {} shard, but {} of a {} tensor gives it {}: pass global_shape or "
-                       "shards that follow torch.chunk",
-                       r, fmt::join(got, "x"), layout, fmt::join(global, "x"), fmt::join(b.size, "x")));
-    }
-    return DTensor(std::move(local), mesh, std::move(layout), std::move(global), CostModel{});
+  };
+  if (global_shape && check == FromLocalCheck::Trust) {
+    check_given();
+    Layout layout = validate_layout(placements, mesh.shape(), *global_shape);
+    Box b = dtensor::local_box(mesh.shape(), *global_shape, layout, mesh.coordinate());
+    if (b.size != local.shape())
+      throw ShapeError(fmt::format("[from_local] rank {} passed a {} shard; {} of a {} tensor on mesh {} gives it {}",
+                                   mesh.rank(), fmt::join(local.shape(), "x"), layout, fmt::join(*global_shape, "x"),
+                                   fmt::join(mesh.shape(), "x"), fmt::join(b.size, "x")));
+    return DTensor(std::move(local), mesh, std::move(layout), std::move(*global_shape), CostModel{});
   }
-  Box b = dtensor::local_box(mesh.shape(), global, layout, mesh.coordinate());
-  if (b.size != local.shape())
-    throw ShapeError(fmt::format("[from_local] rank {} passed a {} shard; {} of a {} tensor on mesh {} gives it {}",
-                                 mesh.rank(), fmt::join(local.shape(), "x"), layout, fmt::join(global, "x"),
-                                 fmt::join(mesh.shape(), "x"), fmt::join(b.size, "x")));
+  // Every rank learns what every rank passed first (and checks they agree),
+  // so that everything after fails on every rank alike.
+  const Shapes shapes = agreed_shapes(local, mesh, placements, global_shape);
+  if (global_shape) check_given();
+  Layout layout = validate_layout(placements, mesh.shape(), global_shape ? *global_shape : local.shape());
+  Shape global = global_shape ? *global_shape : inferred_global(mesh, layout, shapes.local, local.shape());
+  check_boxes(mesh, layout, global, shapes.local,
+              global_shape ? "" : ": pass global_shape or shards that follow torch.chunk");
   return DTensor(std::move(local), mesh, std::move(layout), std::move(global), CostModel{});
 }
 
@@ -227,7 +333,7 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   Tensor local = Tensor::empty(boxes[comm.rank()].size, dtype, device);
   if (bytes[comm.rank()] == 0) local.zero_();
   comm.scatter(is_src ? packed.data() : nullptr, bytes, local.data(), src_rank);
-  DTensor out = DTensor::from_local(std::move(local), mesh, layout, global);
+  DTensor out = DTensor::from_local(std::move(local), mesh, layout, global, FromLocalCheck::Trust);
   record_distribute(header[2] != 0, is_src ? full : Tensor(), out);
   return out;
 }

@@ -21,7 +21,7 @@ DTensor make(const Shape& shape, const DeviceMesh& mesh, const Layout& layout, D
     local.zero_();
   else
     fill(local, box);
-  return DTensor::from_local(std::move(local), mesh, l, shape);
+  return DTensor::from_local(std::move(local), mesh, l, shape, FromLocalCheck::Trust);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 #include "host_blocks.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -195,6 +197,16 @@ Stats stats() { return cache().stats(); }
 namespace dtensor {
 
 HostMemoryStats host_memory_stats() { return host_blocks::stats(); }
+
+std::size_t resident_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  const long page = sysconf(_SC_PAGESIZE);
+  return resident > 0 && page > 0 ? static_cast<std::size_t>(resident) * static_cast<std::size_t>(page) : 0;
+}
 
 void release_host_memory() {
   host_blocks::cache().release_all();

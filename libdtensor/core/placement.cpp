@@ -130,11 +130,12 @@ void Layout::compact_levels() {
   // layouts on a cache miss.
   std::array<std::int64_t, 8> small;
   std::vector<std::int64_t> large;
-  std::span<std::int64_t> dims(small.data(), static_cast<std::size_t>(n));
-  if (n > static_cast<int>(small.size())) {
-    large.resize(static_cast<std::size_t>(n));
-    dims = large;
-  }
+  // The size is checked before a span is formed over `small`: one longer
+  // than its array is undefined even unread.
+  if (n > static_cast<int>(small.size())) large.resize(static_cast<std::size_t>(n));
+  const std::span<std::int64_t> dims = large.empty()
+                                           ? std::span<std::int64_t>(small.data(), static_cast<std::size_t>(n))
+                                           : std::span<std::int64_t>(large);
   std::fill(dims.begin(), dims.end(), -1);
   for (int m = 0; m < n; ++m) {
     if (const auto* s = std::get_if<Shard>(&placements_[m])) {

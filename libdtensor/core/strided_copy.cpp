@@ -35,12 +35,6 @@ template <class T>
 constexpr std::int64_t kTileEdge = 128 / static_cast<std::int64_t>(sizeof(T));
 constexpr std::int64_t kStrip = 256;
 
-// From this many bytes of output on, the transposes' destination is written
-// with non-temporal stores: it will not stay in L2 anyway, and a plain store
-// would first read each line in. Below it the output stays in cache for
-// whatever reads it next. The size at which the pointwise kernels stream too.
-constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
-
 // Calls fn(src_offset, dst_offset) for every index of `dims` (outermost first).
 template <class Fn>
 void walk(const Dim* dims, std::size_t n, std::int64_t s, std::int64_t d, Fn& fn) {
@@ -126,7 +120,7 @@ void copy_typed(const T* src, T* dst, std::span<Dim> dims) {
     if (i != fast) rest[r++] = dims[i];
   std::int64_t bytes = static_cast<std::int64_t>(sizeof(T));
   for (const Dim& dim : dims) bytes *= dim.size;
-  const bool stream = bytes >= kStreamBytes;
+  const bool stream = bytes >= kStreamStoreBytes;
   auto plane = [&](std::int64_t s, std::int64_t d) { copy_plane(src + s, dst + d, a, inner, stream); };
   walk(rest, r, 0, 0, plane);
 }

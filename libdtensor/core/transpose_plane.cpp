@@ -7,10 +7,7 @@
 // 16-byte blocks with plain stores, in one run: each alone was worth little
 // (streaming 16-byte blocks 0.9-1.0x, 64-byte blocks with plain stores
 // 0.7-1.3x), both together 1.5-2x for f32 and 2-4x for bf16.
-#ifndef HWY_DISABLED_TARGETS
-// AVX3_DL's extra instructions are integer ones this copy does not use.
-#define HWY_DISABLED_TARGETS HWY_AVX3_DL
-#endif
+// The Highway targets compiled are set once, in libdtensor/meson.build.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "libdtensor/core/transpose_plane.cpp"

@@ -6,21 +6,18 @@
 // Built from Highway's contrib/math (documented there: exp 1 ULP, log 4 ULP,
 // tanh 4 ULP): exp is its polynomial behind a leaner reduction (ExpCore),
 // with Highway's Exp for the vectors that reach the range ends; log is its
-// Log, whose ends (x < 0 -> NaN, 0 -> -inf, +inf, NaN) are fixed up here;
+// Log's method with the division replaced (LogNormal), its Log at the ends
+// (subnormals; x < 0 -> NaN, 0 -> -inf, +inf, NaN fixed up here);
 // f64 tanh is its Tanh, f32 tanh is TanhF32 below. Highway 1.0.3 has no
-// erf: gelu's is below (ErfPlusOneOfScaled). Every fast path that covers only
+// erf: gelu's is below (GeluCentral, GeluErfc). Every fast path that covers only
 // part of the range selects per lane, so a lane's result never depends on
 // its neighbours. The measured bounds are in tests/test_vector_math.cpp.
-//
-// Skipped target: AVX3_DL adds integer instructions (VNNI, VBMI2, ...) this
-// math does not use, so AVX3 (AVX-512F/VL/DQ/BW) serves those CPUs at the
-// same width, for one target less to compile.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_AVX3_DL
-#endif
+// The Highway targets compiled are set once, in libdtensor/meson.build.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/vector_math.cpp"
+#include "libdtensor/core/strided_copy.h"
+
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/cache_control.h>
@@ -144,12 +141,47 @@ HWY_INLINE V Recip(D d, V x) {
   }
 }
 
+// log of a positive normal f32 as Highway's Log computes it (musl's
+// reduction: x = 2^e * y, y in [sqrt2/2, sqrt2), z = (y - 1)/(y + 1) and
+// log y = 2 atanh z by its polynomial), but z's division is a reciprocal
+// refined by one Newton step (Recip): z's extra ULP reaches the result only
+// through z * (y - 1 - P(z)), under a fifth of it, and the division was
+// the longest instruction of the loop. f64 keeps Highway's Log.
+template <class D, class V>
+HWY_INLINE V LogNormal(D d, V x) {
+  using T = hn::TFromD<D>;
+  if constexpr (sizeof(T) != 4) {
+    return hn::impl::Log<D, V, /*kAllowSubnormals=*/false>(d, x);
+  } else {
+    const hn::RebindToSigned<D> di;
+    const hn::RebindToUnsigned<D> du;
+    const V one = hn::Set(d, 1.0f);
+    const auto bits = hn::Add(hn::BitCast(di, x), hn::Set(di, 0x3F800000 - 0x3F3504F3));
+    const V e =
+        hn::ConvertTo(d, hn::Sub(hn::BitCast(di, hn::ShiftRight<23>(hn::BitCast(du, bits))), hn::Set(di, 0x7F)));
+    const V y = hn::BitCast(d, hn::Add(hn::And(bits, hn::Set(di, 0x7FFFFF)), hn::Set(di, 0x3F3504F3)));
+    const V ym1 = hn::Sub(y, one);
+    const V z = hn::Mul(ym1, Recip(d, hn::Add(y, one)));
+    const V z2 = hn::Mul(z, z);
+    const V z4 = hn::Mul(z2, z2);
+    const V poly = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.28498786688f), z4, hn::Set(d, 0.66666662693f)), z2,
+                              hn::Mul(hn::MulAdd(hn::Set(d, 0.24279078841f), z4, hn::Set(d, 0.40000972152f)), z4));
+    return hn::MulSub(e, hn::Set(d, 0.69313812256f),
+                      hn::Sub(hn::MulSub(z, hn::Sub(ym1, poly), hn::Mul(e, hn::Set(d, 9.0580006145e-6f))), ym1));
+  }
+}
+
+// The vectors with a lane that is not a positive normal: such lanes take
+// Highway's Log (subnormals scaled) and the ends' fixups; the normal lanes
+// keep LogNormal's value, as among normal neighbours.
 template <class D, class V>
 HWY_NOINLINE V LogEnds(D d, V x) {
   using T = hn::TFromD<D>;
   const V zero = hn::Zero(d);
   const V inf = hn::Set(d, std::numeric_limits<T>::infinity());
-  V y = hn::Log(d, x);
+  const auto normal = hn::And(hn::Ge(x, hn::Set(d, std::numeric_limits<T>::min())),
+                              hn::Le(x, hn::Set(d, std::numeric_limits<T>::max())));
+  V y = hn::IfThenElse(normal, LogNormal(d, x), hn::Log(d, x));
   y = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), y);
   y = hn::IfThenElse(hn::Eq(x, inf), inf, y);
   y = hn::IfThenElse(hn::Lt(x, zero), hn::Set(d, std::numeric_limits<T>::quiet_NaN()), y);
@@ -157,14 +189,13 @@ HWY_NOINLINE V LogEnds(D d, V x) {
 }
 
 // Vectors of positive normal numbers (nearly all) skip the subnormal scaling
-// and the fixups of the ends; Highway's Log computes a normal lane the same
-// with and without them, so a lane never depends on its neighbours.
+// and the fixups of the ends.
 template <class D, class V>
 HWY_INLINE V LogFull(D d, V x) {
   using T = hn::TFromD<D>;
   const auto normal = hn::And(hn::Ge(x, hn::Set(d, std::numeric_limits<T>::min())),
                               hn::Le(x, hn::Set(d, std::numeric_limits<T>::max())));
-  if (HWY_LIKELY(hn::AllTrue(d, normal))) return hn::impl::Log<D, V, /*kAllowSubnormals=*/false>(d, x);
+  if (HWY_LIKELY(hn::AllTrue(d, normal))) return LogNormal(d, x);
   return LogEnds(d, x);
 }
 
@@ -188,12 +219,19 @@ HWY_INLINE V LogFull(D d, V x) {
 // for f64 these bounds are too loose (f64 gelu stays on std::erf,
 // pointwise_kernels.cpp).
 template <class D, class V>
-HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
+HWY_INLINE V GeluErfc(D d, V x) {
   const V one = hn::Set(d, 1.0f);
   const V half = hn::Set(d, 0.5f);
   const V xa = hn::Min(hn::Abs(x), hn::Set(d, 28.2842712f));
   // 1 + a/2 in one rounding: a = xa / sqrt(2) is not needed on its own.
-  const V t = Recip(d, hn::MulAdd(xa, hn::Set(d, 0.35355339059327376f), one));
+  // Without FMA the Newton step of Recip rounds 1 - x*r on its own (an ULP
+  // more in t, which erfc is proportional to): those targets divide.
+  const V den = hn::MulAdd(xa, hn::Set(d, 0.35355339059327376f), one);
+#if HWY_NATIVE_FMA
+  const V t = Recip(d, den);
+#else
+  const V t = hn::Div(one, den);
+#endif
   V q = hn::Set(d, 0.17087277f);
   q = hn::MulAdd(q, t, hn::Set(d, -0.82215223f));
   q = hn::MulAdd(q, t, hn::Set(d, 1.48851587f));
@@ -218,14 +256,24 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
   // One exp of the exact sum (see ExpCore); where that leaves ExpCore's
   // range, per lane, the product of the two parts' exps. Only the low end
   // can be left: head <= 0 and Q < 0.2. NaN (if Min kept it) fails the test.
+  // For x < 0, gelu = (x/2 * t) * e: x/2 * t before the exp, whose result
+  // is normal where ExpCore is used, so the one rounding that can fall among
+  // the subnormals is the last (t * e first is subnormal from x = -13.1 on,
+  // 8 ULP there); the lanes below take (x/2 * t * e^rest) * e^head.
+  const V hx = hn::Mul(half, x);
+  const V hxt = hn::Mul(hx, t);
   const auto fast = hn::Ge(hn::Add(head, rest), hn::Set(d, -87.0f));
-  V e = ExpCore(d, head, rest);
-  if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) e = hn::IfThenElse(fast, e, hn::Mul(ExpFull(d, head), ExpFull(d, rest)));
-  const V erfc = hn::Mul(t, e);
-  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Sub(hn::Set(d, 2.0f), erfc), erfc);
+  const V e = ExpCore(d, head, rest);
+  V erfc = hn::Mul(t, e);
+  V neg = hn::Mul(hxt, e);
+  if (HWY_UNLIKELY(!hn::AllTrue(d, fast))) {
+    const V eh = ExpFull(d, head), er = ExpFull(d, rest);
+    erfc = hn::IfThenElse(fast, erfc, hn::Mul(t, hn::Mul(eh, er)));
+    neg = hn::IfThenElse(fast, neg, hn::Mul(hn::Mul(hxt, er), eh));
+  }
+  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Mul(hx, hn::Sub(hn::Set(d, 2.0f), erfc)), neg);
 }
 
-#if HWY_NATIVE_FMA
 // gelu(x) for |x| < kGeluCentralEnd, where nearly all activations lie: the
 // same erfc(a) = exp(-a^2 + log erfcx(a)) as above (a = |x|/sqrt2), but on
 // this bounded range log erfcx is a polynomial in |x| (L below, degree 9,
@@ -237,8 +285,12 @@ HWY_INLINE V ErfPlusOneOfScaled(D d, V x) {
 // degree-6 polynomial (relative error 7e-8 with f32 Horner), 2^n comes from
 // t's bits (the magic constant carries the exponent bias). Then gelu =
 // max(x, 0) - |x|/2 * erfc(a): one rounding, exact in sign (x86's max
-// returns its second operand for +-0, so gelu(-0) = -0). Needs FMA.
-constexpr float kGeluCentralEnd = 3.5f;
+// returns its second operand for +-0, so gelu(-0) = -0). Without FMA
+// -x^2/2 rounds on its own (2^-25 |x|^2 relative to the result) and every
+// MulAdd rounds twice, so those targets take it only below 1.5 (there the
+// erfc formula's Q(t) would cancel: 10.6 ULP near x = -0.06), where it
+// stays within the bound.
+constexpr float kGeluCentralEnd = HWY_NATIVE_FMA ? 3.5f : 1.5f;
 
 template <class D, class V>
 HWY_INLINE V GeluCentral(D d, V x, V u) {
@@ -267,27 +319,21 @@ HWY_INLINE V GeluCentral(D d, V x, V u) {
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
-#if HWY_ARCH_X86
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
   const V pos = hn::Max(hn::Zero(d), x);
 #else
   const V pos = hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x);
 #endif
   return hn::MulAdd(hn::Mul(mhu, scale), p, pos);
 }
-#endif
 
 template <class D, class V>
 HWY_INLINE V Gelu(D d, V x) {
-  const auto slow = [&](V v) { return hn::Mul(hn::Mul(hn::Set(d, 0.5f), v), ErfPlusOneOfScaled(d, v)); };
-#if HWY_NATIVE_FMA
   const V u = hn::Abs(x);
   const auto central = hn::Lt(u, hn::Set(d, kGeluCentralEnd));  // NaN: false
   const V y = GeluCentral(d, x, u);
   if (HWY_LIKELY(hn::AllTrue(d, central))) return y;
-  return hn::IfThenElse(central, y, slow(x));  // per lane, as ExpFull
-#else
-  return slow(x);
-#endif
+  return hn::IfThenElse(central, y, GeluErfc(d, x));  // per lane, as ExpFull
 }
 
 // 1/(1 + exp(-x)): the reciprocal of a denominator that can be huge (or
@@ -319,7 +365,23 @@ HWY_INLINE V TanhF32(D d, V x) {
   p = hn::MulAdd(p, s, hn::Set(d, 0.13331381158733235f));
   p = hn::MulAdd(p, s, hn::Set(d, -0.33333279201449856f));
   const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
-  const V e = ExpCore(d, hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f))), NoLo{});
+  // exp(2|x|) for 2|x| in [0, 40]: gelu's degree-6 e^r (relative 7e-8, two
+  // operations fewer than ExpCore's degree 7; 1 - 2/(e + 1) divides its
+  // error by at least 2 here) with the same reduction.
+  const V v = hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f)));
+  const V magic = hn::Set(d, 12582912.0f + 127.0f);
+  const V t = hn::MulAdd(v, hn::Set(d, 1.442695040888963407f), magic);
+  const V n = hn::Sub(t, magic);
+  V r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), v);
+  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
+  V q = hn::Set(d, 1.381373149e-03f);
+  q = hn::MulAdd(q, r, hn::Set(d, 8.369124494e-03f));
+  q = hn::MulAdd(q, r, hn::Set(d, 4.166842625e-02f));
+  q = hn::MulAdd(q, r, hn::Set(d, 1.666651666e-01f));
+  q = hn::MulAdd(q, r, hn::Set(d, 4.999999404e-01f));
+  q = hn::MulAdd(q, r, one);
+  q = hn::MulAdd(q, r, one);
+  const V e = hn::Mul(q, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(hn::RebindToSigned<D>(), t))));
   const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
   // NaN fails the comparison and takes the polynomial, which keeps it NaN
   // (the clamp in the exp's argument may not): no separate NaN select.
@@ -351,10 +413,8 @@ HWY_INLINE V Eval(D d, Fn fn, V x) {
   return x;  // unreachable: f64 gelu is computed by apply() before dispatch
 }
 
-// Outputs at least this big are written with streaming stores: they would
-// not stay in cache anyway, and a streaming store skips reading the fresh
-// output's lines first (a third of the traffic of y = a + b).
-constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
+// Outputs of kStreamStoreBytes and more are written with streaming stores.
+using dtensor::cpu::kStreamStoreBytes;
 
 // The loop every function shares: whole vectors, then the tail through a
 // padded buffer (its unused lanes are zeros; no FP exception is unmasked).
@@ -370,7 +430,7 @@ HWY_INLINE void ForEachVector(const T* x, T* y, std::int64_t n, Body body) {
     hn::Store(body(d, hn::Load(d, buf)), d, buf);
     for (std::int64_t j = from; j < to; ++j) y[j] = buf[j - from];
   };
-  if (n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes) {
+  if (n * static_cast<std::int64_t>(sizeof(T)) >= kStreamStoreBytes) {
     const auto misaligned = reinterpret_cast<std::uintptr_t>(y) % (N * sizeof(T));
     if (misaligned % sizeof(T) == 0 && misaligned != 0) {
       i = N - static_cast<std::int64_t>(misaligned / sizeof(T));
@@ -436,7 +496,7 @@ HWY_INLINE void BinaryLoop(const T* a, const T* b, T* y, std::int64_t n) {
   const hn::ScalableTag<T> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
-  const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes;
+  const bool stream = n * static_cast<std::int64_t>(sizeof(T)) >= kStreamStoreBytes;
   if (stream) {
     for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % (N * sizeof(T)) != 0; ++i) y[i] = Combine<F>(a[i], b[i]);
     for (; i + N <= n; i += N) hn::Stream(Combine<F>(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, y + i);

@@ -12,5 +12,6 @@ void register_einsum_ops(OpRegistry& registry);     // einsum.cpp
 void register_reduction_ops(OpRegistry& registry);  // reduction.cpp
 void register_shape_ops(OpRegistry& registry);      // shape_ops.cpp
 void register_embedding_ops(OpRegistry& registry);  // embedding.cpp
+void register_backward_ops(OpRegistry& registry);   // backward_ops.cpp
 
 }  // namespace dtensor

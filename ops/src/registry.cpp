@@ -78,6 +78,7 @@ void register_builtin_ops(OpRegistry& registry) {
   register_reduction_ops(registry);
   register_shape_ops(registry);
   register_embedding_ops(registry);
+  register_backward_ops(registry);
 }
 
 }  // namespace dtensor

@@ -116,12 +116,15 @@ KernelMaker any_device(Kernel kernel) {
   return [kernel = std::move(kernel)](const device::Kernels&) { return kernel; };
 }
 
-// moves_only: the kernel only moves elements (views, copies, gathers), so it
-// takes bf16/f16 as they are (OpDef::cpu_handles_half).
+// What the CPU kernel does with bf16/f16 inputs (OpDef::cpu_handles_half):
+// a kernel that only moves elements (views, copies, gathers) takes them as
+// they are; one that computes gets them widened to f32.
+enum class HalfInputs { AsTheyAre, Widened };
+
 void add_op(OpRegistry& reg, std::string name, int num_inputs, std::string doc, MetaFn meta, RuleFn rule,
-            const KernelMaker& kernel, bool moves_only = true) {
+            const KernelMaker& kernel, HalfInputs half = HalfInputs::AsTheyAre) {
   OpDef def;
-  def.cpu_handles_half = moves_only;
+  def.cpu_handles_half = half == HalfInputs::AsTheyAre;
   def.name = std::move(name);
   def.num_inputs = num_inputs;
   def.doc = std::move(doc);
@@ -440,7 +443,7 @@ void register_shape_ops(OpRegistry& reg) {
         r.linear = is_floating(in[0].dtype) && is_floating(attrs.get<ToAttrs>("to").dtype);
         return r;
       },
-      to_kernel, /*moves_only=*/false);
+      to_kernel, HalfInputs::Widened);
 }
 
 }  // namespace dtensor

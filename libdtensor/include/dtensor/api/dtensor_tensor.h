@@ -20,18 +20,32 @@ struct DispatchAccess;  // functional.cpp
 struct AutogradAccess;  // autograd.cpp
 }  // namespace detail
 
+/// Whether DTensor::from_local checks what the ranks passed against each
+/// other (one small all_gather) or trusts a given global shape.
+enum class FromLocalCheck : std::uint8_t { RanksAgree, Trust };
+
 class DTensor {
  public:
   /// Wraps this rank's shard. Without `global_shape` it is inferred from the
   /// local shapes: sizes of sharded dims are summed over the shard groups
-  /// with one all_gather of the local shapes (exact for uneven shards, where
-  /// PyTorch's inference is wrong, #110762). That exchange also checks that
-  /// the ranks agree on the dtype and the number of dims (DTypeError /
-  /// ShapeError on every rank, naming the first rank that differs from rank
-  /// 0). With it, nothing is exchanged and the local shape is checked
-  /// against the layout (ShapeError naming both).
+  /// (exact for uneven shards, where PyTorch's inference is wrong, #110762).
+  /// Either way one all_gather of a fixed-size record (dtype, dims,
+  /// placements, local and global shape) checks that the ranks agree on the
+  /// dtype, the number of dims, the placements and the global shape, and
+  /// that every local shape is the box the layout gives that rank: the error
+  /// (DTypeError / ShapeError / LayoutError) is the same on every rank and
+  /// names the argument, rank 0's value and each rank that differs.
+  /// `FromLocalCheck::Trust` with a global shape skips the exchange (as
+  /// PyTorch does without run_check) and checks only this rank's shape: for
+  /// callers that built the shards from one agreed shape. Checking is the
+  /// default since a disagreement otherwise leaves garbage or a hang: one
+  /// small all_gather, 17-18 us a call against about 1 us trusted on 4
+  /// thread ranks (bench/from_local), less than any collective the tensor
+  /// will take part in; a loop that rewraps shards it built itself from one
+  /// agreed shape can pass Trust.
   static DTensor from_local(Tensor local, const DeviceMesh& mesh, Layout placements,
-                            std::optional<Shape> global_shape = std::nullopt);
+                            std::optional<Shape> global_shape = std::nullopt,
+                            FromLocalCheck check = FromLocalCheck::RanksAgree);
 
   /// This rank's shard (shares storage). While recording (autograd.h), the
   /// shard of a DTensor that requires a gradient is itself recorded: its
@@ -86,7 +100,7 @@ class DTensor {
   DTensor(Tensor local, DeviceMesh mesh, Layout layout, Shape global_shape, CostModel cost);
   // from_local without recording.
   static DTensor wrap_local(Tensor local, const DeviceMesh& mesh, Layout placements,
-                            std::optional<Shape> global_shape);
+                            std::optional<Shape> global_shape, FromLocalCheck check);
   DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const ShardedMeta> meta, CostModel cost);
   mutable Tensor local_;  // mutable: to_local() records it lazily
   DeviceMesh mesh_;

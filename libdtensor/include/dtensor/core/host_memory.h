@@ -33,4 +33,8 @@ void release_host_memory();
 /// released at once.
 void set_host_cache_limit(std::size_t bytes);
 
+/// This process's resident memory now, in bytes (Linux: /proc/self/statm;
+/// 0 where it cannot be read), for benchmarks and tests that bound it.
+std::size_t resident_bytes();
+
 }  // namespace dtensor
