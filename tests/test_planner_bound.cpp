@@ -167,7 +167,7 @@ BOOST_AUTO_TEST_CASE(the_bound_never_exceeds_the_cost_from_a_reached_state) {
     }
   }
   BOOST_TEST_MESSAGE(fmt::format("{} reached states checked", checked));
-  BOOST_TEST(checked > requests * 3);
+  BOOST_TEST(checked > requests * 10 / 3);  // 200 over the full 60
 }
 
 // Counts, not times: deterministic. The 4x4x4x4 request is the one the

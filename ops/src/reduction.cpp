@@ -147,12 +147,9 @@ KernelMaker reduce_kernel(std::string name, cpu::ReduceKind kind, bool mean) {
 
 // ---- softmax, log_softmax --------------------------------------------------
 
+// The op's DimAttrs dim, counted from 0 (the one rule: core's wrap_dim).
 std::int64_t softmax_dim(std::string_view op, const Shape& shape, const OpAttrs& attrs) {
-  const auto nd = static_cast<std::int64_t>(shape.size());
-  const std::int64_t dim = attrs.get<DimAttrs>(op).dim;
-  const std::int64_t d = dim < 0 ? dim + nd : dim;
-  if (d < 0 || d >= nd) throw ShapeError(fmt::format("[{}] dim {} out of range for a tensor of {} dims", op, dim, nd));
-  return d;
+  return wrap_dim(op, attrs.get<DimAttrs>(op).dim, static_cast<std::int64_t>(shape.size()));
 }
 
 void add_softmax(OpRegistry& registry, std::string name, bool log) {
