@@ -296,15 +296,19 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   if (is_src && !full.defined()) throw ValueError("[distribute_tensor] the source rank passed an undefined tensor");
   // The source tells everyone the shape and dtype, so other ranks need not
   // hold (or even know) the full tensor.
-  // (The third entry: whether the source's tensor requires a gradient, so
-  // that every rank records the step and runs its backward's gather.)
-  std::int64_t header[3] = {is_src ? full.dim() : 0, is_src ? static_cast<std::int64_t>(full.dtype()) : 0,
-                            is_src && grad_enabled() && full.requires_grad() ? 1 : 0};
+  // The second word also carries whether the source's tensor requires a
+  // gradient (bit 32, above any dtype code), so that every rank records the
+  // step and runs its backward's gather, at no extra bytes on the wire.
+  constexpr std::int64_t kRequiresGradBit = std::int64_t{1} << 32;
+  const bool src_requires_grad = is_src && grad_enabled() && full.requires_grad();
+  std::int64_t header[2] = {is_src ? full.dim() : 0, (is_src ? static_cast<std::int64_t>(full.dtype()) : 0) |
+                                                         (src_requires_grad ? kRequiresGradBit : 0)};
   comm.broadcast_host(header, sizeof header, src_rank);
   Shape global(static_cast<std::size_t>(header[0]));
   if (is_src) global = full.shape();
   comm.broadcast_host(global.data(), global.size() * sizeof(std::int64_t), src_rank);
-  const DType dtype = static_cast<DType>(header[1]);
+  const bool requires_grad = (header[1] & kRequiresGradBit) != 0;
+  const DType dtype = static_cast<DType>(header[1] & ~kRequiresGradBit);
   Layout layout = validate_layout(placements, mesh.shape(), global);
 
   const int n = comm.size();
@@ -334,7 +338,7 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Layo
   if (bytes[comm.rank()] == 0) local.zero_();
   comm.scatter(is_src ? packed.data() : nullptr, bytes, local.data(), src_rank);
   DTensor out = DTensor::from_local(std::move(local), mesh, layout, global, FromLocalCheck::Trust);
-  record_distribute(header[2] != 0, is_src ? full : Tensor(), out);
+  record_distribute(requires_grad, is_src ? full : Tensor(), out);
   return out;
 }
 
