@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../src/backward_kernels.h"
+#include "bad_index_flag.cuh"
 #include "device_types.cuh"
 #include "dtensor/core/cuda.h"
 #include "libdtensor/core/cuda_check.h"
@@ -147,8 +148,6 @@ __global__ void norm_weight_kernel(const T* __restrict__ x, const T* __restrict_
 
 // ---- embedding, cross entropy ----------------------------------------------
 
-constexpr unsigned long long kNone = ULLONG_MAX;
-
 __global__ void check_range_kernel(const long long* __restrict__ values, long long n, long long bound,
                                    unsigned long long* first_bad) {
   DTENSOR_GRID_STRIDE(i, n) {
@@ -186,31 +185,14 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ z, const lon
   }
 }
 
-/// A device word that check_range_kernel lowers to the first bad position.
-class BadIndexFlag {
- public:
-  BadIndexFlag() : storage_(dtensor::cuda::allocate(sizeof(unsigned long long))) {
-    DTENSOR_CUDA_CHECK(cudaMemsetAsync(storage_.get(), 0xff, sizeof(unsigned long long), dtensor::cuda::stream()));
-  }
-  /// Checks values[0, n) against [0, bound); true with the first bad value.
-  bool first_bad(const long long* values, long long n, long long bound, long long& value) {
-    if (n == 0) return false;
-    auto* flag = reinterpret_cast<unsigned long long*>(storage_.get());
-    cudaStream_t stream = dtensor::cuda::stream();
-    check_range_kernel<<<grid(n), kBlock, 0, stream>>>(values, n, bound, flag);
-    DTENSOR_CUDA_CHECK(cudaGetLastError());
-    unsigned long long at = kNone;
-    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(&at, flag, sizeof at, cudaMemcpyDeviceToHost, stream));
-    DTENSOR_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (at == kNone) return false;
-    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(&value, values + at, sizeof value, cudaMemcpyDeviceToHost, stream));
-    DTENSOR_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return true;
-  }
-
- private:
-  std::shared_ptr<std::byte[]> storage_;
-};
+/// Checks values[0, n) against [0, bound); true with the first bad value.
+bool first_out_of_range(const long long* values, long long n, long long bound, long long& value) {
+  if (n == 0) return false;
+  BadIndexFlag flag;
+  check_range_kernel<<<grid(n), kBlock, 0, dtensor::cuda::stream()>>>(values, n, bound, flag.get());
+  DTENSOR_CUDA_CHECK(cudaGetLastError());
+  return flag.first_bad(values, value);
+}
 
 // ---- max, min --------------------------------------------------------------
 
@@ -341,7 +323,7 @@ Tensor embedding_backward(const Tensor& indices, const Tensor& grad, std::int64_
   const long long cols = grad.shape().back();
   const auto* idx = reinterpret_cast<const long long*>(indices.data_as<std::int64_t>());
   long long bad = 0;
-  if (BadIndexFlag().first_bad(idx, indices.numel(), vocab, bad))
+  if (first_out_of_range(idx, indices.numel(), vocab, bad))
     throw ValueError(
         fmt::format("[embedding_backward] index {} out of range for a table of {} rows; expected 0 <= index < {}", bad,
                     vocab, vocab));
@@ -368,7 +350,7 @@ Tensor cross_entropy_backward(const Tensor& z, const Tensor& targets, const Tens
   const long long n = z.shape()[0], cols = z.shape()[1];
   const auto* tp = reinterpret_cast<const long long*>(targets.data_as<std::int64_t>());
   long long bad = 0;
-  if (BadIndexFlag().first_bad(tp, n, classes, bad))
+  if (first_out_of_range(tp, n, classes, bad))
     throw ValueError(
         fmt::format("[cross_entropy_backward] target {} out of range for {} classes; expected 0 <= target < {}", bad,
                     classes, classes));

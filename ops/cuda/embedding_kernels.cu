@@ -9,14 +9,13 @@
 #include <memory>
 #include <type_traits>
 
+#include "bad_index_flag.cuh"
 #include "device_types.cuh"
 #include "libdtensor/core/cuda_check.h"
 #include "gemm_shape_embedding.h"
 
 namespace dtensor::cuda_kernels {
 namespace {
-
-constexpr unsigned long long kNone = ULLONG_MAX;
 
 /// One block per output row (grid-stride over rows); thread 0 checks the
 /// index, all threads copy (or zero) the row's columns.
@@ -54,30 +53,6 @@ __global__ void pick_kernel(const T* __restrict__ logits, const long long* __res
     }
   }
 }
-
-/// A device word that the kernels lower to the first bad position.
-class BadIndexFlag {
- public:
-  BadIndexFlag() : storage_(dtensor::cuda::allocate(sizeof(unsigned long long))) {
-    DTENSOR_CUDA_CHECK(cudaMemsetAsync(storage_.get(), 0xff, sizeof(unsigned long long), dtensor::cuda::stream()));
-  }
-  unsigned long long* get() { return reinterpret_cast<unsigned long long*>(storage_.get()); }
-  /// Waits for the stream; the value at the first bad position of
-  /// `values`, or false when none was bad.
-  bool first_bad(const long long* values, long long& value) {
-    unsigned long long at = kNone;
-    cudaStream_t stream = dtensor::cuda::stream();
-    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(&at, get(), sizeof at, cudaMemcpyDeviceToHost, stream));
-    DTENSOR_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (at == kNone) return false;
-    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(&value, values + at, sizeof value, cudaMemcpyDeviceToHost, stream));
-    DTENSOR_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return true;
-  }
-
- private:
-  std::shared_ptr<std::byte[]> storage_;
-};
 
 }  // namespace
 
