@@ -291,17 +291,22 @@ void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> in
   attach(out, std::move(node));
 }
 
-void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* const> inputs, DTensor& out) {
-  if (!grad_mode) return;
+bool records(const OpDef& op, std::span<const DTensor* const> inputs) {
+  if (!grad_mode) return false;
   bool any = false;
   for (const DTensor* x : inputs) any = any || in_graph(x->autograd_meta());
-  if (!any || is_not_differentiable(op)) return;
+  return any && !is_not_differentiable(op);
+}
+
+void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* const> inputs, DTensor& out,
+               std::span<const std::optional<DTensor>> as_used) {
   auto node = std::make_shared<OpNode<DTensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
-  for (const DTensor* x : inputs) {
-    node->edges.push_back(edge_of(x->autograd_meta()));
-    node->needs.push_back(in_graph(x->autograd_meta()));
-    node->inputs.push_back(strip(*x));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const DTensor& x = *inputs[i];
+    node->edges.push_back(edge_of(x.autograd_meta()));
+    node->needs.push_back(in_graph(x.autograd_meta()));
+    node->inputs.push_back(i < as_used.size() && as_used[i] ? *as_used[i] : strip(x));
   }
   node->output = strip(out);
   attach(out, std::move(node));

@@ -64,7 +64,15 @@ void attach(DTensor& out, std::shared_ptr<Node> node);
 
 /// call_op's recording (out's own record is replaced either way).
 void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> inputs, Tensor& out);
-void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* const> inputs, DTensor& out);
+/// Whether call_op records this call (grad mode on, an input in a graph,
+/// the op differentiable).
+bool records(const OpDef& op, std::span<const DTensor* const> inputs);
+/// `as_used[i]`, where set, is input i as the kernel received it (after
+/// dispatch moved it): the node saves that instead of the input, so that
+/// the backward finds it where the forward had it (Megatron's sequence
+/// parallelism keeps its gathered x, not re-gathered for W's gradient).
+void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* const> inputs, DTensor& out,
+               std::span<const std::optional<DTensor>> as_used);
 
 /// The layout changes' recording (autograd_layout.cpp).
 void record_redistribute(const DTensor& in, DTensor& out);

@@ -1,6 +1,7 @@
 #include "dtensor/api/functional.h"
 
 #include <array>
+#include <optional>
 #include <vector>
 
 #include "dtensor/core/error.h"
@@ -69,8 +70,14 @@ DTensor call_op(Op handle, std::span<const DTensor* const> inputs, const OpAttrs
     args[i] = ShardedInput{&detail::DispatchAccess::local(x), &x.placements(), &x.shape()};
   }
   const CostModel& cost = inputs[0]->cost_model();
-  DTensor out = detail::DispatchAccess::wrap(dispatch(op, mesh, args, attrs, cost), mesh, cost);
-  record_op(op, attrs, inputs, out);
+  if (!records(op, inputs)) return detail::DispatchAccess::wrap(dispatch(op, mesh, args, attrs, cost), mesh, cost);
+  // Recorded: the node keeps the inputs as the kernel received them.
+  std::vector<ShardedTensor> moved;
+  DTensor out = detail::DispatchAccess::wrap(dispatch(op, mesh, args, attrs, cost, &moved), mesh, cost);
+  std::vector<std::optional<DTensor>> as_used(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (moved[i].local.defined()) as_used[i] = detail::DispatchAccess::wrap(std::move(moved[i]), mesh, cost);
+  record_op(op, attrs, inputs, out, as_used);
   return out;
 }
 

@@ -467,7 +467,7 @@ void fill_rank_parts(Entry& e, const DeviceMesh& mesh) {
 }  // namespace
 
 ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedInput> inputs,
-                       const OpAttrs& attrs, const CostModel& cost) {
+                       const OpAttrs& attrs, const CostModel& cost, std::vector<ShardedTensor>* moved) {
   const CallInputs call{inputs};
   Cache& c = cache;  // one thread-local lookup
   Entry* found = find_entry(c, key_hash(op, mesh.shape(), call, attrs), op, mesh.shape(), call, attrs, cost);
@@ -505,6 +505,13 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
         slots[i] = *inputs[i].local;
     }
     locals = slots;
+  }
+  if (moved) {
+    moved->assign(n, ShardedTensor{});
+    for (std::size_t i = 0; i < n; ++i)
+      if (d.input_plans[i])
+        (*moved)[i] = ShardedTensor{locals[i], std::make_shared<const ShardedMeta>(
+                                                   ShardedMeta{d.chosen.inputs[i], *inputs[i].global_shape})};
   }
   KernelArgs args{locals, e.inputs, e.input_boxes, d.chosen.inputs, attrs, d.output, e.output_box, d.chosen.output};
   Tensor out = run_kernel(op, args);

@@ -65,9 +65,13 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
                          std::span<const Layout> layouts, const OpAttrs& attrs, const CostModel& cost);
 
 /// Propagates, redistributes the inputs and runs the local kernel on this
-/// rank. Every rank of the mesh calls it with the same metadata.
+/// rank. Every rank of the mesh calls it with the same metadata. With
+/// `moved`, it also hands back the inputs as the kernel received them:
+/// (*moved)[i] is input i after its plan ran, with local undefined where
+/// the input stayed put (autograd saves these, so that a backward does not
+/// move the same input again).
 ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedInput> inputs,
-                       const OpAttrs& attrs, const CostModel& cost = {});
+                       const OpAttrs& attrs, const CostModel& cost = {}, std::vector<ShardedTensor>* moved = nullptr);
 
 /// Runs an op on plain (unsharded) tensors: meta, then the kernel.
 Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAttrs& attrs);
