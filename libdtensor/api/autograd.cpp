@@ -27,7 +27,7 @@ thread_local std::uint64_t next_sequence = 0;
 struct RuleTable {
   std::mutex mutex;
   std::unordered_map<const OpDef*, std::shared_ptr<const BackwardRule>> rules;
-  std::unordered_set<const OpDef*> not_differentiable;
+  std::unordered_set<const OpDef*> not_differentiable;  // immutable once made
 };
 
 RuleTable& rule_table() {
@@ -52,7 +52,6 @@ class OpNode final : public Node {
   std::string name() const override { return op_->name; }
   std::vector<X> inputs;
   std::optional<X> output;
-  std::vector<bool> needs;
 
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     const auto rule = backward_rule(*op_);
@@ -62,6 +61,10 @@ class OpNode final : public Node {
                       "(OpDef::backward = make_backward(...), or set_backward) or detach() its inputs",
                       op_->name));
     const X& g = std::get<X>(grad);
+    // Which inputs need a gradient: those with an edge (made here, not at
+    // recording, which stays one allocation cheaper on every op).
+    std::vector<bool> needs(edges.size());
+    for (std::size_t i = 0; i < edges.size(); ++i) needs[i] = edges[i].fn || edges[i].leaf;
     BackwardArgs<X> args{attrs_, inputs, *output, g, needs};
     InputGrads<X> got;
     {
@@ -240,9 +243,10 @@ std::shared_ptr<const BackwardRule> backward_rule(const OpDef& op) {
 
 bool is_not_differentiable(const OpDef& op) {
   if (op.not_differentiable) return true;
-  RuleTable& t = rule_table();
-  std::lock_guard lock(t.mutex);
-  return t.not_differentiable.count(&op) != 0;
+  // The set is filled once, when the table is made, and never changes (only
+  // the rules do): read without the mutex, which every rank thread's
+  // recording would otherwise take on every op.
+  return rule_table().not_differentiable.count(&op) != 0;
 }
 
 // ---- Graph plumbing --------------------------------------------------------------
@@ -282,9 +286,9 @@ void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> in
   if (!any || is_not_differentiable(op)) return;
   auto node = std::make_shared<OpNode<Tensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
+  node->edges.reserve(inputs.size());
   for (const Tensor& x : inputs) {
     node->edges.push_back(edge_of(x.autograd_meta()));
-    node->needs.push_back(in_graph(x.autograd_meta()));
     node->inputs.push_back(detached(x));
   }
   node->output = detached(out);
@@ -302,10 +306,10 @@ void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* c
                std::span<const std::optional<DTensor>> as_used) {
   auto node = std::make_shared<OpNode<DTensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
+  node->edges.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const DTensor& x = *inputs[i];
     node->edges.push_back(edge_of(x.autograd_meta()));
-    node->needs.push_back(in_graph(x.autograd_meta()));
     node->inputs.push_back(i < as_used.size() && as_used[i] ? *as_used[i] : strip(x));
   }
   node->output = strip(out);
