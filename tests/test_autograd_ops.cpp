@@ -23,7 +23,7 @@ namespace autograd_ops {
 
 // Layout combinations per sample and mesh (sampled, seeded, past this),
 // fewer than the forward suite's 160: each runs a forward and a backward.
-constexpr std::size_t kMaxCombos = 24;
+constexpr std::size_t kMaxCombos = 12;
 // Elements per input perturbed by the finite differences (sampled past this).
 constexpr std::size_t kMaxElements = 200;
 
