@@ -154,6 +154,33 @@ BOOST_AUTO_TEST_CASE(every_registered_op_has_a_backward_or_the_not_differentiabl
                                   << fmt::format("{}", fmt::join(missing, ", ")));
 }
 
+// An integer output has no gradient (its derivative is zero almost
+// everywhere), so it never requires one: the cast back of a truncated
+// gradient would otherwise reach its inputs.
+BOOST_AUTO_TEST_CASE(integer_outputs_never_require_a_gradient) {
+  std::size_t checked = 0;
+  for (const std::string& op : registered_ops()) {
+    auto found = testing::op_samples().find(op);
+    if (found == testing::op_samples().end()) continue;
+    std::mt19937_64 rng(seed_of(op));
+    for (const testing::OpSample& sample : found->second(rng)) {
+      testing::OpSample s = in_f64(sample);
+      bool any = false;
+      for (std::size_t i = 0; i < s.inputs.size(); ++i)
+        if (differentiable_input(op, i, s.inputs[i])) {
+          s.inputs[i].requires_grad_();
+          any = true;
+        }
+      if (!any) continue;
+      const Tensor y = call_op(op, std::span<const Tensor>(s.inputs), s.attrs);
+      if (is_floating(y.dtype())) continue;
+      BOOST_TEST(!y.requires_grad(), "op " << op << ": its " << fmt::format("{}", y.dtype()) << " output requires a gradient");
+      ++checked;
+    }
+  }
+  BOOST_TEST(checked > 0u);  // to(x, Int64) and argmax at least
+}
+
 BOOST_DATA_TEST_CASE(finite_differences_agree_with_backward, boost::unit_test::data::make(ops_with_rules()), op) {
   const std::uint64_t seed = seed_of(op);
   std::mt19937_64 rng(seed);

@@ -279,7 +279,7 @@ void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> in
   if (!grad_mode) return;
   bool any = false;
   for (const Tensor& x : inputs) any = any || in_graph(x.autograd_meta());
-  if (!any || is_not_differentiable(op)) return;
+  if (!any || is_not_differentiable(op) || !is_floating(out.dtype())) return;
   auto node = std::make_shared<OpNode<Tensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
   for (const Tensor& x : inputs) {
@@ -295,7 +295,7 @@ void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* c
   if (!grad_mode) return;
   bool any = false;
   for (const DTensor* x : inputs) any = any || in_graph(x->autograd_meta());
-  if (!any || is_not_differentiable(op)) return;
+  if (!any || is_not_differentiable(op) || !is_floating(out.dtype())) return;
   auto node = std::make_shared<OpNode<DTensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
   for (const DTensor* x : inputs) {
