@@ -39,6 +39,12 @@ struct RegisterSamples {
   RegisterSamples(const std::string& op, SampleGenerator gen) { op_samples()[op] = std::move(gen); }
 };
 
+/// Every combination of input layouts the op suite tries for `s` on a mesh
+/// of `mesh_shape`: per mesh dim, R, S(d) for each tensor dim and (floating
+/// inputs, allow_partial) P(sum); fixed inputs stay Replicate. In a fixed
+/// order (callers sample it, seeded).
+std::vector<std::vector<Layout>> input_layout_combos(const Shape& mesh_shape, const OpSample& s);
+
 /// Random float tensor with values in [lo, hi) (seeded, any dtype).
 Tensor uniform(const Shape& shape, DType dtype, std::uint64_t seed, double lo = -1, double hi = 1);
 

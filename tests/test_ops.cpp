@@ -18,23 +18,6 @@ constexpr std::size_t kMaxCombos = 160;
 // Under MPI, the meshes of the job's size (see backend_meshes).
 const std::vector<Shape> kMeshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
 
-std::vector<Layout> layout_options(const Shape& mesh, const Tensor& t, bool partial) {
-  std::vector<Placement> per_dim{Replicate{}};
-  for (int d = 0; d < t.dim(); ++d) per_dim.push_back(Shard{d});
-  if (partial && is_floating(t.dtype())) per_dim.push_back(Partial{ReduceOp::Sum});
-  std::vector<Layout> out;
-  std::vector<std::size_t> pick(mesh.size(), 0);
-  while (true) {
-    std::vector<Placement> ps;
-    for (auto p : pick) ps.push_back(per_dim[p]);
-    out.emplace_back(ps);
-    int m = static_cast<int>(mesh.size()) - 1;
-    while (m >= 0 && ++pick[m] == per_dim.size()) pick[m--] = 0;
-    if (m < 0) break;
-  }
-  return out;
-}
-
 // Combos with Partial(avg), (max) or (min) inputs: for each varied input
 // and each of those ops, one combo (drawn from `combos`) whose layout of that
 // input has P(sum) changed to the op. Sampled rather than crossed with
@@ -86,25 +69,11 @@ BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(regi
       const testing::OpSample& s = samples[si];
       const Tensor expected = call_op(op, std::span<const Tensor>(s.inputs), s.attrs);
       // Every combination of input layouts (sampled, seeded, past kMaxCombos).
-      std::vector<std::vector<Layout>> options;
-      for (std::size_t i = 0; i < s.inputs.size(); ++i) {
-        bool fixed =
-            std::find(s.fixed_inputs.begin(), s.fixed_inputs.end(), static_cast<int>(i)) != s.fixed_inputs.end();
-        options.push_back(fixed ? std::vector<Layout>{Layout::replicated(static_cast<int>(mesh_shape.size()))}
-                                : layout_options(mesh_shape, s.inputs[i], s.allow_partial));
-      }
-      std::vector<std::vector<Layout>> combos{{}};
-      for (auto& opts : options) {
-        std::vector<std::vector<Layout>> next;
-        for (auto& c : combos)
-          for (auto& l : opts) {
-            next.push_back(c);
-            next.back().push_back(l);
-          }
-        combos = std::move(next);
-      }
+      std::vector<std::vector<Layout>> combos = testing::input_layout_combos(mesh_shape, s);
       std::vector<bool> varied;
-      for (std::size_t i = 0; i < s.inputs.size(); ++i) varied.push_back(options[i].size() > 1);
+      for (std::size_t i = 0; i < s.inputs.size(); ++i)
+        varied.push_back(
+            std::any_of(combos.begin(), combos.end(), [&](const auto& c) { return c[i] != combos[0][i]; }));
       std::vector<std::vector<Layout>> other_partials = other_partial_combos(combos, varied, rng);
       const std::size_t max_combos = testing::scaled_cases(std::min(combos.size(), kMaxCombos), 4);
       if (combos.size() > max_combos) {

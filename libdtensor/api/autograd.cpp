@@ -283,7 +283,7 @@ void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> in
   if (!grad_mode) return;
   bool any = false;
   for (const Tensor& x : inputs) any = any || in_graph(x.autograd_meta());
-  if (!any || is_not_differentiable(op)) return;
+  if (!any || is_not_differentiable(op) || !is_floating(out.dtype())) return;
   auto node = std::make_shared<OpNode<Tensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
   node->edges.reserve(inputs.size());
@@ -304,6 +304,7 @@ bool records(const OpDef& op, std::span<const DTensor* const> inputs) {
 
 void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const DTensor* const> inputs, DTensor& out,
                std::span<const std::optional<DTensor>> as_used) {
+  if (!is_floating(out.dtype())) return;  // an integer output has no gradient to carry
   auto node = std::make_shared<OpNode<DTensor>>(op, attrs);
   node->inputs.reserve(inputs.size());
   node->edges.reserve(inputs.size());

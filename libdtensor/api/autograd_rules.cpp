@@ -151,6 +151,28 @@ std::vector<std::pair<std::string_view, std::shared_ptr<const BackwardRule>>> bu
   return r;
 }
 
-std::vector<std::string_view> builtin_not_differentiable() { return {"eq", "ne", "lt", "le", "gt", "ge", "argmax"}; }
+// Comparisons and argmax (piecewise constant), and the fused backward ops,
+// which only run inside a backward: there are no higher-order gradients.
+std::vector<std::string_view> builtin_not_differentiable() {
+  return {"eq",
+          "ne",
+          "lt",
+          "le",
+          "gt",
+          "ge",
+          "argmax",
+          "gelu_backward",
+          "silu_backward",
+          "softmax_backward",
+          "log_softmax_backward",
+          "layer_norm_backward",
+          "layer_norm_weight_backward",
+          "rms_norm_backward",
+          "rms_norm_weight_backward",
+          "embedding_backward",
+          "cross_entropy_backward",
+          "max_backward",
+          "min_backward"};
+}
 
 }  // namespace dtensor

@@ -26,23 +26,8 @@ std::string implicit_output(const std::string& lhs) {
   return out;
 }
 
-// einsum's gradient for operand i: the same contraction with the output's
-// gradient in place of operand i and operand i's subscripts as the output
-// ("ij,jk->ik" gives "ik,jk->ij" for the first). A label of operand i found
-// nowhere else was summed over: its gradient is broadcast back.
-template <class X>
-InputGrads<X> einsum_backward(const BackwardArgs<X>& a) {
-  std::string eq;
-  for (char c : a.attrs.template get<EinsumAttrs>("einsum").equation)
-    if (c != ' ') eq += c;
-  if (eq.find('.') != std::string::npos)
-    throw AutogradError(
-        fmt::format("[backward] einsum '{}': the backward of an equation with '...' is not "
-                    "supported; name the dims",
-                    eq));
-  const auto arrow = eq.find("->");
-  const std::string lhs = eq.substr(0, arrow);
-  const std::string out_labels = arrow == std::string::npos ? implicit_output(lhs) : eq.substr(arrow + 2);
+// "ij,jk" -> {"ij", "jk"}.
+std::vector<std::string> operand_terms(const std::string& lhs) {
   std::vector<std::string> terms;
   for (std::size_t start = 0;;) {
     auto comma = lhs.find(',', start);
@@ -50,6 +35,55 @@ InputGrads<X> einsum_backward(const BackwardArgs<X>& a) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  return terms;
+}
+
+// The equation with each '...' spelled out as upper-case labels, right
+// aligned across the operands as NumPy broadcasts them (an implicit output
+// puts them first).
+std::string spell_ellipsis(const std::string& eq, std::span<const std::size_t> ranks) {
+  if (eq.find("...") == std::string::npos) return eq;
+  const auto arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  const std::vector<std::string> terms = operand_terms(lhs);
+  const std::string labels = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  std::size_t widest = 0;
+  std::vector<std::size_t> width(terms.size(), 0);
+  for (std::size_t i = 0; i < terms.size() && i < ranks.size(); ++i)
+    if (terms[i].find("...") != std::string::npos) {
+      width[i] = ranks[i] - (terms[i].size() - 3);
+      widest = std::max(widest, width[i]);
+    }
+  std::string out;
+  for (std::size_t i = 0; i < terms.size(); ++i) {
+    std::string t = terms[i];
+    if (auto at = t.find("..."); at != std::string::npos) t.replace(at, 3, labels.substr(widest - width[i], width[i]));
+    out += (i ? "," : "") + t;
+  }
+  const std::string all = labels.substr(0, widest);
+  if (arrow == std::string::npos) return out + "->" + all + implicit_output(lhs);
+  std::string rhs = eq.substr(arrow + 2);
+  if (auto at = rhs.find("..."); at != std::string::npos) rhs.replace(at, 3, all);
+  return out + "->" + rhs;
+}
+
+// einsum's gradient for operand i: the same contraction with the output's
+// gradient in place of operand i and operand i's subscripts as the output
+// ("ij,jk->ik" gives "ik,jk->ij" for the first). A label of operand i found
+// nowhere else was summed over: its gradient is broadcast back; a label of
+// size 1 in operand i that broadcast against a larger size is summed back.
+template <class X>
+InputGrads<X> einsum_backward(const BackwardArgs<X>& a) {
+  std::string spaced;
+  for (char c : a.attrs.template get<EinsumAttrs>("einsum").equation)
+    if (c != ' ') spaced += c;
+  std::vector<std::size_t> ranks;
+  for (const X& x : a.inputs) ranks.push_back(x.shape().size());
+  const std::string eq = spell_ellipsis(spaced, ranks);
+  const auto arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  const std::string out_labels = arrow == std::string::npos ? implicit_output(lhs) : eq.substr(arrow + 2);
+  const std::vector<std::string> terms = operand_terms(lhs);
   InputGrads<X> grads(terms.size());
   for (std::size_t i = 0; i < terms.size(); ++i) {
     if (!a.needs_grad(i)) continue;
@@ -64,20 +98,24 @@ InputGrads<X> einsum_backward(const BackwardArgs<X>& a) {
       new_lhs += "," + terms[j];
     }
     std::string kept;
+    Shape kept_sizes;  // operand i's sizes of the kept labels
     Shape kept_shape = a.inputs[i].shape();
     for (std::size_t d = 0; d < mine.size(); ++d) {
       if (std::count(mine.begin(), mine.end(), mine[d]) > 1)
         throw AutogradError(
             fmt::format("[backward] einsum '{}': a repeated subscript in one operand ('{}') is "
                         "not supported",
-                        eq, mine));
-      if (elsewhere.find(mine[d]) != std::string::npos)
+                        spaced, mine));
+      if (elsewhere.find(mine[d]) != std::string::npos) {
         kept += mine[d];
-      else
+        kept_sizes.push_back(a.inputs[i].shape()[d]);
+      } else {
         kept_shape[d] = 1;
+      }
     }
-    X g = call_op(registered_op<"einsum">(), std::span<const X>(operands),
-                  EinsumAttrs{.equation = new_lhs + "->" + kept});
+    X g = sum_to(call_op(registered_op<"einsum">(), std::span<const X>(operands),
+                         EinsumAttrs{.equation = new_lhs + "->" + kept}),
+                 kept_sizes);
     if (kept.size() != mine.size())
       g = run<"expand">(ShapeAttrs{.shape = a.inputs[i].shape()}, reshape_to(g, kept_shape));
     grads[i] = g;
@@ -200,6 +238,15 @@ void add_shape_rules(RuleList& r) {
   r.emplace_back("expand", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{sum_to(a.grad, a.inputs[0].shape())};
+                 }));
+  // sum_to_shape sums leading and size-1 dims: its gradient is broadcast
+  // back over them.
+  r.emplace_back("sum_to_shape", make_backward([](const auto& a) {
+                   using X = std::decay_t<decltype(a.grad)>;
+                   const Shape& x = a.inputs[0].shape();
+                   Shape kept(x.size() - a.grad.shape().size(), 1);
+                   kept.insert(kept.end(), a.grad.shape().begin(), a.grad.shape().end());
+                   return InputGrads<X>{run<"expand">(ShapeAttrs{.shape = x}, reshape_to(a.grad, kept))};
                  }));
   r.emplace_back("to", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;

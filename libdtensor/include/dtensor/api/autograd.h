@@ -31,7 +31,8 @@
 //   backward through it raises AutogradError saying so.
 // - An op with neither a rule nor OpDef::not_differentiable raises
 //   AutogradError naming it when a gradient must pass through it, never at
-//   forward time. The outputs of a not-differentiable op never require one.
+//   forward time. The outputs of a not-differentiable op, and integer
+//   outputs (to(x, Int64)), never require one.
 // - Saved tensors share storage with the forward's: an in-place op (add_)
 //   on one of them between forward and backward changes the gradient.
 // - No higher-order gradients: the backward itself is not recorded.
