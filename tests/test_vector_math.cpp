@@ -387,6 +387,50 @@ BOOST_AUTO_TEST_CASE(gelu_f32_whole_range_dense_every_target) {
   });
 }
 
+// f32 log and tanh over dense sweeps, on every SIMD target: log over every
+// 17th float of [0.5, 2) (its error depends on the mantissa; the exponent
+// only adds e * ln 2) and every 997th positive normal; tanh over every
+// 1021st float of either sign below 9.5 (where it is not +-1) and every 5th
+// of [0.6, 0.7), around the switch from its polynomial to the exp formula
+// at 0.625. The bounds sit a little above the worst measured on any target
+// (log 0.86, tanh 1.36 ULP).
+void check_dense(Fn fn, const char* name, const std::vector<float>& x, double bound) {
+  std::vector<Wide> ref(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ref[i] = reference<float>(fn, x[i]);
+  std::vector<float> y(x.size());
+  dtensor::cpu::vmath::for_each_target([&] {
+    const std::string target = dtensor::cpu::vmath::target_name();
+    dtensor::cpu::vmath::apply(fn, x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+    const auto [worst, worst_x] = worst_ulp(x, y, ref);
+    BOOST_TEST_MESSAGE(fmt::format("{} f32 dense, {}: max {:.3g} ULP at x = {:.9g} over {} inputs", name, target, worst,
+                                   worst_x, x.size()));
+    BOOST_TEST(worst <= bound, "no seed (dense sweep) " << name << " target " << target << ": " << worst
+                                                        << " ULP at x = " << worst_x << ", bound " << bound);
+  });
+}
+
+std::vector<float> float_sweep(std::uint32_t from, std::uint32_t to, std::uint32_t stride, bool both_signs) {
+  std::vector<float> x;
+  for (std::uint32_t u = from; u < to; u += stride) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+    if (both_signs) x.push_back(-f);
+  }
+  return x;
+}
+
+BOOST_AUTO_TEST_CASE(log_and_tanh_f32_dense_every_target) {
+  std::vector<float> x = float_sweep(0x3F000000u, 0x40000000u, 17, false);  // [0.5, 2)
+  const std::vector<float> normals = float_sweep(0x00800000u, 0x7F800000u, 997, false);
+  x.insert(x.end(), normals.begin(), normals.end());
+  check_dense(Fn::Log, "log", x, 1.0);
+  x = float_sweep(0, 0x41180000u, 1021, true);                                     // |x| < 9.5
+  const std::vector<float> knee = float_sweep(0x3F19999Au, 0x3F333333u, 5, true);  // [0.6, 0.7)
+  x.insert(x.end(), knee.begin(), knee.end());
+  check_dense(Fn::Tanh, "tanh", x, 1.5);
+}
+
 // The binary loops and softmax's pieces, on lengths around the vector width
 // and the streaming threshold (4 MiB of output), offsets misaligned.
 BOOST_AUTO_TEST_CASE(binary_and_softmax_loops_match_scalar) { dtensor::cpu::vmath::for_each_target(check_loops); }
