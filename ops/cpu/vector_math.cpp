@@ -365,25 +365,27 @@ HWY_INLINE V RecipOnePlusExpNeg(D d, V x) {
 // at most one bit (the result is >= 0.55), |x| clamped to 20 (tanh = 1 in
 // f32 from 9.01). Cheaper than Highway's Tanh (expm1 and a division); f64
 // uses that one. Both paths run for every lane (random signs and sizes mix
-// them in every vector), so the loop is bound by the latency of its longest
-// chain as much as by its operations: both polynomials are in Estrin's
-// scheme, the doubling of |x| is folded into the exp polynomial's
-// coefficients (a polynomial in h = r/2) and the halving of exp(2|x|) + 1
-// into its power of two, and the reciprocal is a division (correctly
-// rounded; as fast here as the approximate one with its Newton step).
+// them in every vector), so the loop is bound by its count of operations
+// (and, less, by its longest chain): the doubling of |x| is folded into the
+// exp polynomial's coefficients (a polynomial in h = r/2, Estrin's scheme)
+// and the halving of exp(2|x|) + 1 into its power of two, and the
+// reciprocal is a division: correctly rounded, and on AVX-512 it runs
+// beside the FMAs where the approximate one and its Newton step take three
+// of their slots.
 template <class D, class V>
 HWY_INLINE V TanhF32(D d, V x) {
   const hn::RebindToSigned<D> di;
   const V one = hn::Set(d, 1.0f);
   const V a = hn::Abs(x);
   const V s = hn::Mul(x, x);
-  const V s2 = hn::Mul(s, s);
-  const V p01 = hn::MulAdd(hn::Set(d, 0.13331381158733235f), s, hn::Set(d, -0.33333279201449856f));
-  const V p23 = hn::MulAdd(hn::Set(d, 0.020626234300064595f), s, hn::Set(d, -0.05373530185916289f));
-  const V p = hn::MulAdd(hn::MulAdd(hn::Set(d, -0.005691919159401061f), s2, p23), s2, p01);
+  V p = hn::Set(d, -0.005691919159401061f);
+  p = hn::MulAdd(p, s, hn::Set(d, 0.020626234300064595f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.05373530185916289f));
+  p = hn::MulAdd(p, s, hn::Set(d, 0.13331381158733235f));
+  p = hn::MulAdd(p, s, hn::Set(d, -0.33333279201449856f));
   const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
-  // exp(2|x|) for 2|x| in [0, 40] as 2^n e^(2h), h = |x| - n ln2/2 (ln 2 in
-  // gelu's two parts, halved exactly): gelu's degree-6 e^r (relative 7e-8;
+  // exp(2|x|) for 2|x| in [0, 40] as 2^n e^(2h), h = |x| - n ln2/2: gelu's
+  // degree-6 e^r (relative 7e-8;
   // 1 - 2/(e + 1) divides its error by at least 2 here) at r = 2h, each
   // coefficient c_k times 2^k (exact). The power of two is 2^(n-1) (bias
   // 126), which halves exp(2|x|) exactly, so that with + 1/2 in the same FMA
@@ -392,8 +394,17 @@ HWY_INLINE V TanhF32(D d, V x) {
   const V magic = hn::Set(d, 12582912.0f + 126.0f);
   const V t = hn::MulAdd(ac, hn::Set(d, 2.0f * 1.442695040888963407f), magic);
   const V n = hn::Sub(t, magic);
+#if HWY_NATIVE_FMA
+  // ln 2/2 rounded to f32 is 9.5e-10 off: n times that moves e = 2^n e^(2h)
+  // by a relative 1.9e-9 n, and tanh by 2e/(e + 1)^2 <= 2/e = 2^(1-n) of
+  // that: at most 0.03 ULP. One FMA rounds n * c + |x| once.
+  const V h = hn::MulAdd(n, hn::Set(d, -0.34657359027997264f), ac);
+#else
+  // Without FMA n * c rounds on its own: ln 2/2 in gelu's two parts (halved
+  // exactly), the first exact in n * it.
   V h = hn::MulAdd(n, hn::Set(d, -0.5f * 0.693145751953125f), ac);
   h = hn::MulAdd(n, hn::Set(d, -0.5f * 1.428606765330187045e-6f), h);
+#endif
   const V h2 = hn::Mul(h, h);
   const V q01 = hn::MulAdd(hn::Set(d, 2.0f), h, one);
   const V q23 = hn::MulAdd(hn::Set(d, 8.0f * 1.666651666e-01f), h, hn::Set(d, 4.0f * 4.999999404e-01f));
