@@ -45,14 +45,14 @@ struct FnCase {
 
 // The documented bounds (vector_math.h points here), each a little above
 // the worst measured on any target: exp: Highway's polynomial (1 ULP) with
-// the reduction's rounding; log: Highway's documented 4 ULP (f64 tanh too);
-// f32 tanh: its fitted polynomial below 0.625, 1 - 2/(e^2x + 1) above (1.6
-// ULP measured); sigmoid and silu: exp's error scaled by the derivative plus
-// the reciprocal (f32: an approximate one and a Newton step; targets
-// without FMA, SSE4 and below, round more: silu 3.0 ULP measured); gelu
-// (f32): the erfc approximation's relative 1.2e-7 (2 ULP) plus the rounding
-// of Q(t), 2 - erfc and the products (5.5 ULP measured on random samples;
-// 6.9 on a sweep of every 41st float of |x| < 20, all targets); sqrt: correctly rounded; rsqrt: 1/sqrt(x) rounds twice.
+// the reduction's rounding; log: Highway's documented 4 ULP (f64, f32
+// subnormals; f32 normals: Cephes' polynomial, 0.89 ULP on the dense sweep
+// below; f64 tanh: 4 ULP too); f32 tanh: its fitted polynomial below 0.625,
+// 1 - 2/(e^2x + 1) above (1.34 ULP on the dense sweep below); sigmoid and silu: exp's error scaled by the derivative
+// plus the reciprocal (f32: an approximate one and a Newton step; targets without FMA, SSE4 and below, round more:
+// silu 3.0 ULP measured); gelu (f32): the erfc approximation's relative 1.2e-7 (2 ULP) plus the rounding of Q(t), 2 -
+// erfc and the products (5.5 ULP measured on random samples; 6.9 on a sweep of every 41st float of |x| < 20, all
+// targets); sqrt: correctly rounded; rsqrt: 1/sqrt(x) rounds twice.
 const FnCase kCases[] = {
     {Fn::Exp, "exp", 2, 2, 110},         {Fn::Log, "log", 4, 4, 4},       {Fn::Tanh, "tanh", 2, 4, 20},
     {Fn::Sigmoid, "sigmoid", 3, 3, 120}, {Fn::Silu, "silu", 3.5, 3, 120}, {Fn::Gelu, "gelu", 7, -1, 20},
@@ -385,6 +385,50 @@ BOOST_AUTO_TEST_CASE(gelu_f32_whole_range_dense_every_target) {
                                    worst_x, x.size()));
     BOOST_TEST(worst <= 7.0, "no seed (dense sweep) target " << target << ": " << worst << " ULP at x = " << worst_x);
   });
+}
+
+// f32 log and tanh over dense sweeps, on every SIMD target: log over every
+// 17th float of [0.5, 2) (its error depends on the mantissa; the exponent
+// only adds e * ln 2) and every 997th positive normal; tanh over every
+// 1021st float of either sign below 9.5 (where it is not +-1) and every 5th
+// of [0.6, 0.7), around the switch from its polynomial to the exp formula
+// at 0.625. The bounds sit a little above the worst measured on any target
+// (log 0.89, tanh 1.34 ULP).
+void check_dense(Fn fn, const char* name, const std::vector<float>& x, double bound) {
+  std::vector<Wide> ref(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ref[i] = reference<float>(fn, x[i]);
+  std::vector<float> y(x.size());
+  dtensor::cpu::vmath::for_each_target([&] {
+    const std::string target = dtensor::cpu::vmath::target_name();
+    dtensor::cpu::vmath::apply(fn, x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+    const auto [worst, worst_x] = worst_ulp(x, y, ref);
+    BOOST_TEST_MESSAGE(fmt::format("{} f32 dense, {}: max {:.3g} ULP at x = {:.9g} over {} inputs", name, target, worst,
+                                   worst_x, x.size()));
+    BOOST_TEST(worst <= bound, "no seed (dense sweep) " << name << " target " << target << ": " << worst
+                                                        << " ULP at x = " << worst_x << ", bound " << bound);
+  });
+}
+
+std::vector<float> float_sweep(std::uint32_t from, std::uint32_t to, std::uint32_t stride, bool both_signs) {
+  std::vector<float> x;
+  for (std::uint32_t u = from; u < to; u += stride) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+    if (both_signs) x.push_back(-f);
+  }
+  return x;
+}
+
+BOOST_AUTO_TEST_CASE(log_and_tanh_f32_dense_every_target) {
+  std::vector<float> x = float_sweep(0x3F000000u, 0x40000000u, 17, false);  // [0.5, 2)
+  const std::vector<float> normals = float_sweep(0x00800000u, 0x7F800000u, 997, false);
+  x.insert(x.end(), normals.begin(), normals.end());
+  check_dense(Fn::Log, "log", x, 1.0);
+  x = float_sweep(0, 0x41180000u, 1021, true);                                     // |x| < 9.5
+  const std::vector<float> knee = float_sweep(0x3F19999Au, 0x3F333333u, 5, true);  // [0.6, 0.7)
+  x.insert(x.end(), knee.begin(), knee.end());
+  check_dense(Fn::Tanh, "tanh", x, 1.5);
 }
 
 // The binary loops and softmax's pieces, on lengths around the vector width

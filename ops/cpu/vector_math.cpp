@@ -5,8 +5,8 @@
 //
 // Built from Highway's contrib/math (documented there: exp 1 ULP, log 4 ULP,
 // tanh 4 ULP): exp is its polynomial behind a leaner reduction (ExpCore),
-// with Highway's Exp for the vectors that reach the range ends; log is its
-// Log's method with the division replaced (LogNormal), its Log at the ends
+// with Highway's Exp for the vectors that reach the range ends; f32 log is
+// Cephes' polynomial without a division (LogNormal), Highway's Log at the ends
 // (subnormals; x < 0 -> NaN, 0 -> -inf, +inf, NaN fixed up here);
 // f64 tanh is its Tanh, f32 tanh is TanhF32 below. Highway 1.0.3 has no
 // erf: gelu's is below (GeluCentral, GeluErfc). Every fast path that covers only
@@ -141,12 +141,17 @@ HWY_INLINE V Recip(D d, V x) {
   }
 }
 
-// log of a positive normal f32 as Highway's Log computes it (musl's
-// reduction: x = 2^e * y, y in [sqrt2/2, sqrt2), z = (y - 1)/(y + 1) and
-// log y = 2 atanh z by its polynomial), but z's division is a reciprocal
-// refined by one Newton step (Recip): z's extra ULP reaches the result only
-// through z * (y - 1 - P(z)), under a fifth of it, and the division was
-// the longest instruction of the loop. f64 keeps Highway's Log.
+// log of a positive normal f32 without a division: x = 2^e * m with m in
+// [sqrt2/2, sqrt2) (musl's split of the bits, as Highway's Log), f = m - 1
+// (exact), and log(1 + f) = f + f^2 (f P(f) - 1/2), P of degree 8: Cephes'
+// logf (Moshier; it documents a relative error of 7.6e-8 on that range).
+// Highway's Log forms (m - 1)/(m + 1) and a polynomial in its square: the
+// division (or a reciprocal refined by a Newton step) and the Horner chain
+// behind it made the loop latency-bound; P here is evaluated in Estrin's
+// scheme (a chain of 4 operations from f where Horner's has 8). Measured over every
+// 17th float of [0.5, 2) and every 997th positive normal (the dense test
+// in tests/test_vector_math.cpp): 0.89 ULP with FMA, 0.86 without; Highway's
+// method with the Newton reciprocal: 0.93-0.98. f64 keeps Highway's Log.
 template <class D, class V>
 HWY_INLINE V LogNormal(D d, V x) {
   using T = hn::TFromD<D>;
@@ -155,19 +160,34 @@ HWY_INLINE V LogNormal(D d, V x) {
   } else {
     const hn::RebindToSigned<D> di;
     const hn::RebindToUnsigned<D> du;
-    const V one = hn::Set(d, 1.0f);
     const auto bits = hn::Add(hn::BitCast(di, x), hn::Set(di, 0x3F800000 - 0x3F3504F3));
     const V e =
         hn::ConvertTo(d, hn::Sub(hn::BitCast(di, hn::ShiftRight<23>(hn::BitCast(du, bits))), hn::Set(di, 0x7F)));
-    const V y = hn::BitCast(d, hn::Add(hn::And(bits, hn::Set(di, 0x7FFFFF)), hn::Set(di, 0x3F3504F3)));
-    const V ym1 = hn::Sub(y, one);
-    const V z = hn::Mul(ym1, Recip(d, hn::Add(y, one)));
-    const V z2 = hn::Mul(z, z);
-    const V z4 = hn::Mul(z2, z2);
-    const V poly = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.28498786688f), z4, hn::Set(d, 0.66666662693f)), z2,
-                              hn::Mul(hn::MulAdd(hn::Set(d, 0.24279078841f), z4, hn::Set(d, 0.40000972152f)), z4));
-    return hn::MulSub(e, hn::Set(d, 0.69313812256f),
-                      hn::Sub(hn::MulSub(z, hn::Sub(ym1, poly), hn::Mul(e, hn::Set(d, 9.0580006145e-6f))), ym1));
+    const V m = hn::BitCast(d, hn::Add(hn::And(bits, hn::Set(di, 0x7FFFFF)), hn::Set(di, 0x3F3504F3)));
+    const V f = hn::Sub(m, hn::Set(d, 1.0f));
+    const V f2 = hn::Mul(f, f);
+    const V f4 = hn::Mul(f2, f2);
+    // P(f) = c0 + c1 f + ... + c8 f^8 as (c0 + c1 f) + f^2 (c2 + c3 f) + f^4 ((c4 + c5 f) + f^2 (c6 + c7 f) + f^4 c8).
+    const V p01 = hn::MulAdd(hn::Set(d, -2.4999993993E-1f), f, hn::Set(d, 3.3333331174E-1f));
+    const V p23 = hn::MulAdd(hn::Set(d, -1.6668057665E-1f), f, hn::Set(d, 2.0000714765E-1f));
+    const V p45 = hn::MulAdd(hn::Set(d, -1.2420140846E-1f), f, hn::Set(d, 1.4249322787E-1f));
+    const V p67 = hn::MulAdd(hn::Set(d, -1.1514610310E-1f), f, hn::Set(d, 1.1676998740E-1f));
+    const V p4_8 = hn::MulAdd(hn::Set(d, 7.0376836292E-2f), f4, hn::MulAdd(p67, f2, p45));
+    const V p = hn::MulAdd(p4_8, f4, hn::MulAdd(p23, f2, p01));
+#if HWY_NATIVE_FMA
+    // f + f^2 (f P(f) - 1/2), then + e ln 2 in the same rounding: ln 2 in one
+    // part, 1.9e-9 off, which is 2.4e-7 at e = +-126, 0.03 ULP of the result
+    // there, and at most 0.06 ULP where e ln 2 and log m nearly cancel (e = -1,
+    // m near sqrt2).
+    const V t = hn::Mul(f2, hn::MulAdd(p, f, hn::Set(d, -0.5f)));
+    return hn::MulAdd(e, hn::Set(d, 0.693147182464599609375f), hn::Add(f, t));
+#else
+    // Without FMA e * ln 2 would round on its own: the two parts of Cephes,
+    // e * the first exact, the second added to the small terms.
+    const V w = hn::MulAdd(f2, hn::Set(d, -0.5f), hn::Mul(e, hn::Set(d, -2.12194440e-4f)));
+    const V t = hn::MulAdd(hn::Mul(f2, f), p, w);
+    return hn::MulAdd(e, hn::Set(d, 0.693359375f), hn::Add(f, t));
+#endif
   }
 }
 
@@ -350,12 +370,20 @@ HWY_INLINE V RecipOnePlusExpNeg(D d, V x) {
 
 // tanh in f32: an odd polynomial below 0.625, x + x^3 P(x^2) with P of
 // degree 4 fitted as erf's above (relative error <= 4.8e-9 on [0, 0.625]);
-// above, sign(x) * (1 - 2/(exp(2|x|) + 1)), where the subtraction loses at
-// most one bit (the result is >= 0.55), |x| clamped to 20 (tanh = 1 in f32
-// from 9.01). Cheaper than Highway's Tanh (expm1 and a division); f64 uses
-// that one.
+// above, sign(x) * (1 - 1/((exp(2|x|) + 1)/2)), where the subtraction loses
+// at most one bit (the result is >= 0.55), |x| clamped to 20 (tanh = 1 in
+// f32 from 9.01). Cheaper than Highway's Tanh (expm1 and a division); f64
+// uses that one. Both paths run for every lane (random signs and sizes mix
+// them in every vector), so the loop is bound by its count of operations
+// (and, less, by its longest chain): the doubling of |x| is folded into the
+// exp polynomial's coefficients (a polynomial in h = r/2, Estrin's scheme)
+// and the halving of exp(2|x|) + 1 into its power of two, and the
+// reciprocal is a division: correctly rounded, and on AVX-512 it runs
+// beside the FMAs where the approximate one and its Newton step take three
+// of their slots.
 template <class D, class V>
 HWY_INLINE V TanhF32(D d, V x) {
+  const hn::RebindToSigned<D> di;
   const V one = hn::Set(d, 1.0f);
   const V a = hn::Abs(x);
   const V s = hn::Mul(x, x);
@@ -365,24 +393,33 @@ HWY_INLINE V TanhF32(D d, V x) {
   p = hn::MulAdd(p, s, hn::Set(d, 0.13331381158733235f));
   p = hn::MulAdd(p, s, hn::Set(d, -0.33333279201449856f));
   const V small_abs = hn::MulAdd(hn::Mul(a, s), p, a);
-  // exp(2|x|) for 2|x| in [0, 40]: gelu's degree-6 e^r (relative 7e-8, two
-  // operations fewer than ExpCore's degree 7; 1 - 2/(e + 1) divides its
-  // error by at least 2 here) with the same reduction.
-  const V v = hn::Add(hn::Min(a, hn::Set(d, 20.0f)), hn::Min(a, hn::Set(d, 20.0f)));
-  const V magic = hn::Set(d, 12582912.0f + 127.0f);
-  const V t = hn::MulAdd(v, hn::Set(d, 1.442695040888963407f), magic);
+  // exp(2|x|) for 2|x| in [0, 40] as 2^n e^(2h), h = |x| - n ln2/2: gelu's
+  // degree-6 e^r (relative 7e-8; 1 - 2/(e + 1) divides its error by at least
+  // 2 here) at r = 2h, each coefficient c_k times 2^k (exact). The power of
+  // two is 2^(n-1) (bias 126), which halves exp(2|x|) exactly, so that with
+  // + 1/2 in the same FMA the division gives 2/(exp(2|x|) + 1) directly.
+  const V ac = hn::Min(a, hn::Set(d, 20.0f));
+  const V magic = hn::Set(d, 12582912.0f + 126.0f);
+  const V t = hn::MulAdd(ac, hn::Set(d, 2.0f * 1.442695040888963407f), magic);
   const V n = hn::Sub(t, magic);
-  V r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), v);
-  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
-  V q = hn::Set(d, 1.381373149e-03f);
-  q = hn::MulAdd(q, r, hn::Set(d, 8.369124494e-03f));
-  q = hn::MulAdd(q, r, hn::Set(d, 4.166842625e-02f));
-  q = hn::MulAdd(q, r, hn::Set(d, 1.666651666e-01f));
-  q = hn::MulAdd(q, r, hn::Set(d, 4.999999404e-01f));
-  q = hn::MulAdd(q, r, one);
-  q = hn::MulAdd(q, r, one);
-  const V e = hn::Mul(q, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(hn::RebindToSigned<D>(), t))));
-  const V large_abs = hn::NegMulAdd(hn::Set(d, 2.0f), Recip(d, hn::Add(e, one)), one);
+#if HWY_NATIVE_FMA
+  // ln 2/2 rounded to f32 is 9.5e-10 off: n times that moves e = 2^n e^(2h)
+  // by a relative 1.9e-9 n, and tanh by 2e/(e + 1)^2 <= 2/e = 2^(1-n) of
+  // that: at most 0.03 ULP. One FMA rounds n * c + |x| once.
+  const V h = hn::MulAdd(n, hn::Set(d, -0.34657359027997264f), ac);
+#else
+  // Without FMA n * c rounds on its own: ln 2/2 in gelu's two parts (halved
+  // exactly), the first exact in n * it.
+  V h = hn::MulAdd(n, hn::Set(d, -0.5f * 0.693145751953125f), ac);
+  h = hn::MulAdd(n, hn::Set(d, -0.5f * 1.428606765330187045e-6f), h);
+#endif
+  const V h2 = hn::Mul(h, h);
+  const V q01 = hn::MulAdd(hn::Set(d, 2.0f), h, one);
+  const V q23 = hn::MulAdd(hn::Set(d, 8.0f * 1.666651666e-01f), h, hn::Set(d, 4.0f * 4.999999404e-01f));
+  const V q45 = hn::MulAdd(hn::Set(d, 32.0f * 8.369124494e-03f), h, hn::Set(d, 16.0f * 4.166842625e-02f));
+  const V q = hn::MulAdd(hn::MulAdd(hn::MulAdd(hn::Set(d, 64.0f * 1.381373149e-03f), h2, q45), h2, q23), h2, q01);
+  const V half_den = hn::MulAdd(q, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t))), hn::Set(d, 0.5f));
+  const V large_abs = hn::Sub(one, hn::Div(one, half_den));
   // NaN fails the comparison and takes the polynomial, which keeps it NaN
   // (the clamp in the exp's argument may not): no separate NaN select.
   const V y = hn::IfThenElse(hn::Ge(a, hn::Set(d, 0.625f)), large_abs, small_abs);
