@@ -400,6 +400,7 @@ Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& t
   P.nd = static_cast<int>(req.global_shape.size());
   P.global = req.global_shape;
   P.ranks = ranks;
+  P.dtype = req.dtype;
   P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
   P.cost = &req.cost;
   P.avg_in_one_step = !is_floating(req.dtype);
