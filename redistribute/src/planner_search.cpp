@@ -107,18 +107,18 @@ void Search::gather_edges(const Pls& p, EdgeList& out) const {
 // Partial mesh dims: AllReduce on any subset, ReduceScatter on any ordered subset.
 void Search::reduce_edges(const Pls& p, EdgeList& out) const {
   const int k = P_.k, nd = P_.nd;
-  const Pls& dst = states_[goal_].pl;
   std::array<int, kMaxDims> q{};
   int nq = 0;
   for (int m = 0; m < k; ++m)
     if (p[m].kind == kPar) q[nq++] = m;
   if (nq == 0) return;
-  int must = -1;  // the only group mask allowed, or -1 for any
-  if (P_.avg_in_one_step && p[q[0]].op == ReduceOp::Avg) {
-    must = 0;
-    for (int i = 0; i < nq; ++i)
-      if (dst[q[i]].kind != kPar || dst[q[i]].op != ReduceOp::Avg) must |= 1 << i;
-  }
+  // The only group mask allowed, or -1 for any. An integer Avg reduces every
+  // Partial dim in one step, even those the target keeps as P(avg): a mean
+  // of some dims' truncated means is not the truncated mean (trunc((trunc(3 /
+  // 2) + trunc(1 / 2)) / 2) = 0, trunc(4 / 4) = 1), and the kept dims come
+  // back exactly by relabelling the replicated mean.
+  int must = -1;
+  if (P_.avg_in_one_step && p[q[0]].op == ReduceOp::Avg) must = (1 << nq) - 1;
   for (int mask = 1; mask < (1 << nq); ++mask) {
     if (must >= 0 && mask != must) continue;
     Edge e = edge_of(StepKind::AllReduce);

@@ -40,7 +40,7 @@ struct Problem {
   std::int64_t itemsize = 4;
   const CostModel* cost = nullptr;
   // Integer Avg: divisions in stages truncate differently from one division,
-  // so the Partial dims a plan removes are all reduced by one collective.
+  // so a reduction covers every Partial dim at once (reduce_edges).
   bool avg_in_one_step = false;
   // Objective: (bytes, time), or (time, bytes) for a Partial source where
   // latency decides (see bandwidth_dominates in objective.h).
