@@ -29,24 +29,11 @@ void finish(Communicator& comm, const Tensor& pairs, void* out, std::size_t coun
     average_finish(pairs.data_as<std::int64_t>(), o, count, comm.size());
 }
 
-// Runs `inner` (the collective on the pairs) and counts it in the stats as
-// the collective that was asked for: `kind`, receiving `bytes`.
-template <class Fn>
-void counted_as(Communicator& comm, CollectiveKind kind, std::uint64_t bytes, Fn&& inner) {
-  const CommStats before = comm.stats();
-  inner();
-  comm.stats() = before;
-  comm.stats().record(kind, bytes);
-}
-
 }  // namespace
 
 void all_reduce_integer_average(Communicator& comm, const void* send, void* recv, std::size_t count) {
   Tensor pairs = split(comm, send, count);
-  const auto n = static_cast<std::int64_t>(count);
-  const auto bytes = static_cast<std::uint64_t>(all_reduce_recv_count(n, comm.size(), comm.rank())) * 8;
-  counted_as(comm, CollectiveKind::AllReduce, bytes,
-             [&] { comm.all_reduce(pairs.bytes(), pairs.bytes(), 2 * count, DType::Int64, ReduceOp::Sum); });
+  comm.all_reduce(pairs.bytes(), pairs.bytes(), 2 * count, DType::Int64, ReduceOp::Sum);
   finish(comm, pairs, recv, count);
 }
 
@@ -64,10 +51,7 @@ void reduce_scatter_integer_average(Communicator& comm, const void* send, void* 
   const auto r = static_cast<std::size_t>(comm.rank());
   const std::size_t mine = r < counts.size() ? counts[r] : 0;  // a wrong list is the inner call's error
   Tensor reduced = Tensor::empty({static_cast<std::int64_t>(2 * mine)}, DType::Int64, comm.device());
-  const auto bytes =
-      static_cast<std::uint64_t>(reduce_scatter_recv_count(static_cast<std::int64_t>(mine), comm.size())) * 8;
-  counted_as(comm, CollectiveKind::ReduceScatter, bytes,
-             [&] { comm.reduce_scatter(pairs.bytes(), reduced.bytes(), doubled, DType::Int64, ReduceOp::Sum); });
+  comm.reduce_scatter(pairs.bytes(), reduced.bytes(), doubled, DType::Int64, ReduceOp::Sum);
   finish(comm, reduced, recv, mine);
 }
 

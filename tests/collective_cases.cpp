@@ -105,8 +105,10 @@ void all_reduce_values_and_bytes(const Engine& engine) {
                     break;
                   }
                 }
-                const std::size_t seg = seg_size(count, n, rank);
-                const std::uint64_t bytes = ((n - 1) * seg + (count - seg)) * sizeof(T);
+                // An int64 Avg moves the pairs (x / n, x % n): twice the elements.
+                const std::size_t wire = dtype == DType::Int64 && op == ReduceOp::Avg && n > 1 ? 2 * count : count;
+                const std::size_t seg = seg_size(wire, n, rank);
+                const std::uint64_t bytes = ((n - 1) * seg + (wire - seg)) * sizeof(T);
                 EXPECT_R(diff.recv_bytes == bytes, "{}: recv_bytes {} expected {}", what, diff.recv_bytes, bytes);
                 EXPECT_R(diff.count(CollectiveKind::AllReduce) == 1 && diff.data_collectives() == 1, "{}: calls", what);
               });
@@ -218,7 +220,8 @@ void reduce_scatter_values_and_bytes(const Engine& engine) {
                     break;
                   }
                 }
-                const std::uint64_t bytes = (n - 1) * mine * sizeof(T);
+                const std::size_t pairs = dtype == DType::Int64 && op == ReduceOp::Avg && n > 1 ? 2 : 1;
+                const std::uint64_t bytes = (n - 1) * mine * pairs * sizeof(T);
                 EXPECT_R(diff.recv_bytes == bytes, "{}: recv_bytes {} expected {}", what, diff.recv_bytes, bytes);
               });
             }

@@ -59,6 +59,13 @@ Case random_case(std::mt19937_64& rng, const Shape& mesh, std::uint64_t seed) {
   return c;
 }
 
+// The op of a layout's Partial mesh dims (one layout holds one kind).
+ReduceOp partial_op(const Layout& l) {
+  for (const Placement& p : l.placements())
+    if (const auto* q = std::get_if<Partial>(&p)) return q->op;
+  return ReduceOp::Sum;
+}
+
 // Upper bound for Partial sources, built without the planner: one
 // bandwidth-optimal all_reduce over all Partial mesh dims (as the
 // communicator counts it), then the exact exchange into the target. Summed
@@ -82,6 +89,8 @@ std::int64_t partial_source_bound(const Shape& mesh, const Case& c) {
   for (std::int64_t r = 0; r < numel(mesh); ++r) {
     Shape coord = unravel_index(r, mesh);
     std::int64_t count = local_box(mesh, c.shape, c.from, coord).numel();
+    // An int64 Avg reduces the pairs (x / n, x % n): twice the elements.
+    if (c.dtype == DType::Int64 && group > 1 && c.from.has_partial() && partial_op(c.from) == ReduceOp::Avg) count *= 2;
     // The rank's index inside the flattened Partial group (row-major).
     std::int64_t index = 0;
     for (int m = 0; m < c.from.mesh_ndim(); ++m)

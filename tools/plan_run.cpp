@@ -55,9 +55,10 @@ bool sums_values(const Layout& layout) {
 // K partial ranks, rank k of them holds part k of each value: for a sum,
 // floats take a random fraction below 1/(2K) of the value on k > 0 (rank 0
 // the rest, so no part cancels the others) and int64 random integers; for a
-// mean, K times those parts (int64: the value itself, so that a mean taken
-// one mesh dim at a time stays exact); for max/min one random rank holds the
-// value and the others smaller/larger ones.
+// mean, K times those parts (int64: rank 0 holds K times the value less the
+// others' parts, whose truncated mean is the value only if the planner
+// divides once, never one mesh dim at a time); for max/min one random rank
+// holds the value and the others smaller/larger ones.
 template <class T>
 Tensor make_source(const Plan& plan, std::uint64_t seed, const Shape& coord) {
   constexpr bool fp = std::is_floating_point_v<T>;
@@ -77,7 +78,7 @@ Tensor make_source(const Plan& plan, std::uint64_t seed, const Shape& coord) {
   const std::int64_t n = local.numel();
 
   if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
-    if (!fp && op == ReduceOp::Avg) return local;
+    const bool int_mean = !fp && op == ReduceOp::Avg;
     auto share = [&](T value, T r) -> T {
       if constexpr (fp)
         return value * (r / static_cast<T>(2 * K));
@@ -95,9 +96,11 @@ Tensor make_source(const Plan& plan, std::uint64_t seed, const Shape& coord) {
         const T* rv = r.data_as<T>();
         for (std::int64_t i = 0; i < n; ++i) others[i] += share(x[i], rv[i]);
       }
-      for (std::int64_t i = 0; i < n; ++i) x[i] -= others[i];
+      // An int64 mean: rank 0 holds K x less the others' parts, which are
+      // not multiples of K, so any truncation before the one division shows.
+      for (std::int64_t i = 0; i < n; ++i) x[i] = (int_mean ? x[i] * static_cast<T>(K) : x[i]) - others[i];
     }
-    if (op == ReduceOp::Avg)
+    if (op == ReduceOp::Avg && !int_mean)
       for (std::int64_t i = 0; i < n; ++i) x[i] *= static_cast<T>(K);
     return local;
   }

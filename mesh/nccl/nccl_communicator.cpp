@@ -146,7 +146,7 @@ class NcclCommunicator final : public Communicator {
   CommStats& stats() override { return *stats_; }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    if (backend_detail::integer_average(dtype, op) && size() > 1)
+    if (reduces_as_average_pairs(dtype, op, size()))
       return backend_detail::all_reduce_integer_average(*this, send, recv, count);
     constexpr auto kind = CollectiveKind::AllReduce;
     const std::size_t isz = itemsize(dtype);
@@ -165,7 +165,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, recv, send, count * isz, s);
     }
     wait(kind);
-    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_count(count, size_, rank_)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, size_, rank_, dtype, op)));
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -202,7 +202,7 @@ class NcclCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
                       ReduceOp op) override {
-    if (backend_detail::integer_average(dtype, op) && size() > 1)
+    if (reduces_as_average_pairs(dtype, op, size()))
       return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
     constexpr auto kind = CollectiveKind::ReduceScatter;
     const std::size_t isz = itemsize(dtype);
@@ -250,7 +250,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, out, own, mine * isz, s);
       wait(kind);
     }
-    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_count(mine, size_)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size_, dtype, op)));
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,

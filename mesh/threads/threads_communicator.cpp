@@ -68,7 +68,7 @@ class ThreadsCommunicator final : public Communicator {
   CommStats& stats() override { return *stats_; }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    if (backend_detail::integer_average(dtype, op) && size() > 1)
+    if (reduces_as_average_pairs(dtype, op, size()))
       return backend_detail::all_reduce_integer_average(*this, send, recv, count);
     constexpr auto kind = CollectiveKind::AllReduce;
     const std::size_t isz = check_dtype(kind, dtype);
@@ -106,7 +106,7 @@ class ThreadsCommunicator final : public Communicator {
                  static_cast<std::size_t>(sp.size) * isz);
     }
     wait_phase(kind, deadline);
-    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_count(count, n, rank_)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, n, rank_, dtype, op)));
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -142,7 +142,7 @@ class ThreadsCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
                       ReduceOp op) override {
-    if (backend_detail::integer_average(dtype, op) && size() > 1)
+    if (reduces_as_average_pairs(dtype, op, size()))
       return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
     constexpr auto kind = CollectiveKind::ReduceScatter;
     const std::size_t isz = check_dtype(kind, dtype);
@@ -182,7 +182,7 @@ class ThreadsCommunicator final : public Communicator {
     fold_peers(acc, own, my_off, my_count, dtype, op, seq);
     wait_phase(kind, deadline);
     if (overlaps) move_bytes(out, acc, my_count * isz);
-    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_count(my_count, n)) * isz);
+    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(my_count, n, dtype, op)));
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,

@@ -9,6 +9,7 @@
 
 #include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/reduction_bytes.h"
 #include "objective.h"
 #include "planner_search.h"
 
@@ -67,18 +68,21 @@ std::string dims_text(const std::vector<int>& dims) {
   return fmt::format("mesh dim{} {}", dims.size() == 1 ? "" : "s", fmt::join(dims, ","));
 }
 
-std::string describe(const PlanStep& s, const Layout& before) {
-  auto op_of = [&](const Layout& l) {
-    for (const Placement& p : l.placements())
-      if (auto* q = std::get_if<Partial>(&p)) return q->op;
-    return ReduceOp::Sum;
-  };
+std::string describe(const PlanStep& s, const Layout& before, DType dtype, std::span<const std::int64_t> mesh) {
+  ReduceOp op = ReduceOp::Sum;
+  for (const Placement& p : before.placements())
+    if (auto* q = std::get_if<Partial>(&p)) op = q->op;
+  std::int64_t n = 1;
+  for (int m : s.mesh_dims) n *= mesh[static_cast<std::size_t>(m)];
+  // The bytes shown are the pairs' (core/reduction_bytes.h): say why.
+  const std::string pairs =
+      reduces_as_average_pairs(dtype, op, n) ? " (exactly, as int64 pairs (x / n, x % n): twice the bytes)" : "";
   switch (s.kind) {
     case StepKind::AllGather: return fmt::format("gathers dim {} across {}", s.tensor_dim, dims_text(s.mesh_dims));
-    case StepKind::AllReduce: return fmt::format("reduces ({}) across {}", op_of(before), dims_text(s.mesh_dims));
+    case StepKind::AllReduce: return fmt::format("reduces ({}) across {}{}", op, dims_text(s.mesh_dims), pairs);
     case StepKind::ReduceScatter:
-      return fmt::format("reduces ({}) across {} and scatters dim {}", op_of(before), dims_text(s.mesh_dims),
-                         s.tensor_dim);
+      return fmt::format("reduces ({}) across {} and scatters dim {}{}", op, dims_text(s.mesh_dims), s.tensor_dim,
+                         pairs);
     case StepKind::AllToAll:
       return fmt::format("moves the split on {} from dim {} to dim {}", dims_text(s.mesh_dims), s.src_dim,
                          s.tensor_dim);
@@ -370,7 +374,7 @@ Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats
     steps[i].to = i + 1 == steps.size() ? plan.to : lift(search.state(step_target[i]).pl, P, mesh_ndim);
   }
   // Reasons: what each step does; the first also says how the plan ranked.
-  for (PlanStep& s : steps) s.reason = describe(s, s.from);
+  for (PlanStep& s : steps) s.reason = describe(s, s.from, req.dtype, req.mesh_shape);
   steps[0].reason += ranking_text(search, direct ? search.source() : chain.back().from,
                                   direct ? StepKind::Exchange : chain.back().edge.kind, P.bytes_first);
 
@@ -400,6 +404,7 @@ Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& t
   P.nd = static_cast<int>(req.global_shape.size());
   P.global = req.global_shape;
   P.ranks = ranks;
+  P.dtype = req.dtype;
   P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
   P.cost = &req.cost;
   P.avg_in_one_step = !is_floating(req.dtype);

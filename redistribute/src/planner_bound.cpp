@@ -14,8 +14,8 @@
 // and zero fills and relabels keep them; a reduction that removes the last
 // Partial still owed receives at least |V_r| >= |T_r and V_r| (an
 // all_reduce over n >= 2 ranks receives count + (n-2)*segment, a
-// reduce_scatter (n-1)*|V_r|), which pays for what the first line counted
-// beyond the second. So for every step, bound_r(before) <= c_r +
+// reduce_scatter (n-1)*|V_r|; an int64 Avg twice that, core/reduction_bytes.h),
+// which pays for what the first line counted beyond the second. So for every step, bound_r(before) <= c_r +
 // bound_r(after), per rank (run_exact adds it to each rank's total) and for
 // the busiest rank (run adds the largest).
 //

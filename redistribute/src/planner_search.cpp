@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "dtensor/core/error.h"
+#include "dtensor/core/reduction_bytes.h"
 
 namespace dtensor::planner {
 
@@ -106,18 +107,18 @@ void Search::gather_edges(const Pls& p, EdgeList& out) const {
 // Partial mesh dims: AllReduce on any subset, ReduceScatter on any ordered subset.
 void Search::reduce_edges(const Pls& p, EdgeList& out) const {
   const int k = P_.k, nd = P_.nd;
-  const Pls& dst = states_[goal_].pl;
   std::array<int, kMaxDims> q{};
   int nq = 0;
   for (int m = 0; m < k; ++m)
     if (p[m].kind == kPar) q[nq++] = m;
   if (nq == 0) return;
-  int must = -1;  // the only group mask allowed, or -1 for any
-  if (P_.avg_in_one_step && p[q[0]].op == ReduceOp::Avg) {
-    must = 0;
-    for (int i = 0; i < nq; ++i)
-      if (dst[q[i]].kind != kPar || dst[q[i]].op != ReduceOp::Avg) must |= 1 << i;
-  }
+  // The only group mask allowed, or -1 for any. An integer Avg reduces every
+  // Partial dim in one step, even those the target keeps as P(avg): a mean
+  // of some dims' truncated means is not the truncated mean (trunc((trunc(3 /
+  // 2) + trunc(1 / 2)) / 2) = 0, trunc(4 / 4) = 1), and the kept dims come
+  // back exactly by relabelling the replicated mean.
+  int must = -1;
+  if (P_.avg_in_one_step && p[q[0]].op == ReduceOp::Avg) must = (1 << nq) - 1;
   for (int mask = 1; mask < (1 << nq); ++mask) {
     if (must >= 0 && mask != must) continue;
     Edge e = edge_of(StepKind::AllReduce);
@@ -214,13 +215,15 @@ double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const C
   return static_cast<double>(checked_mul(max_numel, itemsize, "bytes of a local step")) / cost.local_copy_Bps;
 }
 
-std::int64_t collective_recv_count(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
-                                   const RankBoxes& T, int r, int nd) {
+std::int64_t collective_recv_bytes(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
+                                   const RankBoxes& T, int r, int nd, DType dtype, ReduceOp op) {
+  const auto isz = static_cast<std::int64_t>(itemsize(dtype));
   switch (kind) {
-    case StepKind::AllGather: return T.numel[r] - S.numel[r];
-    case StepKind::AllReduce: return all_reduce_recv_count(S.numel[r], n, group_index);
-    case StepKind::ReduceScatter: return reduce_scatter_recv_count(T.numel[r], n);
-    case StepKind::AllToAll: return T.numel[r] - inter_numel(S, r, T, r, nd);
+    case StepKind::AllGather: return checked_mul(T.numel[r] - S.numel[r], isz, "bytes of an all_gather step");
+    case StepKind::AllReduce: return all_reduce_recv_bytes(S.numel[r], n, group_index, dtype, op);
+    case StepKind::ReduceScatter: return reduce_scatter_recv_bytes(T.numel[r], n, dtype, op);
+    case StepKind::AllToAll:
+      return checked_mul(T.numel[r] - inter_numel(S, r, T, r, nd), isz, "bytes of an all_to_all step");
     default: return 0;
   }
 }
@@ -256,10 +259,12 @@ Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& by
     n = checked_mul(n, P_.n[e.g[i]], "ranks of a group");
     dims.push_back(P_.full[e.g[i]]);
   }
+  // A reduction's op is its group's Partial's (one layout holds one kind).
+  const ReduceOp op = S.pl[e.g[0]].kind == kPar ? S.pl[e.g[0]].op : ReduceOp::Sum;
   for (int r = 0; r < R; ++r) {
     std::int64_t gr = 0;  // r's index in its group: mixed radix, first group dim most significant
     for (int i = 0; i < e.ng; ++i) gr = gr * P_.n[e.g[i]] + P_.c(r, e.g[i]);
-    bytes[r] = checked_mul(collective_recv_count(e.kind, n, gr, S, T, r, P_.nd), isz, "bytes of a collective step");
+    bytes[r] = collective_recv_bytes(e.kind, n, gr, S, T, r, P_.nd, P_.dtype, op);
   }
   return collective_step(e.kind, dims, n, *std::max_element(bytes.begin(), bytes.end()), *P_.cost);
 }

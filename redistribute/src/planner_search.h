@@ -36,10 +36,11 @@ struct Problem {
   Shape global;
   int ranks = 1;
   std::vector<std::int64_t> coord;  // ranks * k
+  DType dtype = DType::Float32;
   std::int64_t itemsize = 4;
   const CostModel* cost = nullptr;
   // Integer Avg: divisions in stages truncate differently from one division,
-  // so the Partial dims a plan removes are all reduced by one collective.
+  // so a reduction covers every Partial dim at once (reduce_edges).
   bool avg_in_one_step = false;
   // Objective: (bytes, time), or (time, bytes) for a Partial source where
   // latency decides (see bandwidth_dominates in objective.h).
@@ -113,11 +114,13 @@ struct Eval {
 /// Time of a local step (slice, zero fill, local copy) whose largest per-rank
 /// output has `max_numel` elements.
 double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const CostModel& cost);
-/// Elements rank r receives in a collective step of `kind` (AllGather,
-/// AllReduce, ReduceScatter, AllToAll) over a group of n ranks in which r has
-/// index group_index, from boxes S to boxes T.
-std::int64_t collective_recv_count(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
-                                   const RankBoxes& T, int r, int nd);
+/// Bytes rank r receives in a collective step of `kind` (AllGather,
+/// AllReduce, ReduceScatter, AllToAll) of `dtype` over a group of n ranks in
+/// which r has index group_index, from boxes S to boxes T; a reduction of
+/// `op` moves what core/reduction_bytes.h says (twice the elements for an
+/// int64 Avg), the others the elements they move.
+std::int64_t collective_recv_bytes(StepKind kind, std::int64_t n, std::int64_t group_index, const RankBoxes& S,
+                                   const RankBoxes& T, int r, int nd, DType dtype, ReduceOp op);
 /// A collective step of `kind` over the full mesh dims `dims` (n ranks a
 /// group) whose busiest rank receives `max_bytes`.
 Eval collective_step(StepKind kind, std::span<const int> dims, std::int64_t n, std::int64_t max_bytes,

@@ -2,7 +2,7 @@
 // most: the ones the planner answers with a local copy or with one
 // collective on one mesh dim. Each rule below prices its step with the
 // search's own one-step cost (planner_search.h: local_step_seconds,
-// collective_recv_count, collective_step, exchange_seconds), so it returns
+// collective_recv_bytes, collective_step, exchange_seconds), so it returns
 // exactly the est_seconds that plan_redistribute would return, and applies
 // only where an argument shows that no other plan can win; everything else
 // goes to the planner. tests/test_planner.cpp checks the agreement over
@@ -142,6 +142,7 @@ struct Move {
   const Layout& to;
   const CostModel& cost;
   int M, nd, R;
+  DType dtype;
   std::int64_t isz;
   int differ;   // the one mesh dim that changes, if ndiffer == 1
   int ndiffer;  // how many mesh dims change
@@ -189,9 +190,8 @@ std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
   std::int64_t busiest = 0;
   for (int r = 0; r < mv.R; ++r)
     // The source box equals the target box: the Partial dim does not split.
-    busiest = std::max(busiest, planner::collective_recv_count(StepKind::AllReduce, n, mv.coord(r, m), mv.s.to, mv.s.to,
-                                                               r, mv.nd) *
-                                    mv.isz);
+    busiest = std::max(busiest, planner::collective_recv_bytes(StepKind::AllReduce, n, mv.coord(r, m), mv.s.to, mv.s.to,
+                                                               r, mv.nd, dtype, op));
   const std::array<int, 1> dims{m};
   const double t = planner::collective_step(StepKind::AllReduce, dims, n, busiest, mv.cost).time;
   if (!(t < 2 * mv.cost.base_latency_s)) return std::nullopt;
@@ -249,9 +249,8 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
   for (int r = 0; r < mv.R; ++r)
-    busiest = std::max(busiest,
-                       checked_mul(planner::collective_recv_count(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd),
-                                   mv.isz, "bytes of a collective step"));
+    busiest = std::max(busiest, planner::collective_recv_bytes(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd,
+                                                               mv.dtype, ReduceOp::Sum));
   const std::array<int, 1> dims{m};
   const double collective = planner::collective_step(kind, dims, n, busiest, mv.cost).time;
   const auto exchange = one_dim_exchange(mv, m);
@@ -297,7 +296,8 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
   Scratch& s = scratch();
   prepare(s, mesh, shape, from, false);
   prepare_target(s, mesh, shape, to, R);
-  const Move mv{mesh, shape, from, to, cost, M, nd, R, static_cast<std::int64_t>(itemsize(dtype)), differ, ndiffer, s};
+  const Move mv{mesh,   shape,   from, to, cost, M, nd, R, dtype, static_cast<std::int64_t>(itemsize(dtype)),
+                differ, ndiffer, s};
 
   if (to.has_partial()) return to_partial(mv, partial->op);
   if (from.has_partial()) return from_partial(mv, dtype, partial->op);
@@ -359,15 +359,13 @@ std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh
   Scratch& s = scratch();
   prepare(s, mesh, shape, layout, false);
   prepare_target(s, mesh, shape, layout, R);
-  const std::int64_t n = mesh[mesh_dim], isz = static_cast<std::int64_t>(itemsize(dtype));
+  const std::int64_t n = mesh[mesh_dim];
   std::int64_t busiest = 0;
   for (int r = 0; r < R; ++r)
     // The Partial dim does not split: the boxes before and after are the same.
-    busiest = std::max(busiest,
-                       checked_mul(planner::collective_recv_count(StepKind::AllReduce, n,
-                                                                  s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
-                                                                  s.to, s.to, r, nd),
-                                   isz, "bytes of an all_reduce step"));
+    busiest = std::max(busiest, planner::collective_recv_bytes(StepKind::AllReduce, n,
+                                                               s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
+                                                               s.to, s.to, r, nd, dtype, q->op));
   const std::array<int, 1> dims{mesh_dim};
   return planner::collective_step(StepKind::AllReduce, dims, n, busiest, cost).time;
 }
