@@ -1,4 +1,4 @@
-// Backward rules of the einsum family, the reductions and the shape ops,
+// Backward rules of the einsum family, sum and mean, and the shape ops,
 // written with the front end's ops (see autograd_rules.cpp).
 #include <algorithm>
 #include <string>
@@ -117,30 +117,6 @@ InputGrads<X> linear_backward(const BackwardArgs<X>& a) {
 
 // ---- Reductions ----------------------------------------------------------------------
 
-// The reduced dims (normalised), all of them when none are named.
-std::vector<std::int64_t> reduced_dims(const ReduceAttrs& r, std::size_t nd) {
-  std::vector<std::int64_t> dims;
-  if (r.dims.empty())
-    for (std::size_t d = 0; d < nd; ++d) dims.push_back(static_cast<std::int64_t>(d));
-  else
-    for (auto d : r.dims) dims.push_back(norm_dim(d, nd));
-  return dims;
-}
-
-/// The reduced output's gradient broadcast back over the reduced dims.
-template <class X>
-X expand_reduced(const X& g, const X& x, const ReduceAttrs& r) {
-  Shape kept = x.shape();
-  for (auto d : reduced_dims(r, kept.size())) kept[static_cast<std::size_t>(d)] = 1;
-  return run<"expand">(ShapeAttrs{.shape = x.shape()}, reshape_to(g, kept));
-}
-
-template <class X>
-X softmax_grad(const X& y, const X& g, std::int64_t dim) {
-  const X gy = run<"mul">({}, g, y);
-  return run<"mul">({}, y, run<"sub">({}, g, run<"sum">(ReduceAttrs{.dims = {dim}, .keepdim = true}, gy)));
-}
-
 }  // namespace
 
 void add_einsum_rules(RuleList& r) {
@@ -155,28 +131,17 @@ void add_shape_rules(RuleList& r) {
   using rules::run;
   r.emplace_back("sum", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
-                   return InputGrads<X>{expand_reduced(a.grad, a.inputs[0], a.attrs.template get<ReduceAttrs>("sum"))};
+                   return InputGrads<X>{
+                       expand_reduced("sum", a.grad, a.inputs[0], a.attrs.template get<ReduceAttrs>("sum"))};
                  }));
   // Over the global count, exact on uneven shards.
   r.emplace_back("mean", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
                    const auto& attrs = a.attrs.template get<ReduceAttrs>("mean");
                    double count = 1;
-                   for (auto d : reduced_dims(attrs, a.inputs[0].shape().size()))
+                   for (auto d : reduced_dims("mean", attrs, a.inputs[0].shape().size()))
                      count *= static_cast<double>(a.inputs[0].shape()[static_cast<std::size_t>(d)]);
-                   return InputGrads<X>{scale(expand_reduced(a.grad, a.inputs[0], attrs), 1.0 / count)};
-                 }));
-  r.emplace_back("softmax", make_backward([](const auto& a) {
-                   using X = std::decay_t<decltype(a.grad)>;
-                   const auto dim = norm_dim(a.attrs.template get<DimAttrs>("softmax").dim, a.inputs[0].shape().size());
-                   return InputGrads<X>{softmax_grad(a.output, a.grad, dim)};
-                 }));
-  r.emplace_back("log_softmax", make_backward([](const auto& a) {
-                   using X = std::decay_t<decltype(a.grad)>;
-                   const auto dim =
-                       norm_dim(a.attrs.template get<DimAttrs>("log_softmax").dim, a.inputs[0].shape().size());
-                   const X total = run<"sum">(ReduceAttrs{.dims = {dim}, .keepdim = true}, a.grad);
-                   return InputGrads<X>{run<"sub">({}, a.grad, run<"mul">({}, run<"exp">({}, a.output), total))};
+                   return InputGrads<X>{scale(expand_reduced("mean", a.grad, a.inputs[0], attrs), 1.0 / count)};
                  }));
   // Shape ops: the gradient reshaped, transposed or summed back.
   auto reshaped = make_backward([](const auto& a) {
@@ -194,7 +159,9 @@ void add_shape_rules(RuleList& r) {
                    const auto& perm = a.attrs.template get<DimsAttrs>("permute").dims;
                    std::vector<std::int64_t> inverse(perm.size());
                    for (std::size_t i = 0; i < perm.size(); ++i)
-                     inverse[static_cast<std::size_t>(norm_dim(perm[i], perm.size()))] = static_cast<std::int64_t>(i);
+                     inverse[static_cast<std::size_t>(
+                         wrap_dim("permute", perm[i], static_cast<std::int64_t>(perm.size())))] =
+                         static_cast<std::int64_t>(i);
                    return InputGrads<X>{run<"permute">(DimsAttrs{.dims = inverse}, a.grad)};
                  }));
   r.emplace_back("expand", make_backward([](const auto& a) {
@@ -210,7 +177,7 @@ void add_shape_rules(RuleList& r) {
                    using X = std::decay_t<decltype(a.grad)>;
                    const X& x = a.inputs[0];
                    const auto& n = a.attrs.template get<NarrowAttrs>("narrow");
-                   const auto dim = norm_dim(n.dim, x.shape().size());
+                   const auto dim = wrap_dim("narrow", n.dim, static_cast<std::int64_t>(x.shape().size()));
                    const auto size = x.shape()[static_cast<std::size_t>(dim)];
                    const auto start = n.start < 0 ? n.start + size : n.start;
                    const auto after = size - start - n.length;
@@ -230,7 +197,8 @@ void add_shape_rules(RuleList& r) {
   auto pieces = [](const auto& a, bool stacked) {
     using X = std::decay_t<decltype(a.grad)>;
     const auto nd = a.grad.shape().size();
-    const auto dim = norm_dim(a.attrs.template get<DimAttrs>(stacked ? "stack" : "cat").dim, nd);
+    const auto dim = wrap_dim(stacked ? "stack" : "cat", a.attrs.template get<DimAttrs>(stacked ? "stack" : "cat").dim,
+                              static_cast<std::int64_t>(nd));
     InputGrads<X> out(a.inputs.size());
     std::int64_t at = 0;
     for (std::size_t i = 0; i < a.inputs.size(); ++i) {
