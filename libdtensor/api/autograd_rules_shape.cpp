@@ -1,6 +1,8 @@
 // Backward rules of the einsum family, sum and mean, and the shape ops,
 // written with the front end's ops (see autograd_rules.cpp).
 #include <algorithm>
+#include <cctype>
+#include <span>
 #include <string>
 
 #include "dtensor/core/error.h"
@@ -16,72 +18,139 @@ X transpose_last(const X& x) {
   return run<"transpose">(TransposeAttrs{.dim0 = nd - 2, .dim1 = nd - 1}, x);
 }
 
-// The NumPy output of an equation without "->": the labels that appear
-// once, in alphabetical order.
-std::string implicit_output(const std::string& lhs) {
-  std::string out;
-  for (char c : lhs)
-    if (std::isalpha(static_cast<unsigned char>(c)) && std::count(lhs.begin(), lhs.end(), c) == 1) out += c;
-  std::sort(out.begin(), out.end());
-  return out;
+// An einsum equation with its "..." spelled out as labels, against the
+// operands' ranks, as the forward parses it (ops/src/einsum.cpp): fresh
+// labels right-aligned, and without "->" the output is the ellipsis labels
+// then the labels that appear once, in alphabetical order.
+struct Subscripts {
+  std::vector<std::string> terms;
+  std::string output;
+  std::string unused;  // letters the equation leaves free
+};
+
+template <class X>
+Subscripts spell_out(const std::string& eq, std::span<const X> inputs) {
+  const auto arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  Subscripts s;
+  for (std::size_t start = 0;;) {
+    auto comma = lhs.find(',', start);
+    s.terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::string used;
+  for (char c : eq)
+    if (std::isalpha(static_cast<unsigned char>(c))) used += c;
+  for (char c : std::string("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+    if (used.find(c) == std::string::npos) s.unused += c;
+  std::size_t ell_max = 0;
+  for (std::size_t i = 0; i < s.terms.size(); ++i)
+    if (s.terms[i].find("...") != std::string::npos)
+      ell_max = std::max(ell_max, static_cast<std::size_t>(inputs[i].dim()) - (s.terms[i].size() - 3));
+  const std::string ell = s.unused.substr(0, ell_max);
+  s.unused = s.unused.substr(ell_max);
+  // A term's "..." stands for the last `k` ellipsis labels.
+  auto spell = [&](const std::string& term, std::size_t k) {
+    const auto dots = term.find("...");
+    if (dots == std::string::npos) return term;
+    return term.substr(0, dots) + ell.substr(ell.size() - k) + term.substr(dots + 3);
+  };
+  for (std::size_t i = 0; i < s.terms.size(); ++i)
+    s.terms[i] = spell(s.terms[i], static_cast<std::size_t>(inputs[i].dim()) - (s.terms[i].size() - 3));
+  if (arrow != std::string::npos) {
+    s.output = spell(eq.substr(arrow + 2), ell.size());
+  } else {
+    std::string once;
+    for (char c : used)
+      if (std::count(used.begin(), used.end(), c) == 1) once += c;
+    std::sort(once.begin(), once.end());
+    s.output = ell + once;
+  }
+  return s;
+}
+
+/// The n x n identity, replicated where `ref` lives (a repeated subscript's
+/// gradient sits on the diagonal).
+inline Tensor identity_on(const Tensor& ref, std::int64_t n) {
+  Tensor eye = Tensor::zeros({n, n}, DType::Float64);
+  for (std::int64_t i = 0; i < n; ++i) eye.data_as<double>()[i * n + i] = 1;
+  eye = eye.to(ref.dtype());
+  return ref.device() == Device::CPU ? eye : eye.to(ref.device());
+}
+inline DTensor identity_on(const DTensor& ref, std::int64_t n) {
+  const DeviceMesh& mesh = ref.mesh();
+  Tensor eye = identity_on(Tensor::zeros({}, ref.dtype()), n);
+  if (mesh.device() != Device::CPU) eye = eye.to(mesh.device());
+  return DTensor::from_local(eye, mesh, Layout::replicated(mesh.ndim()), Shape{n, n}, FromLocalCheck::Trust)
+      .with_cost_model(ref.cost_model());
 }
 
 // einsum's gradient for operand i: the same contraction with the output's
 // gradient in place of operand i and operand i's subscripts as the output
 // ("ij,jk->ik" gives "ik,jk->ij" for the first). A label of operand i found
-// nowhere else was summed over: its gradient is broadcast back.
+// nowhere else was summed over: its gradient is broadcast back. A label
+// repeated in operand i (a diagonal, "ii->i") gets the gradient on the
+// diagonal only, through an identity; a size-1 dim the forward broadcast is
+// summed back.
+template <class X>
+X einsum_operand_grad(const Subscripts& s, const BackwardArgs<X>& a, std::size_t i) {
+  const std::string& mine = s.terms[i];
+  const Shape& shape = a.inputs[i].shape();
+  std::string elsewhere = s.output, new_lhs = s.output;
+  std::vector<X> operands{a.grad};
+  for (std::size_t j = 0; j < s.terms.size(); ++j) {
+    if (j == i) continue;
+    elsewhere += s.terms[j];
+    operands.push_back(a.inputs[j]);
+    new_lhs += "," + s.terms[j];
+  }
+  std::string unique, kept;
+  Shape unique_shape, kept_shape;
+  for (std::size_t d = 0; d < mine.size(); ++d) {
+    if (unique.find(mine[d]) != std::string::npos) continue;
+    unique += mine[d];
+    unique_shape.push_back(shape[d]);
+    kept_shape.push_back(1);
+    if (elsewhere.find(mine[d]) != std::string::npos) kept += mine[d];
+  }
+  X g =
+      call_op(registered_op<"einsum">(), std::span<const X>(operands), EinsumAttrs{.equation = new_lhs + "->" + kept});
+  // The kept labels' sizes are the contraction's (a dim of operand i that
+  // the forward broadcast has its full size there).
+  for (std::size_t u = 0, k = 0; u < unique.size(); ++u)
+    if (k < kept.size() && unique[u] == kept[k]) unique_shape[u] = kept_shape[u] = g.shape()[k++];
+  if (kept.size() != unique.size()) g = run<"expand">(ShapeAttrs{.shape = unique_shape}, reshape_to(g, kept_shape));
+  if (unique.size() != mine.size()) {
+    // Each later occurrence of a label gets a fresh one, tied to the first
+    // by an identity: g[i] * eye[i, I] at x[i, I].
+    std::string spelled, eq = unique;
+    std::vector<X> factors{g};
+    std::size_t fresh = 0;
+    for (std::size_t d = 0; d < mine.size(); ++d) {
+      if (mine.find(mine[d]) == d) {
+        spelled += mine[d];
+        continue;
+      }
+      const char label = s.unused.at(fresh++);
+      spelled += label;
+      eq += std::string(",") + mine[d] + label;
+      factors.push_back(identity_on(a.grad, unique_shape[unique.find(mine[d])]));
+    }
+    g = call_op(registered_op<"einsum">(), std::span<const X>(factors), EinsumAttrs{.equation = eq + "->" + spelled});
+  }
+  return sum_to(g, shape);
+}
+
 template <class X>
 InputGrads<X> einsum_backward(const BackwardArgs<X>& a) {
   std::string eq;
   for (char c : a.attrs.template get<EinsumAttrs>("einsum").equation)
     if (c != ' ') eq += c;
-  if (eq.find('.') != std::string::npos)
-    throw AutogradError(
-        fmt::format("[backward] einsum '{}': the backward of an equation with '...' is not "
-                    "supported; name the dims",
-                    eq));
-  const auto arrow = eq.find("->");
-  const std::string lhs = eq.substr(0, arrow);
-  const std::string out_labels = arrow == std::string::npos ? implicit_output(lhs) : eq.substr(arrow + 2);
-  std::vector<std::string> terms;
-  for (std::size_t start = 0;;) {
-    auto comma = lhs.find(',', start);
-    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  InputGrads<X> grads(terms.size());
-  for (std::size_t i = 0; i < terms.size(); ++i) {
-    if (!a.needs_grad(i)) continue;
-    const std::string& mine = terms[i];
-    std::string elsewhere = out_labels;
-    std::vector<X> operands{a.grad};
-    std::string new_lhs = out_labels;
-    for (std::size_t j = 0; j < terms.size(); ++j) {
-      if (j == i) continue;
-      elsewhere += terms[j];
-      operands.push_back(a.inputs[j]);
-      new_lhs += "," + terms[j];
-    }
-    std::string kept;
-    Shape kept_shape = a.inputs[i].shape();
-    for (std::size_t d = 0; d < mine.size(); ++d) {
-      if (std::count(mine.begin(), mine.end(), mine[d]) > 1)
-        throw AutogradError(
-            fmt::format("[backward] einsum '{}': a repeated subscript in one operand ('{}') is "
-                        "not supported",
-                        eq, mine));
-      if (elsewhere.find(mine[d]) != std::string::npos)
-        kept += mine[d];
-      else
-        kept_shape[d] = 1;
-    }
-    X g = call_op(registered_op<"einsum">(), std::span<const X>(operands),
-                  EinsumAttrs{.equation = new_lhs + "->" + kept});
-    if (kept.size() != mine.size())
-      g = run<"expand">(ShapeAttrs{.shape = a.inputs[i].shape()}, reshape_to(g, kept_shape));
-    grads[i] = g;
-  }
+  const Subscripts s = spell_out(eq, a.inputs);
+  InputGrads<X> grads(s.terms.size());
+  for (std::size_t i = 0; i < s.terms.size(); ++i)
+    if (a.needs_grad(i)) grads[i] = einsum_operand_grad(s, a, i);
   return grads;
 }
 

@@ -10,6 +10,7 @@
 //   per-row values are reduced, the logits are never gathered. Its backward
 //   is one fused op (cross_entropy_backward), vocab-parallel as well.
 #include <cstdint>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -67,7 +68,7 @@ X cross_entropy(const X& logits, const X& targets) {
   // (detail::record_cross_entropy): with vocab-parallel logits it moves only
   // per-row values, and the max shift needs no gradient of its own.
   const bool record = grad_enabled() && logits.requires_grad();
-  X lse, loss;
+  std::optional<X> lse, loss;
   {
     NoGradGuard unrecorded;
     const X m = call_op_on(registered_op<"max">(), ReduceAttrs{.dims = {1}, .keepdim = true}, logits);
@@ -78,11 +79,11 @@ X cross_entropy(const X& logits, const X& targets) {
     loss =
         call_op_on(registered_op<"mean">(), {},
                    call_op_on(registered_op<"sub">(), {}, lse_z, call_op_on(registered_op<"pick">(), {}, z, targets)));
-    if (!record) return loss;
+    if (!record) return *loss;
     lse = call_op_on(registered_op<"add">(), {}, lse_z,
                      call_op_on(registered_op<"reshape">(), ShapeAttrs{.shape = {logits.shape()[0]}}, m));
   }
-  return detail::record_cross_entropy(logits, targets, lse, std::move(loss));
+  return detail::record_cross_entropy(logits, targets, *lse, std::move(*loss));
 }
 
 }  // namespace dtensor
