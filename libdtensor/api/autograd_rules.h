@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dtensor/api/functional.h"
+#include "dtensor/core/shape.h"
 #include "libdtensor/api/autograd_engine.h"
 
 namespace dtensor::rules {
@@ -31,18 +32,29 @@ template <class X>
 X reshape_to(const X& x, const Shape& shape) {
   return x.shape() == shape ? x : run<"reshape">(ShapeAttrs{.shape = shape}, x);
 }
-/// A broadcast gradient summed back to the input's shape.
+/// A broadcast gradient summed back to the input's shape (the sum_to_shape
+/// op; no op when nothing was broadcast).
 template <class X>
 X sum_to(const X& g, const Shape& shape) {
-  if (g.shape() == shape) return g;
-  const auto lead = static_cast<std::int64_t>(g.shape().size() - shape.size());
-  std::vector<std::int64_t> dims;
-  for (std::int64_t d = 0; d < lead; ++d) dims.push_back(d);
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] == 1 && g.shape()[lead + i] != 1) dims.push_back(lead + static_cast<std::int64_t>(i));
-  if (dims.empty()) return reshape_to(g, shape);
-  return reshape_to(run<"sum">(ReduceAttrs{.dims = dims, .keepdim = true}, g), shape);
+  return g.shape() == shape ? g : run<"sum_to_shape">(ShapeAttrs{.shape = shape}, g);
 }
-inline std::int64_t norm_dim(std::int64_t d, std::size_t nd) { return d < 0 ? d + static_cast<std::int64_t>(nd) : d; }
+
+/// A reduction's dims counted from 0, all of them when none are named.
+inline std::vector<std::int64_t> reduced_dims(std::string_view op, const ReduceAttrs& r, std::size_t nd) {
+  std::vector<std::int64_t> dims;
+  if (r.dims.empty())
+    for (std::size_t d = 0; d < nd; ++d) dims.push_back(static_cast<std::int64_t>(d));
+  else
+    for (auto d : r.dims) dims.push_back(wrap_dim(op, d, static_cast<std::int64_t>(nd)));
+  return dims;
+}
+
+/// A reduction's output gradient broadcast back over the reduced dims of x.
+template <class X>
+X expand_reduced(std::string_view op, const X& g, const X& x, const ReduceAttrs& r) {
+  Shape kept = x.shape();
+  for (auto d : reduced_dims(op, r, kept.size())) kept[static_cast<std::size_t>(d)] = 1;
+  return run<"expand">(ShapeAttrs{.shape = x.shape()}, reshape_to(g, kept));
+}
 
 }  // namespace dtensor::rules

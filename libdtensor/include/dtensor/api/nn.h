@@ -7,15 +7,26 @@
 //   replicated table keeps the indices' shards.
 // - cross_entropy: composed of registered ops (max, sub, exp, sum, log,
 //   pick, mean); with logits sharded on the class dim (vocab-parallel) only
-//   per-row values are reduced, the logits are never gathered.
+//   per-row values are reduced, the logits are never gathered. Its backward
+//   is one fused op (cross_entropy_backward), vocab-parallel as well.
 #include <cstdint>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "dtensor/api/autograd.h"
 #include "dtensor/api/functional.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor {
+
+namespace detail {
+/// `loss` made the output of cross_entropy's node, whose backward gives the
+/// logits dloss/dlogits = (softmax - one-hot) / N from their `lse` [N]
+/// (autograd_rules_fused.cpp).
+Tensor record_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& lse, Tensor loss);
+DTensor record_cross_entropy(const DTensor& logits, const DTensor& targets, const DTensor& lse, DTensor loss);
+}  // namespace detail
 
 /// Rows of `table` [V, D] at the i64 `indices` [...]: an [..., D] tensor.
 /// ValueError naming the index for an index outside [0, V) (checked by the
@@ -53,13 +64,26 @@ X cross_entropy(const X& logits, const X& targets) {
   if (targets.dim() != 1 || targets.shape()[0] != logits.shape()[0])
     throw ShapeError(fmt::format("[cross_entropy] targets of shape {}; expected [{}] to match logits {}",
                                  fmt::join(targets.shape(), "x"), logits.shape()[0], fmt::join(logits.shape(), "x")));
-  const X m = call_op_on(registered_op<"max">(), ReduceAttrs{.dims = {1}, .keepdim = true}, logits);
-  const X z = call_op_on(registered_op<"sub">(), {}, logits, m);
-  const ReduceAttrs row_sum{.dims = {1}};
-  const X lse = call_op_on(registered_op<"log">(), {},
-                           call_op_on(registered_op<"sum">(), row_sum, call_op_on(registered_op<"exp">(), {}, z)));
-  const X loss = call_op_on(registered_op<"sub">(), {}, lse, call_op_on(registered_op<"pick">(), {}, z, targets));
-  return call_op_on(registered_op<"mean">(), {}, loss);
+  // Recorded as one node whose backward is the fused softmax minus one-hot
+  // (detail::record_cross_entropy): with vocab-parallel logits it moves only
+  // per-row values, and the max shift needs no gradient of its own.
+  const bool record = grad_enabled() && logits.requires_grad();
+  std::optional<X> lse, loss;
+  {
+    NoGradGuard unrecorded;
+    const X m = call_op_on(registered_op<"max">(), ReduceAttrs{.dims = {1}, .keepdim = true}, logits);
+    const X z = call_op_on(registered_op<"sub">(), {}, logits, m);
+    const ReduceAttrs row_sum{.dims = {1}};
+    const X lse_z = call_op_on(registered_op<"log">(), {},
+                               call_op_on(registered_op<"sum">(), row_sum, call_op_on(registered_op<"exp">(), {}, z)));
+    loss =
+        call_op_on(registered_op<"mean">(), {},
+                   call_op_on(registered_op<"sub">(), {}, lse_z, call_op_on(registered_op<"pick">(), {}, z, targets)));
+    if (!record) return *loss;
+    lse = call_op_on(registered_op<"add">(), {}, lse_z,
+                     call_op_on(registered_op<"reshape">(), ShapeAttrs{.shape = {logits.shape()[0]}}, m));
+  }
+  return detail::record_cross_entropy(logits, targets, *lse, std::move(*loss));
 }
 
 }  // namespace dtensor
