@@ -246,6 +246,15 @@ void add_shape_rules(RuleList& r) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{sum_to(a.grad, a.inputs[0].shape())};
                  }));
+  // sum_to_shape sums leading and size-1 dims: its gradient is broadcast
+  // back over them.
+  r.emplace_back("sum_to_shape", make_backward([](const auto& a) {
+                   using X = std::decay_t<decltype(a.grad)>;
+                   const Shape& x = a.inputs[0].shape();
+                   Shape kept(x.size() - a.grad.shape().size(), 1);
+                   kept.insert(kept.end(), a.grad.shape().begin(), a.grad.shape().end());
+                   return InputGrads<X>{run<"expand">(ShapeAttrs{.shape = x}, reshape_to(a.grad, kept))};
+                 }));
   r.emplace_back("to", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{run<"to">(ToAttrs{.dtype = a.inputs[0].dtype()}, a.grad)};
