@@ -1,6 +1,7 @@
 #include "exact_average.h"
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "dtensor/core/cuda.h"
@@ -29,10 +30,28 @@ void finish(Communicator& comm, const Tensor& pairs, void* out, std::size_t coun
     average_finish(pairs.data_as<std::int64_t>(), o, count, comm.size());
 }
 
+thread_local const CarriedAverage* carried = nullptr;
+
+// Marks the inner call as carrying `call` while alive.
+class Carrying {
+ public:
+  explicit Carrying(const CarriedAverage& call) : previous_(std::exchange(carried, &call)) {}
+  ~Carrying() { carried = previous_; }
+  Carrying(const Carrying&) = delete;
+  Carrying& operator=(const Carrying&) = delete;
+
+ private:
+  const CarriedAverage* previous_;
+};
+
 }  // namespace
+
+const CarriedAverage* carried_average() { return carried; }
 
 void all_reduce_integer_average(Communicator& comm, const void* send, void* recv, std::size_t count) {
   Tensor pairs = split(comm, send, count);
+  const CarriedAverage call{.count = count, .counts = {}};
+  const Carrying carrying(call);
   comm.all_reduce(pairs.bytes(), pairs.bytes(), 2 * count, DType::Int64, ReduceOp::Sum);
   finish(comm, pairs, recv, count);
 }
@@ -51,7 +70,11 @@ void reduce_scatter_integer_average(Communicator& comm, const void* send, void* 
   const auto r = static_cast<std::size_t>(comm.rank());
   const std::size_t mine = r < counts.size() ? counts[r] : 0;  // a wrong list is the inner call's error
   Tensor reduced = Tensor::empty({static_cast<std::int64_t>(2 * mine)}, DType::Int64, comm.device());
-  comm.reduce_scatter(pairs.bytes(), reduced.bytes(), doubled, DType::Int64, ReduceOp::Sum);
+  const CarriedAverage call{.count = 0, .counts = counts};
+  {
+    const Carrying carrying(call);
+    comm.reduce_scatter(pairs.bytes(), reduced.bytes(), doubled, DType::Int64, ReduceOp::Sum);
+  }
   finish(comm, reduced, recv, mine);
 }
 

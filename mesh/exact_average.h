@@ -18,6 +18,16 @@
 
 namespace dtensor::backend_detail {
 
+/// The int64 Avg call whose pairs this thread is reducing now (null: none).
+/// A backend describes the inner Sum, for its mismatch check, as this call
+/// (op Avg, the caller's count or counts): otherwise a peer's real Sum of
+/// the doubled count would pass for the same call.
+struct CarriedAverage {
+  std::size_t count = 0;                // all_reduce: the caller's count
+  std::span<const std::size_t> counts;  // reduce_scatter: the caller's counts
+};
+const CarriedAverage* carried_average();
+
 /// comm.all_reduce(send, recv, count, Int64, Avg), exactly.
 void all_reduce_integer_average(Communicator& comm, const void* send, void* recv, std::size_t count);
 /// comm.reduce_scatter(send, recv, counts, Int64, Avg), exactly.

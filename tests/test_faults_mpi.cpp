@@ -176,6 +176,28 @@ BOOST_AUTO_TEST_CASE(small_count_mismatch) {
                   {"all_reduce(count=10", "all_reduce(count=11"});
 }
 
+// An int64 Avg runs as a Sum of (x / n, x % n) pairs, twice the count: it
+// must still differ from a real Sum of that count on the other ranks.
+BOOST_AUTO_TEST_CASE(integer_average_against_a_sum_of_its_pairs) {
+  expect_mismatch("integer_average_against_a_sum_of_its_pairs",
+                  [](Communicator& comm, int odd) {
+                    std::vector<std::int64_t> in(16, 3), out(16);
+                    if (comm.rank() == odd)
+                      comm.all_reduce(in.data(), out.data(), 8, DType::Int64, ReduceOp::Avg);
+                    else
+                      comm.all_reduce(in.data(), out.data(), 16, DType::Int64, ReduceOp::Sum);
+                  },
+                  {"all_reduce(count=16", "all_reduce(count=8", "avg"});
+  expect_mismatch("integer_average_reduce_scatter_against_a_sum_of_its_pairs",
+                  [](Communicator& comm, int odd) {
+                    std::vector<std::int64_t> in(kRanks * 4, 3), out(4);
+                    std::vector<std::size_t> counts(kRanks, comm.rank() == odd ? 2 : 4);
+                    comm.reduce_scatter(in.data(), out.data(), counts, DType::Int64,
+                                        comm.rank() == odd ? ReduceOp::Avg : ReduceOp::Sum);
+                  },
+                  {"reduce_scatter(counts=[4, 4, 4, 4]", "reduce_scatter(counts=[2, 2, 2, 2]", "avg"});
+}
+
 BOOST_AUTO_TEST_CASE(reduce_op_and_dtype_mismatch) {
   expect_mismatch("reduce_op_and_dtype_mismatch",
                   [](Communicator& comm, int odd) {

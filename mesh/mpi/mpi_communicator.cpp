@@ -196,6 +196,10 @@ class MpiCommunicator final : public Communicator {
     if (size_ > 1) {
       Signature sig = make_signature(kind, dtype, op);
       sig[kCount] = count;
+      if (const auto* avg = backend_detail::carried_average()) {  // the pairs of an int64 Avg
+        sig[kOp] = static_cast<std::uint64_t>(ReduceOp::Avg);
+        sig[kCount] = avg->count;
+      }
       arrive(sig);
     }
     if (size_ > 1 && count > 0) {
@@ -268,7 +272,14 @@ class MpiCommunicator final : public Communicator {
       Signature sig = make_signature(kind, dtype, op);
       sig[kCount] = total;
       sig[kSizes] = sizes_hash(counts);
-      arrive(sig, counts);
+      if (const auto* avg = backend_detail::carried_average()) {  // the pairs of an int64 Avg
+        sig[kOp] = static_cast<std::uint64_t>(ReduceOp::Avg);
+        sig[kCount] = total / 2;
+        sig[kSizes] = sizes_hash(avg->counts);
+        arrive(sig, avg->counts);
+      } else {
+        arrive(sig, counts);
+      }
     }
     if (size_ > 1 && total > 0) {
       // MPI forbids recv overlapping send (the contract allows recv to be

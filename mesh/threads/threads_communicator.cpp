@@ -82,6 +82,10 @@ class ThreadsCommunicator final : public Communicator {
     }
     Slot s;
     s.desc = {.kind = kind, .dtype = dtype, .op = op, .count = count};
+    if (const auto* avg = backend_detail::carried_average()) {  // the pairs of an int64 Avg
+      s.desc.op = ReduceOp::Avg;
+      s.desc.count = avg->count;
+    }
     s.send = send;
     s.recv = recv;
     const auto seq = post(s, deadline);
@@ -160,6 +164,10 @@ class ThreadsCommunicator final : public Communicator {
     }
     Slot s;
     s.desc = {.kind = kind, .dtype = dtype, .op = op, .v0 = counts.data()};
+    if (const auto* avg = backend_detail::carried_average()) {  // the pairs of an int64 Avg
+      s.desc.op = ReduceOp::Avg;
+      s.desc.v0 = avg->counts.data();
+    }
     s.send = send;
     const auto seq = post(s, deadline);
     // recv may alias this rank's own block of send (peers never read it);
