@@ -74,9 +74,12 @@ DTensor call_op(Op handle, std::span<const DTensor* const> inputs, const OpAttrs
   // Recorded: the node keeps the inputs as the kernel received them.
   std::vector<ShardedTensor> moved;
   DTensor out = detail::DispatchAccess::wrap(dispatch(op, mesh, args, attrs, cost, &moved), mesh, cost);
-  std::vector<std::optional<DTensor>> as_used(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i)
-    if (moved[i].local.defined()) as_used[i] = detail::DispatchAccess::wrap(std::move(moved[i]), mesh, cost);
+  std::vector<std::optional<DTensor>> as_used;  // empty (no allocation) when nothing moved
+  if (!moved.empty()) {
+    as_used.resize(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (moved[i].local.defined()) as_used[i] = detail::DispatchAccess::wrap(std::move(moved[i]), mesh, cost);
+  }
   record_op(op, attrs, inputs, out, as_used);
   return out;
 }

@@ -507,11 +507,14 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
     locals = slots;
   }
   if (moved) {
-    moved->assign(n, ShardedTensor{});
-    for (std::size_t i = 0; i < n; ++i)
-      if (d.input_plans[i])
-        (*moved)[i] = ShardedTensor{locals[i], std::make_shared<const ShardedMeta>(
-                                                   ShardedMeta{d.chosen.inputs[i], *inputs[i].global_shape})};
+    moved->clear();  // stays empty (no allocation) when nothing moved
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!d.input_plans[i]) continue;
+      if (moved->empty()) moved->resize(n);
+      (*moved)[i] =
+          ShardedTensor{locals[i],
+                        std::make_shared<const ShardedMeta>(ShardedMeta{d.chosen.inputs[i], *inputs[i].global_shape})};
+    }
   }
   KernelArgs args{locals, e.inputs, e.input_boxes, d.chosen.inputs, attrs, d.output, e.output_box, d.chosen.output};
   Tensor out = run_kernel(op, args);

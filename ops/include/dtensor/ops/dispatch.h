@@ -68,8 +68,8 @@ const OpDecision& decide(const OpDef& op, const Shape& mesh_shape, std::span<con
 /// rank. Every rank of the mesh calls it with the same metadata. With
 /// `moved`, it also hands back the inputs as the kernel received them:
 /// (*moved)[i] is input i after its plan ran, with local undefined where
-/// the input stayed put (autograd saves these, so that a backward does not
-/// move the same input again).
+/// the input stayed put, and *moved empty when no input moved (autograd
+/// saves these, so that a backward does not move the same input again).
 ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedInput> inputs,
                        const OpAttrs& attrs, const CostModel& cost = {}, std::vector<ShardedTensor>* moved = nullptr);
 
