@@ -202,7 +202,7 @@ BOOST_AUTO_TEST_CASE(a_recorded_hit_allocates_its_node_and_the_outputs_record_on
   });
   for (int r = 0; r < kRanks; ++r) {
     BOOST_TEST_CONTEXT("seed " << seed << ", rank " << r << ": an add allocates " << plain[r]
-                                << " per call unrecorded, " << recorded[r] << " recorded") {
+                               << " per call unrecorded, " << recorded[r] << " recorded") {
       BOOST_TEST(recorded[r] - plain[r] == 2.0);
       BOOST_TEST(released[r] == 3.0 * recorded[r]);
     }
