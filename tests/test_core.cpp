@@ -80,6 +80,83 @@ BOOST_AUTO_TEST_CASE(validation_names_the_bad_value) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(inline_vector)
+
+// Random edits applied to an InlineVector and a std::vector side by side,
+// across the inline/heap boundary (N = 6): every step must agree.
+BOOST_AUTO_TEST_CASE(random_edits_match_std_vector) {
+  const std::uint64_t seed = 20261202;
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 200; ++round) {
+    Shape v;
+    std::vector<std::int64_t> ref;
+    for (int step = 0; step < 40; ++step) {
+      const int what = static_cast<int>(rng() % 8);
+      const auto value = static_cast<std::int64_t>(rng() % 100);
+      const std::size_t at = ref.empty() ? 0 : rng() % (ref.size() + 1);
+      switch (what) {
+        case 0:
+        case 1:
+          v.push_back(value);
+          ref.push_back(value);
+          break;
+        case 2:
+          if (!ref.empty()) {
+            v.push_back(v[0]);
+            ref.push_back(ref[0]);
+          }
+          break;  // an element of itself
+        case 3:
+          v.insert(v.begin() + at, value);
+          ref.insert(ref.begin() + at, value);
+          break;
+        case 4:
+          if (at < ref.size()) {
+            v.erase(v.begin() + at);
+            ref.erase(ref.begin() + at);
+          }
+          break;
+        case 5: {
+          const std::size_t n = rng() % 10;
+          v.resize(n, value);
+          ref.resize(n, value);
+          break;
+        }
+        case 6: {
+          Shape moved = std::move(v);
+          v = moved;
+          break;
+        }  // through a move and a copy
+        case 7:
+          v.insert(v.begin() + at, v.begin(), v.end());
+          ref.insert(ref.begin() + at, ref.begin(), ref.end());
+          break;  // its own range
+      }
+      BOOST_TEST_CONTEXT("seed " << seed << ", round " << round << ", step " << step << ", edit " << what) {
+        BOOST_TEST_REQUIRE(std::vector<std::int64_t>(v) == ref);
+        BOOST_TEST(v.capacity() >= v.size());
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(holds_six_inline_and_compares_like_a_vector) {
+  Shape six{1, 2, 3, 4, 5, 6};
+  BOOST_TEST(six.heap_bytes() == 0u);
+  Shape seven = six;
+  seven.push_back(7);
+  BOOST_TEST(seven.heap_bytes() >= 7 * sizeof(std::int64_t));
+  const Shape moved = std::move(seven);
+  BOOST_TEST(moved.size() == 7u);
+  BOOST_TEST(seven.empty());  // NOLINT: a moved-from InlineVector is empty, as a std::vector is
+  BOOST_TEST((six < moved));
+  BOOST_TEST((Shape{2} > Shape{1, 9}));
+  BOOST_TEST((six == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}));
+  BOOST_TEST(fmt::format("{}", fmt::join(moved, "x")) == "1x2x3x4x5x6x7");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(shard_arithmetic)
 
 BOOST_AUTO_TEST_CASE(torch_chunk_examples) {

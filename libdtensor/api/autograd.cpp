@@ -50,7 +50,7 @@ class OpNode final : public Node {
  public:
   OpNode(const OpDef& op, const OpAttrs& attrs) : op_(&op), attrs_(attrs) {}
   std::string name() const override { return op_->name; }
-  std::vector<X> inputs;
+  NodeSlots<X, 3> inputs;
   std::optional<X> output;
 
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {

@@ -3,6 +3,7 @@
 // recording entry points that call_op and the layout changes use.
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -33,6 +34,61 @@ struct Edge {
 };
 Edge edge_of(const std::shared_ptr<AutogradMeta>& meta);
 
+/// A node's edges and saved inputs: most ops take one to three tensors, so
+/// the first N live inside the node (recording allocates no vector for
+/// them); more go to a vector. Append-only, then read as a span.
+template <class T, std::size_t N>
+class NodeSlots {
+ public:
+  NodeSlots() = default;
+  NodeSlots(const NodeSlots&) = delete;
+  NodeSlots& operator=(const NodeSlots&) = delete;
+  ~NodeSlots() { clear(); }
+  void reserve(std::size_t n) {
+    if (n > N && size_ == 0) spill_.reserve(n);
+  }
+  void push_back(T value) {
+    if (spill_.capacity() > 0 || size_ == N) {
+      if (spill_.empty() && size_ > 0) move_to_spill();
+      spill_.push_back(std::move(value));
+    } else {
+      ::new (static_cast<void*>(slot(size_))) T(std::move(value));
+    }
+    ++size_;
+  }
+  void clear() {
+    if (spill_.capacity() == 0)
+      for (std::size_t i = 0; i < size_; ++i) std::destroy_at(slot(i));
+    spill_.clear();
+    size_ = 0;
+  }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T* data() { return spill_.capacity() > 0 ? spill_.data() : slot(0); }
+  const T* data() const { return spill_.capacity() > 0 ? spill_.data() : slot(0); }
+  T& operator[](std::size_t i) { return data()[i]; }
+  const T& operator[](std::size_t i) const { return data()[i]; }
+  T* begin() { return data(); }
+  T* end() { return data() + size_; }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + size_; }
+  operator std::span<const T>() const { return {data(), size_}; }  // NOLINT: read as a span, as a vector is
+
+ private:
+  T* slot(std::size_t i) { return std::launder(reinterpret_cast<T*>(inline_)) + i; }
+  const T* slot(std::size_t i) const { return std::launder(reinterpret_cast<const T*>(inline_)) + i; }
+  void move_to_spill() {
+    spill_.reserve(2 * N);
+    for (std::size_t i = 0; i < size_; ++i) {
+      spill_.push_back(std::move(*slot(i)));
+      std::destroy_at(slot(i));
+    }
+  }
+  alignas(T) unsigned char inline_[N * sizeof(T)];
+  std::size_t size_ = 0;
+  std::vector<T> spill_;  // in use once it has a capacity
+};
+
 class Node {
  public:
   Node();  // takes this thread's next sequence number
@@ -46,7 +102,7 @@ class Node {
   /// Drops what the node saved (after a backward without retain_graph).
   virtual void release() = 0;
 
-  std::vector<Edge> edges;
+  NodeSlots<Edge, 3> edges;
   /// Creation order on this thread: backward runs nodes from the newest, the
   /// same order on every rank, so that their collectives match.
   std::uint64_t sequence;

@@ -164,6 +164,10 @@ template <class T>
 std::size_t buffer_bytes(const std::vector<T>& v) {
   return v.capacity() * sizeof(T);
 }
+template <class T, std::size_t N>
+std::size_t buffer_bytes(const InlineVector<T, N>& v) {
+  return v.heap_bytes();
+}
 std::size_t strategy_bytes(const Strategy& s) {
   std::size_t n = buffer_bytes(s.inputs) + approx_bytes(s.output) - sizeof(Layout) +
                   (s.note.capacity() > 15 ? s.note.capacity() + 1 : 0);

@@ -29,6 +29,10 @@ template <class T>
 std::size_t buffer_bytes(const std::vector<T>& v) {
   return v.capacity() * sizeof(T);
 }
+template <class T, std::size_t N>
+std::size_t buffer_bytes(const InlineVector<T, N>& v) {
+  return v.heap_bytes();
+}
 std::size_t heap_bytes(const Layout& l) { return buffer_bytes(l.placements()) + buffer_bytes(l.levels()); }
 }  // namespace
 

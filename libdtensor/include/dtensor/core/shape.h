@@ -10,9 +10,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtensor/core/inline_vector.h"
+
 namespace dtensor {
 
-using Shape = std::vector<std::int64_t>;
+/// Sizes, strides, offsets and coordinates: up to 6 held inline (no heap
+/// allocation to make or copy one), more on the heap.
+using Shape = InlineVector<std::int64_t, 6>;
 
 // Checked size arithmetic: every product or sum of sizes (element counts,
 // byte sizes, strides, box volumes, mesh rank counts, the planner's byte
