@@ -50,7 +50,10 @@ class OpNode final : public Node {
  public:
   OpNode(const OpDef& op, const OpAttrs& attrs) : op_(&op), attrs_(attrs) {}
   std::string name() const override { return op_->name; }
-  NodeSlots<X, 3> inputs;
+  // Two in place: with three DTensors (216 bytes each) the node outgrew
+  // glibc's per-thread cache of small blocks (1032 bytes) and its malloc
+  // took the slow path; a third input (linear_bias, where) spills.
+  NodeSlots<X, 2> inputs;
   std::optional<X> output;
 
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {

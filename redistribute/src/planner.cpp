@@ -121,21 +121,24 @@ std::string ratio_text(const planner::Cost& next, const planner::Cost& best, boo
 
 std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh, std::span<const std::int64_t> g,
                                              DType dtype) {
-  const std::string mesh_text = fmt::format("mesh shape [{}]", fmt::join(mesh, ","));
+  // The texts are made only for a message: every closed-form price of a
+  // dispatch miss asks this of an acceptable request (about a hundred times
+  // per miss), and formatting them eagerly was a fifth of a miss's work.
+  const auto mesh_text = [&] { return fmt::format("mesh shape [{}]", fmt::join(mesh, ",")); };
+  const auto shape_text = [&] { return fmt::format("global shape [{}]", fmt::join(g, ",")); };
   if (mesh.empty() || mesh.size() > static_cast<std::size_t>(planner::kMaxDims))
-    return fmt::format("{} has {} dims: expected 1 to {}", mesh_text, mesh.size(), planner::kMaxDims);
+    return fmt::format("{} has {} dims: expected 1 to {}", mesh_text(), mesh.size(), planner::kMaxDims);
   for (std::size_t m = 0; m < mesh.size(); ++m)
-    if (mesh[m] < 1) return fmt::format("{}: mesh dim {} has size {}, expected at least 1", mesh_text, m, mesh[m]);
+    if (mesh[m] < 1) return fmt::format("{}: mesh dim {} has size {}, expected at least 1", mesh_text(), m, mesh[m]);
   const std::optional<std::int64_t> ranks = checked_product(mesh);
-  if (!ranks) return fmt::format("{}: its rank count does not fit in int64", mesh_text);
+  if (!ranks) return fmt::format("{}: its rank count does not fit in int64", mesh_text());
   if (*ranks > kMaxPlanRanks)
     return fmt::format(
         "{} has {} ranks: the planner handles at most {} (it keeps every rank's box of every layout "
         "it tries)",
-        mesh_text, *ranks, kMaxPlanRanks);
-  const std::string shape_text = fmt::format("global shape [{}]", fmt::join(g, ","));
+        mesh_text(), *ranks, kMaxPlanRanks);
   for (std::size_t d = 0; d < g.size(); ++d)
-    if (g[d] < 0) return fmt::format("{}: size {} of dim {} is negative", shape_text, g[d], d);
+    if (g[d] < 0) return fmt::format("{}: size {} of dim {} is negative", shape_text(), g[d], d);
   if (static_cast<std::int64_t>(g.size()) > kMaxPlanTensorDims)
     return fmt::format(
         "a tensor of {} dims: the planner handles at most {} (the layouts it searches grow with "
@@ -147,13 +150,13 @@ std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh,
     return fmt::format(
         "a tensor of {} dims on the {} of {} ranks: the planner handles at most {} dims on this mesh "
         "(its work, ranks x dims x (dims + 2)^(mesh dims of size > 1), is held to {})",
-        g.size(), mesh_text, *ranks, most, kMaxPlanWork);
+        g.size(), mesh_text(), *ranks, most, kMaxPlanWork);
   }
   const std::optional<std::int64_t> count = checked_product(g);
-  if (!count) return fmt::format("{}: its element count does not fit in int64", shape_text);
+  if (!count) return fmt::format("{}: its element count does not fit in int64", shape_text());
   const auto isz = static_cast<std::int64_t>(itemsize(dtype));
   if (*count > kMaxPlanBytes / isz)
-    return fmt::format("{} of {} ({} elements of {} bytes): more than the planner's {} bytes (64 TiB)", shape_text,
+    return fmt::format("{} of {} ({} elements of {} bytes): more than the planner's {} bytes (64 TiB)", shape_text(),
                        dtype, *count, isz, kMaxPlanBytes);
   return std::nullopt;
 }
