@@ -215,6 +215,21 @@ void check_grad_shape(const Shape& shape, const Shape& grad) {
                                  fmt::join(grad, "x"), fmt::join(shape, "x")));
 }
 
+void check_settable_grad(const std::shared_ptr<AutogradMeta>& meta, std::string_view kind) {
+  if (!meta || !meta->requires_grad || meta->grad_fn)
+    throw AutogradError(fmt::format(
+        "[set_grad] this {} is not a leaf that requires a gradient ({}): call requires_grad_() on a leaf first",
+        kind, meta && meta->grad_fn ? "an op made it" : "requires_grad() is false"));
+}
+
+void check_grad_matches(const Shape& shape, DType dtype, const Shape& grad_shape, DType grad_dtype) {
+  if (shape != grad_shape)
+    throw ShapeError(fmt::format("[set_grad] a gradient of shape {} for a tensor of shape {}; expected the same",
+                                 fmt::join(grad_shape, "x"), fmt::join(shape, "x")));
+  if (dtype != grad_dtype)
+    throw DTypeError(fmt::format("[set_grad] a {} gradient for a {} tensor; expected the same dtype", grad_dtype, dtype));
+}
+
 // Strips a DTensor's records, its own and its shard's.
 DTensor strip(DTensor t) {
   detail::AutogradAccess::meta(t).reset();
@@ -335,6 +350,11 @@ std::optional<Tensor> Tensor::grad() const {
 void Tensor::zero_grad() {
   if (autograd_) autograd_->grad.reset();
 }
+void Tensor::set_grad(const Tensor& grad) {
+  check_settable_grad(autograd_, "Tensor");
+  check_grad_matches(shape(), dtype(), grad.shape(), grad.dtype());
+  autograd_->grad = detached(grad);
+}
 void Tensor::backward(bool retain_graph) const {
   check_scalar(shape());
   run_backward(autograd_, Tensor::ones({}, dtype(), device()), retain_graph);
@@ -357,6 +377,14 @@ std::optional<DTensor> DTensor::grad() const {
 }
 void DTensor::zero_grad() {
   if (autograd_) autograd_->grad.reset();
+}
+void DTensor::set_grad(const DTensor& grad) {
+  check_settable_grad(autograd_, "DTensor");
+  if (!(grad.mesh() == mesh()))
+    throw MeshError(fmt::format("[set_grad] a gradient on mesh {} for a DTensor on mesh {}; expected the same mesh",
+                                grad.mesh(), mesh()));
+  check_grad_matches(shape(), dtype(), grad.shape(), grad.dtype());
+  autograd_->grad = strip(grad);
 }
 void DTensor::backward(bool retain_graph) const {
   check_scalar(shape());

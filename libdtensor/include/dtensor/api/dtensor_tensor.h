@@ -87,6 +87,10 @@ class DTensor {
   /// (possibly Partial: full_tensor() reduces it).
   std::optional<DTensor> grad() const;
   void zero_grad();
+  /// Replaces a leaf's gradient: the same mesh, global shape and dtype, in
+  /// any layout (MeshError / ShapeError / DTypeError naming both otherwise);
+  /// AutogradError on a DTensor that is not a leaf requiring a gradient.
+  void set_grad(const DTensor& grad);
   /// Backward from a 0-d DTensor (ValueError naming the shape otherwise).
   void backward(bool retain_graph = false) const;
   void backward(const DTensor& grad_output, bool retain_graph = false) const;

@@ -100,6 +100,12 @@ class Tensor {
   std::optional<Tensor> grad() const;
   /// Empties grad().
   void zero_grad();
+  /// Replaces a leaf's gradient (PyTorch's `p.grad = g`), e.g. with a
+  /// clipped one: the same shape and dtype, or ShapeError / DTypeError naming
+  /// both; AutogradError on a tensor that is not a leaf requiring a gradient.
+  /// The gradient is held as given (it may share storage with other
+  /// tensors: optimizers read gradients and never write into them).
+  void set_grad(const Tensor& grad);
   /// Backward from a 0-d tensor (ValueError naming the shape otherwise).
   void backward(bool retain_graph = false) const;
   /// Backward with the gradient of this tensor given.
