@@ -9,28 +9,22 @@
 // 4. Run: build/bench/dispatch
 #include <dtensor/dtensor.h>
 
-#include <time.h>
-
 #include <algorithm>
 #include <array>
 #include <utility>
 #include <vector>
 
+#include "thread_timing.h"
+
 using namespace dtensor;
 
 namespace {
 
-double thread_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
+using bench::thread_seconds;
 
 template <class Fn>
 double batch_ns(int reps, Fn&& fn) {
-  double t0 = thread_seconds();
-  for (int i = 0; i < reps; ++i) fn();
-  return (thread_seconds() - t0) / reps * 1e9;
+  return bench::seconds_per_call(reps, fn) * 1e9;
 }
 
 template <class Fn>

@@ -5,8 +5,6 @@
 // parameters' layouts so that no collective runs: the ratio is what the
 // DTensor bookkeeping adds to the update loops. Each rank's thread CPU time,
 // best of 7 batches, batches alternating.
-#include <time.h>
-
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -15,21 +13,15 @@
 #include <dtensor/nn/optim.h>
 #include <fmt/format.h>
 
+#include "thread_timing.h"
+
 using namespace dtensor;
 
 namespace {
 
-double thread_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 template <class Fn>
 double batch_us(int reps, Fn&& fn) {
-  const double t0 = thread_seconds();
-  for (int i = 0; i < reps; ++i) fn();
-  return (thread_seconds() - t0) / reps * 1e6;
+  return bench::seconds_per_call(reps, fn) * 1e6;
 }
 
 struct Row {
