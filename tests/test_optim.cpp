@@ -38,6 +38,28 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+// A shape of 1 to max_dims dims, each of size 1 to max_size.
+Shape random_shape(std::mt19937_64& rng, int max_dims, int max_size) {
+  Shape shape(1 + rng() % static_cast<std::uint64_t>(max_dims));
+  for (auto& s : shape) s = static_cast<std::int64_t>(1 + rng() % static_cast<std::uint64_t>(max_size));
+  return shape;
+}
+
+// Runs body(mesh, case, log) for `cases` seeded cases on each of the suite's
+// meshes (4, 2x2, 2x3; the job's own under MPI), then reports what the
+// ranks logged.
+template <class Body>
+void on_every_mesh(std::size_t cases, Body&& body) {
+  for (const Shape& mesh_shape : testing::backend_meshes({{4}, {2, 2}, {2, 3}})) {
+    testing::FailureLog log;
+    testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+      DeviceMesh mesh(comm, mesh_shape);
+      for (std::size_t c = 0; c < cases; ++c) body(mesh, c, log);
+    });
+    testing::check_no_failures(log.failures);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE(optimizers)
 
 // One element, two steps, each formula written out (torch.optim's docs).
@@ -113,70 +135,61 @@ struct Spec {
 // tensors. The states are compared too, and each state keeps its
 // parameter's layout.
 BOOST_AUTO_TEST_CASE(dtensor_steps_equal_the_unsharded_steps) {
-  const std::vector<Shape> meshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
   const std::uint64_t seed = 20261202;
-  const std::size_t cases = testing::scaled_cases(12, 3);
-  for (const Shape& mesh_shape : meshes) {
-    testing::FailureLog log;
-    testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
-      DeviceMesh mesh(comm, mesh_shape);
-      for (std::size_t c = 0; c < cases; ++c) {
-        std::mt19937_64 rng(seed + c);
-        std::vector<Spec> specs;
-        for (int i = 0; i < 3; ++i) {
-          Shape shape(1 + rng() % 3);
-          for (auto& s : shape) s = static_cast<std::int64_t>(1 + rng() % 7);
-          specs.push_back({shape,
-                           testing::random_layout(rng, mesh.ndim(), static_cast<int>(shape.size()), ReduceOp::Sum, 0),
-                           testing::random_layout(rng, mesh.ndim(), static_cast<int>(shape.size()), ReduceOp::Sum, 3)});
-        }
-        const bool adam = c % 2 == 1;
-        const bool nesterov = rng() % 2 == 0;
-        std::vector<Tensor> full;
-        std::vector<DTensor> sharded;
-        for (std::size_t i = 0; i < specs.size(); ++i) {
-          full.push_back(leaf(values(specs[i].shape, seed + 100 * c + i)));
-          sharded.push_back(distribute_tensor(full[i].detach(), mesh, specs[i].param_layout));
-          sharded.back().requires_grad_();
-        }
-        const nn::SGDOptions so{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov};
-        const nn::AdamWOptions ao{.lr = 0.01, .weight_decay = 0.05};
-        nn::SGD<Tensor> sgd_full(full, so);
-        nn::SGD<DTensor> sgd_sharded(sharded, so);
-        nn::AdamW<Tensor> adam_full(full, ao);
-        nn::AdamW<DTensor> adam_sharded(sharded, ao);
-        for (int step = 0; step < 3; ++step) {
-          for (std::size_t i = 0; i < specs.size(); ++i) {
-            const Tensor g = values(specs[i].shape, seed + 1000 * (step + 1) + 100 * c + i);
-            full[i].set_grad(g);
-            sharded[i].set_grad(distribute_tensor(g, mesh, specs[i].grad_layout));
-          }
-          if (adam) {
-            adam_full.step();
-            adam_sharded.step();
-          } else {
-            sgd_full.step();
-            sgd_sharded.step();
-          }
-        }
-        for (std::size_t i = 0; i < specs.size(); ++i) {
-          const std::string where =
-              fmt::format("seed {} case {} ({}) mesh {} param {} shape {} layout {} grads {}", seed, c,
-                          adam ? "AdamW" : (nesterov ? "SGD nesterov" : "SGD"), fmt::join(mesh_shape, "x"), i,
-                          fmt::join(specs[i].shape, "x"), specs[i].param_layout, specs[i].grad_layout);
-          const double off = max_rel_diff(sharded[i].full_tensor(), full[i]);
-          if (!(off <= 1e-12)) log.add(fmt::format("{}: parameter off by {}", where, off));
-          const std::optional<DTensor>& state = adam ? adam_sharded.exp_avg_sq(i) : sgd_sharded.momentum_buffer(i);
-          const std::optional<Tensor>& want = adam ? adam_full.exp_avg_sq(i) : sgd_full.momentum_buffer(i);
-          if (!state || !want || state->placements() != sharded[i].placements())
-            log.add(fmt::format("{}: the state is missing or not in the parameter's layout", where));
-          else if (const double d = max_rel_diff(state->full_tensor(), *want); !(d <= 1e-12))
-            log.add(fmt::format("{}: state off by {}", where, d));
-        }
+  on_every_mesh(testing::scaled_cases(12, 3), [&](const DeviceMesh& mesh, std::size_t c, testing::FailureLog& log) {
+    const Shape& mesh_shape = mesh.shape();
+    std::mt19937_64 rng(seed + c);
+    std::vector<Spec> specs;
+    for (int i = 0; i < 3; ++i) {
+      const Shape shape = random_shape(rng, 3, 7);
+      specs.push_back({shape,
+                       testing::random_layout(rng, mesh.ndim(), static_cast<int>(shape.size()), ReduceOp::Sum, 0),
+                       testing::random_layout(rng, mesh.ndim(), static_cast<int>(shape.size()), ReduceOp::Sum, 3)});
+    }
+    const bool adam = c % 2 == 1;
+    const bool nesterov = rng() % 2 == 0;
+    std::vector<Tensor> full;
+    std::vector<DTensor> sharded;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      full.push_back(leaf(values(specs[i].shape, seed + 100 * c + i)));
+      sharded.push_back(distribute_tensor(full[i].detach(), mesh, specs[i].param_layout));
+      sharded.back().requires_grad_();
+    }
+    const nn::SGDOptions so{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov};
+    const nn::AdamWOptions ao{.lr = 0.01, .weight_decay = 0.05};
+    nn::SGD<Tensor> sgd_full(full, so);
+    nn::SGD<DTensor> sgd_sharded(sharded, so);
+    nn::AdamW<Tensor> adam_full(full, ao);
+    nn::AdamW<DTensor> adam_sharded(sharded, ao);
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        const Tensor g = values(specs[i].shape, seed + 1000 * (step + 1) + 100 * c + i);
+        full[i].set_grad(g);
+        sharded[i].set_grad(distribute_tensor(g, mesh, specs[i].grad_layout));
       }
-    });
-    testing::check_no_failures(log.failures);
-  }
+      if (adam) {
+        adam_full.step();
+        adam_sharded.step();
+      } else {
+        sgd_full.step();
+        sgd_sharded.step();
+      }
+    }
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const std::string where =
+          fmt::format("seed {} case {} ({}) mesh {} param {} shape {} layout {} grads {}", seed, c,
+                      adam ? "AdamW" : (nesterov ? "SGD nesterov" : "SGD"), fmt::join(mesh_shape, "x"), i,
+                      fmt::join(specs[i].shape, "x"), specs[i].param_layout, specs[i].grad_layout);
+      const double off = max_rel_diff(sharded[i].full_tensor(), full[i]);
+      if (!(off <= 1e-12)) log.add(fmt::format("{}: parameter off by {}", where, off));
+      const std::optional<DTensor>& state = adam ? adam_sharded.exp_avg_sq(i) : sgd_sharded.momentum_buffer(i);
+      const std::optional<Tensor>& want = adam ? adam_full.exp_avg_sq(i) : sgd_full.momentum_buffer(i);
+      if (!state || !want || state->placements() != sharded[i].placements())
+        log.add(fmt::format("{}: the state is missing or not in the parameter's layout", where));
+      else if (const double d = max_rel_diff(state->full_tensor(), *want); !(d <= 1e-12))
+        log.add(fmt::format("{}: state off by {}", where, d));
+    }
+  });
 }
 
 BOOST_AUTO_TEST_CASE(bad_options_and_parameters_are_typed_errors) {
@@ -209,59 +222,50 @@ BOOST_AUTO_TEST_SUITE(gradient_clipping)
 // collective (an all_reduce), and the clipped gradients are the unsharded
 // ones scaled; for the 2-norm, the inf-norm and a 3-norm.
 BOOST_AUTO_TEST_CASE(one_all_reduce_gives_the_unsharded_norm) {
-  const std::vector<Shape> meshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
   const std::uint64_t seed = 777;
-  const std::size_t cases = testing::scaled_cases(9, 3);
-  for (const Shape& mesh_shape : meshes) {
-    testing::FailureLog log;
-    testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
-      DeviceMesh mesh(comm, mesh_shape);
-      for (std::size_t c = 0; c < cases; ++c) {
-        std::mt19937_64 rng(seed + c);
-        const double norm_type = std::array{2.0, std::numeric_limits<double>::infinity(), 3.0}[c % 3];
-        std::vector<Tensor> full_params, grads;
-        std::vector<DTensor> params;
-        std::vector<Layout> layouts;
-        double want_part = 0;
-        for (int i = 0; i < 4; ++i) {
-          Shape shape(1 + rng() % 2);
-          for (auto& s : shape) s = static_cast<std::int64_t>(1 + rng() % 6);
-          layouts.push_back(testing::random_layout(rng, mesh.ndim(), static_cast<int>(shape.size()), ReduceOp::Sum, 0));
-          full_params.push_back(leaf(values(shape, seed + 10 * c + i)));
-          grads.push_back(values(shape, seed + 10 * c + i + 5));
-          full_params.back().set_grad(grads.back());
-          params.push_back(distribute_tensor(full_params.back().detach(), mesh, layouts.back()));
-          params.back().requires_grad_();
-          params.back().set_grad(distribute_tensor(grads.back(), mesh, layouts.back()));
-          const double* g = grads.back().data_as<double>();
-          for (std::int64_t k = 0; k < grads.back().numel(); ++k)
-            want_part = std::isinf(norm_type) ? std::max(want_part, std::abs(g[k]))
-                                              : want_part + std::pow(std::abs(g[k]), norm_type);
-        }
-        const double want = std::isinf(norm_type) ? want_part : std::pow(want_part, 1 / norm_type);
-        const double max_norm = want / 2;
-        const CommCounter counter(mesh);
-        const double got = nn::clip_grad_norm<DTensor>(params, max_norm, norm_type);
-        const CommStats used = counter.counts();
-        const double plain = nn::clip_grad_norm<Tensor>(full_params, max_norm, norm_type);
-        const std::string where = fmt::format("seed {} case {} mesh {} norm_type {} layouts {}", seed, c,
-                                              fmt::join(mesh_shape, "x"), norm_type, fmt::join(layouts, " "));
-        if (std::abs(got - want) > 1e-12 * want || std::abs(plain - want) > 1e-12 * want)
-          log.add(fmt::format("{}: norm {} (plain {}), expected {}", where, got, plain, want));
-        if (used.count(CollectiveKind::AllReduce) != 1 || used.data_collectives() != 1)
-          log.add(fmt::format("{}: {} collectives, {} all_reduce; expected exactly one all_reduce", where,
-                              used.data_collectives(), used.count(CollectiveKind::AllReduce)));
-        const double coef = max_norm / (want + 1e-6);
-        for (std::size_t i = 0; i < params.size(); ++i) {
-          const Tensor scaled = grads[i] * coef;
-          if (max_rel_diff(params[i].grad()->full_tensor(), scaled) > 1e-12 ||
-              max_rel_diff(*full_params[i].grad(), scaled) > 1e-12)
-            log.add(fmt::format("{}: gradient {} not scaled by {}", where, i, coef));
-        }
-      }
-    });
-    testing::check_no_failures(log.failures);
-  }
+  on_every_mesh(testing::scaled_cases(9, 3), [&](const DeviceMesh& mesh, std::size_t c, testing::FailureLog& log) {
+    const Shape& mesh_shape = mesh.shape();
+    std::mt19937_64 rng(seed + c);
+    const double norm_type = std::array{2.0, std::numeric_limits<double>::infinity(), 3.0}[c % 3];
+    std::vector<Tensor> full_params, grads;
+    std::vector<DTensor> params;
+    std::vector<Layout> layouts;
+    double want_part = 0;
+    for (int i = 0; i < 4; ++i) {
+      const Shape shape = random_shape(rng, 2, 6);
+      layouts.push_back(testing::random_layout(rng, mesh.ndim(), static_cast<int>(shape.size()), ReduceOp::Sum, 0));
+      full_params.push_back(leaf(values(shape, seed + 10 * c + i)));
+      grads.push_back(values(shape, seed + 10 * c + i + 5));
+      full_params.back().set_grad(grads.back());
+      params.push_back(distribute_tensor(full_params.back().detach(), mesh, layouts.back()));
+      params.back().requires_grad_();
+      params.back().set_grad(distribute_tensor(grads.back(), mesh, layouts.back()));
+      const double* g = grads.back().data_as<double>();
+      for (std::int64_t k = 0; k < grads.back().numel(); ++k)
+        want_part = std::isinf(norm_type) ? std::max(want_part, std::abs(g[k]))
+                                          : want_part + std::pow(std::abs(g[k]), norm_type);
+    }
+    const double want = std::isinf(norm_type) ? want_part : std::pow(want_part, 1 / norm_type);
+    const double max_norm = want / 2;
+    const CommCounter counter(mesh);
+    const double got = nn::clip_grad_norm<DTensor>(params, max_norm, norm_type);
+    const CommStats used = counter.counts();
+    const double plain = nn::clip_grad_norm<Tensor>(full_params, max_norm, norm_type);
+    const std::string where = fmt::format("seed {} case {} mesh {} norm_type {} layouts {}", seed, c,
+                                          fmt::join(mesh_shape, "x"), norm_type, fmt::join(layouts, " "));
+    if (std::abs(got - want) > 1e-12 * want || std::abs(plain - want) > 1e-12 * want)
+      log.add(fmt::format("{}: norm {} (plain {}), expected {}", where, got, plain, want));
+    if (used.count(CollectiveKind::AllReduce) != 1 || used.data_collectives() != 1)
+      log.add(fmt::format("{}: {} collectives, {} all_reduce; expected exactly one all_reduce", where,
+                          used.data_collectives(), used.count(CollectiveKind::AllReduce)));
+    const double coef = max_norm / (want + 1e-6);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor scaled = grads[i] * coef;
+      if (max_rel_diff(params[i].grad()->full_tensor(), scaled) > 1e-12 ||
+          max_rel_diff(*full_params[i].grad(), scaled) > 1e-12)
+        log.add(fmt::format("{}: gradient {} not scaled by {}", where, i, coef));
+    }
+  });
 }
 
 // A gradient still Partial is reduced first: the norm is still right, and
