@@ -234,6 +234,26 @@ BOOST_AUTO_TEST_CASE(other_moves_run_alone) {
   });
 }
 
+// A 1x9 tensor S(0) -> R on 4 ranks alone is a direct exchange (only rank 0
+// holds rows: the planner skips the ring's hops); beside an all_gather of
+// the same mesh dim it rides along in that call, with the same values.
+BOOST_AUTO_TEST_CASE(an_exchange_joins_the_all_gather_of_its_move) {
+  on_meshes({{4}}, [&](const DeviceMesh& mesh, testing::FailureLog& log) {
+    const DTensor thin = make(testing::integer_tensor({1, 9}, DType::Float64, 1), mesh, Layout::parse("S(0)"), 1);
+    const DTensor tall = make(testing::integer_tensor({8, 3}, DType::Float64, 2), mesh, Layout::parse("S(0)"), 1);
+    if (thin.plan_to(Layout::parse("R")).steps.front().kind != StepKind::Exchange)
+      log.add(fmt::format("the premise changed:\n{}", thin.plan_to(Layout::parse("R"))));
+    const std::vector<DTensor> in{thin, tall};
+    const std::vector<Layout> to(2, Layout::parse("R"));
+    const CommCounter counter(mesh);
+    const std::vector<DTensor> got = redistribute_all(in, to);
+    if (counter.count(CollectiveKind::AllGather) != 1 || counter.counts().data_collectives() != 1)
+      log.add(fmt::format("{}; expected one all_gather", counter.counts()));
+    for (std::size_t i = 0; i < 2; ++i)
+      if (!equal(got[i].to_local(), in[i].redistribute(to[i]).to_local())) log.add(fmt::format("tensor {} differs", i));
+  });
+}
+
 // Under grad mode a tensor that requires a gradient is redistributed alone
 // and recorded (its gradient flows back); without grad mode, or for tensors
 // that need none, the moves share one call.

@@ -3,6 +3,7 @@
 // one packed collective per bucket.
 #include "dtensor/api/coalesced.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -37,6 +38,64 @@ double bucket_bytes(const Plan& plan) {
   const std::int64_t in = local_box(plan.mesh_shape, plan.global_shape, plan.from, origin).numel();
   const std::int64_t out = local_box(plan.mesh_shape, plan.global_shape, plan.to, origin).numel();
   return static_cast<double>(std::max(in, out)) * static_cast<double>(itemsize(plan.dtype));
+}
+
+// The coordinate of mesh rank r (row-major, the last dim fastest).
+Shape unravel(std::int64_t r, const Shape& mesh_shape) {
+  Shape c(mesh_shape.size());
+  for (int m = static_cast<int>(mesh_shape.size()) - 1; m >= 0; --m) {
+    c[m] = r % mesh_shape[m];
+    r /= mesh_shape[m];
+  }
+  return c;
+}
+
+// The one all_gather that makes the same move as `plan`, where the planner
+// chose a direct exchange (alone it is cheaper where few ranks hold data, as
+// for a tensor of fewer rows than ranks: it skips the ring's hops). The move
+// must be Shard(d) -> Replicate on some mesh dims, nothing else changing,
+// and every rank's new box must be exactly its group's old boxes (checked
+// on every rank's boxes, so every rank answers alike). Same bytes per rank
+// as the exchange: each rank receives the part of its new box it lacks.
+std::optional<Plan> as_all_gather(const Plan& plan) {
+  if (plan.steps.size() != 1 || plan.steps[0].kind != StepKind::Exchange) return std::nullopt;
+  std::vector<int> dims;
+  std::int64_t dim = -1;
+  for (int m = 0; m < plan.from.mesh_ndim(); ++m) {
+    if (plan.from[m] == plan.to[m]) continue;
+    if (!is_shard(plan.from[m]) || !is_replicate(plan.to[m])) return std::nullopt;
+    if (dim >= 0 && !is_shard(plan.from[m], dim)) return std::nullopt;
+    dim = std::get<Shard>(plan.from[m]).dim;
+    dims.push_back(m);
+  }
+  if (dims.empty()) return std::nullopt;
+  std::int64_t group = 1;
+  for (int m : dims) group *= plan.mesh_shape[m];
+  const auto isz = static_cast<std::int64_t>(itemsize(plan.dtype));
+  std::vector<std::int64_t> recv(static_cast<std::size_t>(numel(plan.mesh_shape)), 0);
+  for (std::int64_t r = 0; r < numel(plan.mesh_shape); ++r) {
+    const Shape coord = unravel(r, plan.mesh_shape);
+    const Box whole = local_box(plan.mesh_shape, plan.global_shape, plan.to, coord);
+    std::int64_t covered = 0;
+    for (std::int64_t i = 0; i < group; ++i) {
+      Shape c = coord;
+      for (std::int64_t j = static_cast<std::int64_t>(dims.size()) - 1, k = i; j >= 0; --j) {
+        c[dims[j]] = k % plan.mesh_shape[dims[j]];
+        k /= plan.mesh_shape[dims[j]];
+      }
+      const Box piece = local_box(plan.mesh_shape, plan.global_shape, plan.from, c);
+      if (!contains(whole, piece)) return std::nullopt;
+      covered += piece.numel();
+      if (c != coord) recv[r] += piece.numel() * isz;
+    }
+    if (covered != whole.numel()) return std::nullopt;
+  }
+  Plan gather = plan;
+  PlanStep& step = gather.steps[0];
+  step = PlanStep{StepKind::AllGather, dims, dim, -1, plan.from, plan.to, recv, step.est_seconds,
+                  "the exchange the planner chose, as the all_gather a coalesced call already runs", {}};
+  gather.recv_bytes = recv;
+  return gather;
 }
 
 struct Bucket {
@@ -111,6 +170,17 @@ std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::spa
     plans[i] = tensors[i].plan_to(targets[i]);           // a copy: later lookups may evict the cached one
     // A tensor autograd must record goes through redistribute(), which records it.
     if (!(recording && tensors[i].requires_grad())) signatures[i] = coalescible_signature(plans[i]);
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (targets[i] == tensors[i].placements()) continue;
+    // An exchange joins the all_gather of the same move when other moves run
+    // that all_gather anyway: riding along adds its bytes but no call.
+    if (!signatures[i] && !(recording && tensors[i].requires_grad()))
+      if (std::optional<Plan> gather = as_all_gather(plans[i]))
+        if (std::find(signatures.begin(), signatures.end(), coalescible_signature(*gather)) != signatures.end()) {
+          signatures[i] = coalescible_signature(*gather);
+          plans[i] = std::move(*gather);
+        }
     if (!signatures[i]) alone.push_back(i);
   }
   for (std::size_t i : alone) out[i] = tensors[i].redistribute(targets[i]);

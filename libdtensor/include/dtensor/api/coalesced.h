@@ -10,7 +10,10 @@
 // Moves whose plan is exactly one all_reduce, reduce_scatter or all_gather,
 // with the same mesh dims, dtype and reduce op, share one collective call
 // per bucket; every other move (no-op, several steps, all_to_all, exchange,
-// local steps) runs as its own redistribute.
+// local steps) runs as its own redistribute, except that a direct exchange
+// that is also an all_gather's move (Shard -> Replicate; the planner prefers
+// the exchange alone where few ranks hold data) joins that all_gather's
+// bucket when other moves run it anyway: the same bytes, one call fewer.
 #include <span>
 #include <vector>
 

@@ -55,7 +55,7 @@ struct ShardingOptions {
   /// parameter's own shards); LayoutError naming the parameter otherwise.
   /// Where it differs from the parameter's layout, a step updates that part
   /// and redistributes the updated parts back to the parameter's layout.
-  std::vector<Layout> state_layouts;
+  std::vector<Layout> state_layouts{};
 };
 
 struct SGDOptions {
