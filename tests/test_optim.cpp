@@ -2,7 +2,8 @@
 // their formulas written out here, the same steps on DTensors in random
 // layouts (gradients Partial or laid out otherwise) against plain tensors,
 // clip_grad_norm's one all_reduce and its norm against the unsharded one,
-// the schedule, and the errors.
+// the coalesced gradient moves of DDP and ZeRO-1 steps (their collective
+// counts, values and state layouts), the schedule, and the errors.
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -302,6 +303,156 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_value_errors) {
   const Tensor before = *p.grad();
   BOOST_TEST(nn::clip_grad_norm<Tensor>(ps, 1e9) > 0);
   BOOST_TEST(equal(*p.grad(), before));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(coalesced_steps_and_zero)
+
+// A data-parallel model on the suite's meshes: parameters Replicate over dp
+// (mesh dim 0) and, on 2-D meshes, Replicate or sharded over the other dim;
+// gradients P(sum) over dp with integer values, so every reduction order
+// gives the same f64 sums and DTensor steps equal plain ones bit for bit.
+struct Model {
+  std::vector<Tensor> full;
+  std::vector<DTensor> sharded;
+  std::vector<Shape> shapes;
+};
+
+Layout dp_param_layout(const DeviceMesh& mesh, std::size_t i) {
+  if (mesh.ndim() == 1) return Layout::parse("R");
+  return std::array{Layout::parse("R,R"), Layout::parse("R,S(0)"), Layout::parse("R,S(1)")}[i % 3];
+}
+
+Model dp_model(const DeviceMesh& mesh, std::mt19937_64& rng, std::size_t count, std::uint64_t seed) {
+  Model m;
+  for (std::size_t i = 0; i < count; ++i) {
+    Shape shape = random_shape(rng, 3, 9);
+    if (shape.size() < 2) shape.push_back(1 + static_cast<std::int64_t>(rng() % 5));  // S(1) needs a dim 1
+    m.shapes.push_back(shape);
+    m.full.push_back(leaf(values(shape, seed + i)));
+    m.sharded.push_back(distribute_tensor(m.full.back().detach(), mesh, dp_param_layout(mesh, i)));
+    m.sharded.back().requires_grad_();
+  }
+  return m;
+}
+
+// Integer gradients: the plain model gets the sum, the DTensor model its
+// P(sum)-over-dp addends in the parameter's layout elsewhere.
+void set_gradients(Model& m, const DeviceMesh& mesh, std::uint64_t seed) {
+  for (std::size_t i = 0; i < m.full.size(); ++i) {
+    const Tensor g = testing::integer_tensor(m.shapes[i], DType::Float64, seed + i);
+    m.full[i].set_grad(g);
+    const Layout grad_layout = dp_param_layout(mesh, i).with(0, Partial{});
+    m.sharded[i].set_grad(DTensor::from_local(
+        testing::source_shard(g, mesh.shape(), grad_layout, mesh.coordinate(), seed + 7), mesh, grad_layout,
+        m.shapes[i], FromLocalCheck::Trust));
+  }
+}
+
+// Three steps of SGD (momentum, maybe nesterov) or AdamW, DDP-style (states
+// in the parameters' layouts) or ZeRO-1 (states S(0) over dp): every step is
+// exactly one all_reduce (DDP), or one reduce_scatter and one all_gather
+// (ZeRO), for 6 parameters in one bucket; the parameters and states equal the
+// plain optimizer's bit for bit; ZeRO's states live in the state layouts
+// with the local sizes those give.
+BOOST_AUTO_TEST_CASE(ddp_and_zero1_steps_take_one_collective_each_way) {
+  const std::uint64_t seed = 20261204;
+  on_every_mesh(testing::scaled_cases(8, 4), [&](const DeviceMesh& mesh, std::size_t c, testing::FailureLog& log) {
+    std::mt19937_64 rng(seed + c);
+    const bool adam = c % 2 == 1, zero = c % 4 >= 2;
+    Model m = dp_model(mesh, rng, 6, seed + 100 * c);
+    const nn::ShardingOptions sharding{.state_layouts = zero ? nn::zero_state_layouts(m.sharded, 0)
+                                                             : std::vector<Layout>{}};
+    const nn::SGDOptions so{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = rng() % 2 == 0};
+    const nn::AdamWOptions ao{.lr = 0.01, .weight_decay = 0.05};
+    nn::SGDOptions sharded_so = so;
+    nn::AdamWOptions sharded_ao = ao;
+    sharded_so.sharding = sharded_ao.sharding = sharding;
+    nn::SGD<Tensor> sgd_full(m.full, so);
+    nn::SGD<DTensor> sgd_sharded(m.sharded, sharded_so);
+    nn::AdamW<Tensor> adam_full(m.full, ao);
+    nn::AdamW<DTensor> adam_sharded(m.sharded, sharded_ao);
+    const std::string where = fmt::format("seed {} case {} ({}, {}) mesh {}", seed, c, adam ? "AdamW" : "SGD",
+                                          zero ? "ZeRO-1" : "DDP", fmt::join(mesh.shape(), "x"));
+    for (int step = 0; step < 3; ++step) {
+      set_gradients(m, mesh, seed + 1000 * (step + 1) + 10 * c);
+      const CommCounter counter(mesh);
+      adam ? adam_sharded.step() : sgd_sharded.step();
+      const CommStats used = counter.counts();
+      adam ? adam_full.step() : sgd_full.step();
+      const bool ok = zero ? used.count(CollectiveKind::ReduceScatter) == 1 &&
+                                 used.count(CollectiveKind::AllGather) == 1 && used.data_collectives() == 2
+                           : used.count(CollectiveKind::AllReduce) == 1 && used.data_collectives() == 1;
+      if (!ok) log.add(fmt::format("{} step {}: {}", where, step, used));
+    }
+    for (std::size_t i = 0; i < m.full.size(); ++i) {
+      const std::string what = fmt::format("{} param {} shape {} layout {}", where, i, fmt::join(m.shapes[i], "x"),
+                                           m.sharded[i].placements());
+      if (!equal(m.sharded[i].full_tensor(), m.full[i])) log.add(fmt::format("{}: parameter differs", what));
+      const std::optional<DTensor>& state = adam ? adam_sharded.exp_avg(i) : sgd_sharded.momentum_buffer(i);
+      const std::optional<Tensor>& want = adam ? adam_full.exp_avg(i) : sgd_full.momentum_buffer(i);
+      const Layout& layout = zero ? sharding.state_layouts[i] : m.sharded[i].placements();
+      const Shape local = local_box(mesh.shape(), m.shapes[i], layout, mesh.coordinate()).size;
+      if (!state || state->placements() != layout || state->to_local().shape() != local ||
+          (adam ? adam_sharded : static_cast<const nn::Optimizer<DTensor>&>(sgd_sharded)).state_layout(i) != layout)
+        log.add(fmt::format("{}: state missing or not in {} (local {})", what, layout, fmt::join(local, "x")));
+      else if (!equal(state->full_tensor(), *want))
+        log.add(fmt::format("{}: state differs", what));
+    }
+  });
+}
+
+// A bucket smaller than every gradient sends each alone: one all_reduce per
+// parameter; clip_grad_norm reduces its Partial gradients in one all_reduce
+// (and then one for the norm).
+BOOST_AUTO_TEST_CASE(bucket_size_sets_the_number_of_calls) {
+  on_every_mesh(1, [&](const DeviceMesh& mesh, std::size_t, testing::FailureLog& log) {
+    std::mt19937_64 rng(5);
+    Model m = dp_model(mesh, rng, 4, 50);
+    nn::SGD<DTensor> opt(m.sharded, {.lr = 0.1, .sharding = {.bucket_mib = 1e-9}});
+    set_gradients(m, mesh, 60);
+    const CommCounter counter(mesh);
+    opt.step();
+    if (counter.count(CollectiveKind::AllReduce) != 4)
+      log.add(fmt::format("mesh {}: {}; expected 4 all_reduce", fmt::join(mesh.shape(), "x"), counter.counts()));
+    set_gradients(m, mesh, 70);
+    const CommCounter clip(mesh);
+    nn::clip_grad_norm<DTensor>(m.sharded, 1.0);
+    if (clip.count(CollectiveKind::AllReduce) != 2 || clip.counts().data_collectives() != 2)
+      log.add(fmt::format("mesh {} clip: {}; expected 2 all_reduce", fmt::join(mesh.shape(), "x"), clip.counts()));
+  });
+}
+
+BOOST_AUTO_TEST_CASE(bad_sharding_options_are_typed_errors) {
+  const Shape mesh_shape = testing::backend_meshes({{4}}).front();
+  testing::FailureLog log;
+  testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape);
+    const Layout rows = Layout::replicated(mesh.ndim()).with(0, Shard{0});
+    DTensor p = distribute_tensor(values({6, 2}, 1), mesh, rows);
+    p.requires_grad_();
+    auto expect = [&](auto&& make, const std::string& needle, const char* what) {
+      try {
+        make();
+        log.add(fmt::format("{}: no error", what));
+      } catch (const ValueError& e) {
+        if (std::string(e.what()).find(needle) == std::string::npos)
+          log.add(fmt::format("{}: '{}' lacks '{}'", what, e.what(), needle));
+      }
+    };
+    const std::vector<DTensor> ps{p};
+    expect([&] { nn::SGD<DTensor>(ps, {.sharding = {.state_layouts = {rows, rows}}}); }, "2 state layouts for 1",
+           "count");
+    expect([&] { nn::SGD<DTensor>(ps, {.sharding = {.state_layouts = {Layout::replicated(mesh.ndim())}}}); },
+           "rank 0 would update rows it does not hold", "not nested");
+    expect([&] { nn::AdamW<DTensor>(ps, {.sharding = {.state_layouts = {rows.with(0, Partial{})}}}); },
+           "holds a Partial", "Partial");
+    expect([&] { nn::AdamW<DTensor>(ps, {.sharding = {.bucket_mib = 0}}); }, "bucket_mib = 0", "bucket");
+    expect([&] { nn::SGD<Tensor>({leaf(values({2}, 3))}, {.sharding = {.state_layouts = {rows}}}); },
+           "layouts are for DTensors", "Tensor");
+  });
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,11 +1,14 @@
-// The optimizers' steps: gradients to the parameters' layouts through the
-// planner, then one loop per parameter over its local shard.
+// The optimizers' steps: gradients to their state layouts through
+// redistribute_all, then one loop per parameter over its local shard (or,
+// with state layouts finer than the parameter's, over the part of it those
+// give this rank, written back through redistribute_all after the loop).
 #include "dtensor/nn/optim.h"
 
 #include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtensor/api/autograd.h"
 #include "dtensor/api/pointwise.h"
@@ -80,19 +83,104 @@ double local_norm_part(const Tensor& local, double p) {
   return acc;
 }
 
+// redistribute_all over DTensors that may live on several meshes: one call
+// per mesh, the meshes in order of first appearance (the same on every rank).
+std::vector<DTensor> redistribute_by_mesh(const std::vector<DTensor>& xs, const std::vector<Layout>& to,
+                                          double bucket_mib) {
+  std::vector<DTensor> out(xs);
+  std::vector<bool> done(xs.size(), false);
+  for (std::size_t first = 0; first < xs.size(); ++first) {
+    if (done[first]) continue;
+    std::vector<std::size_t> which;
+    std::vector<DTensor> group;
+    std::vector<Layout> targets;
+    for (std::size_t j = first; j < xs.size(); ++j)
+      if (!done[j] && xs[j].mesh() == xs[first].mesh()) {
+        done[j] = true;
+        which.push_back(j);
+        group.push_back(xs[j]);
+        targets.push_back(to[j]);
+      }
+    std::vector<DTensor> moved = redistribute_all(group, targets, {.bucket_mib = bucket_mib});
+    for (std::size_t k = 0; k < which.size(); ++k) out[which[k]] = std::move(moved[k]);
+  }
+  return out;
+}
+
+// `inner` (this rank's box under a state layout) in the coordinates of the
+// parameter's shard `outer`.
+Box within(const Box& inner, const Box& outer) {
+  Box b = inner;
+  for (int d = 0; d < b.ndim(); ++d) b.offset[d] -= outer.offset[d];
+  return b;
+}
+
+// A state layout checked against its parameter (see ShardingOptions); the
+// check runs over every rank's boxes, so every rank throws alike.
+Layout checked_state_layout(const DTensor& p, const Layout& layout, std::size_t i, const char* who) {
+  Layout state;
+  try {
+    state = validate_layout(layout, p.mesh().shape(), p.shape());
+  } catch (const LayoutError& e) {
+    throw LayoutError(fmt::format("[{}] state layout of parameter {}: {}", who, i, e.what()));
+  }
+  if (state.has_partial())
+    throw LayoutError(fmt::format("[{}] state layout {} of parameter {} holds a Partial: states are values, not addends",
+                                  who, state, i));
+  const DeviceMesh& mesh = p.mesh();
+  for (int r = 0; r < static_cast<int>(mesh.size()); ++r) {
+    const Shape coord = mesh.coordinate_of(r);
+    const Box part = local_box(mesh.shape(), p.shape(), state, coord);
+    const Box whole = local_box(mesh.shape(), p.shape(), p.placements(), coord);
+    if (!contains(whole, part))
+      throw LayoutError(fmt::format(
+          "[{}] state layout {} of parameter {} (shape {}, layout {}): rank {} would update rows it does not hold; "
+          "a state layout must split the parameter further, nested inside its shards",
+          who, state, i, fmt::join(p.shape(), "x"), p.placements(), r));
+  }
+  return state;
+}
+
 }  // namespace
+
+std::vector<Layout> zero_state_layouts(std::span<const DTensor> params, int mesh_dim) {
+  std::vector<Layout> out;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Layout& l = params[i].placements();
+    if (mesh_dim < 0 || mesh_dim >= l.mesh_ndim())
+      throw LayoutError(fmt::format("[zero_state_layouts] mesh dim {} of parameter {} on a mesh of {} dims", mesh_dim, i,
+                                    l.mesh_ndim()));
+    out.push_back(params[i].dim() > 0 && is_replicate(l[mesh_dim]) ? l.with(mesh_dim, Shard{0}) : l);
+  }
+  return out;
+}
 
 // ---- Optimizer ---------------------------------------------------------------
 
 template <Parameter X>
-Optimizer<X>::Optimizer(std::vector<X> params, double lr, const char* name)
-    : params_(std::move(params)), lr_(lr), name_(name) {
+Optimizer<X>::Optimizer(std::vector<X> params, double lr, const char* name, ShardingOptions sharding)
+    : params_(std::move(params)), lr_(lr), name_(name), sharding_(std::move(sharding)) {
   check_finite_non_negative(lr, "lr", name);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].requires_grad())
       throw AutogradError(
           fmt::format("[{}] parameter {} does not require a gradient: call requires_grad_() on it", name, i));
     visit_floating(params_[i].dtype(), name, [](auto, auto) {});
+  }
+  if (!std::isfinite(sharding_.bucket_mib) || !(sharding_.bucket_mib > 0))
+    throw ValueError(
+        fmt::format("[{}] sharding.bucket_mib = {}; expected a finite number > 0", name, sharding_.bucket_mib));
+  const std::vector<Layout>& given = sharding_.state_layouts;
+  if constexpr (std::same_as<X, DTensor>) {
+    if (!given.empty() && given.size() != params_.size())
+      throw ValueError(fmt::format("[{}] {} state layouts for {} parameters: expected one each (or none)", name,
+                                   given.size(), params_.size()));
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      state_layouts_.push_back(given.empty() ? params_[i].placements()
+                                             : checked_state_layout(params_[i], given[i], i, name));
+  } else if (!given.empty()) {
+    throw ValueError(fmt::format("[{}] {} state layouts for Tensor parameters: layouts are for DTensors", name,
+                                 given.size()));
   }
 }
 
@@ -108,26 +196,71 @@ void Optimizer<X>::zero_grad() {
 }
 
 template <Parameter X>
-std::optional<X> Optimizer<X>::gradient_in_param_layout(std::size_t i) const {
-  const X& p = params_[i];
-  std::optional<X> g = p.grad();
-  if (!g) return std::nullopt;
+std::vector<std::optional<X>> Optimizer<X>::gradients_for_update() const {
+  std::vector<std::optional<X>> grads(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) grads[i] = params_[i].grad();
   if constexpr (std::same_as<X, DTensor>) {
-    if (g->placements() != p.placements()) {
-      NoGradGuard no_grad;
-      return g->redistribute(p.placements());
-    }
+    NoGradGuard no_grad;
+    std::vector<std::size_t> which;
+    std::vector<DTensor> moving;
+    std::vector<Layout> to;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (grads[i]) {
+        which.push_back(i);
+        moving.push_back(*grads[i]);
+        to.push_back(state_layouts_[i]);
+      }
+    std::vector<DTensor> moved = redistribute_by_mesh(moving, to, sharding_.bucket_mib);
+    for (std::size_t k = 0; k < which.size(); ++k) grads[which[k]] = std::move(moved[k]);
   }
-  return *g;
+  return grads;
 }
 
 template <Parameter X>
-X Optimizer<X>::zeros_like_param(std::size_t i) const {
+Tensor Optimizer<X>::update_shard(std::size_t i) const {
+  const X& p = params_[i];
+  if constexpr (std::same_as<X, DTensor>) {
+    if (state_layouts_[i] != p.placements()) {
+      const Box part = local_box(p.mesh().shape(), p.shape(), state_layouts_[i], p.mesh().coordinate());
+      const Tensor& local = p.to_local();
+      // An empty part may sit past the end of the shard (torch.chunk's offsets).
+      if (part.empty()) return Tensor::empty(part.size, local.dtype(), local.device());
+      return slice_box(local, within(part, p.local_box()));
+    }
+  }
+  return local_of(p);
+}
+
+template <Parameter X>
+void Optimizer<X>::write_back(const std::vector<Tensor>& shards) {
+  if constexpr (std::same_as<X, DTensor>) {
+    NoGradGuard no_grad;
+    std::vector<std::size_t> which;
+    std::vector<DTensor> parts;
+    std::vector<Layout> to;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const DTensor& p = params_[i];
+      if (!shards[i].defined() || state_layouts_[i] == p.placements()) continue;
+      which.push_back(i);
+      parts.push_back(DTensor::from_local(shards[i], p.mesh(), state_layouts_[i], p.shape(), FromLocalCheck::Trust));
+      to.push_back(p.placements());
+    }
+    const std::vector<DTensor> whole = redistribute_by_mesh(parts, to, sharding_.bucket_mib);
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      Tensor dst = params_[which[k]].to_local();  // shares the parameter's storage
+      copy_into(whole[k].to_local(), dst);
+    }
+  }
+}
+
+template <Parameter X>
+X Optimizer<X>::zeros_like_state(std::size_t i) const {
   const X& p = params_[i];
   NoGradGuard no_grad;
   if constexpr (std::same_as<X, DTensor>) {
     const Tensor& local = p.to_local();
-    return DTensor::from_local(Tensor::zeros(local.shape(), local.dtype(), local.device()), p.mesh(), p.placements(),
+    const Box part = local_box(p.mesh().shape(), p.shape(), state_layouts_[i], p.mesh().coordinate());
+    return DTensor::from_local(Tensor::zeros(part.size, local.dtype(), local.device()), p.mesh(), state_layouts_[i],
                                p.shape(), FromLocalCheck::Trust);
   } else {
     return Tensor::zeros(p.shape(), p.dtype(), p.device());
@@ -138,26 +271,31 @@ X Optimizer<X>::zeros_like_param(std::size_t i) const {
 
 template <Parameter X>
 SGD<X>::SGD(std::vector<X> params, SGDOptions options)
-    : Optimizer<X>(std::move(params), options.lr, "SGD"), options_(options), momentum_(this->params_.size()) {
-  check_finite_non_negative(options.momentum, "momentum", "SGD");
-  check_finite_non_negative(options.weight_decay, "weight_decay", "SGD");
-  if (!std::isfinite(options.dampening))
-    throw ValueError(fmt::format("[SGD] dampening = {}; expected a finite value", options.dampening));
-  if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
+    : Optimizer<X>(std::move(params), options.lr, "SGD", options.sharding),
+      options_(std::move(options)),
+      momentum_(this->params_.size()) {
+  const SGDOptions& o = options_;
+  check_finite_non_negative(o.momentum, "momentum", "SGD");
+  check_finite_non_negative(o.weight_decay, "weight_decay", "SGD");
+  if (!std::isfinite(o.dampening))
+    throw ValueError(fmt::format("[SGD] dampening = {}; expected a finite value", o.dampening));
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     throw ValueError(fmt::format("[SGD] nesterov needs momentum > 0 and dampening = 0 (got momentum {}, dampening {})",
-                                 options.momentum, options.dampening));
+                                 o.momentum, o.dampening));
 }
 
 template <Parameter X>
 void SGD<X>::step() {
   NoGradGuard no_grad;
-  const SGDOptions o = options_;
+  const SGDOptions& o = options_;
+  const std::vector<std::optional<X>> grads = this->gradients_for_update();
+  std::vector<Tensor> shards(this->params_.size());
   for (std::size_t i = 0; i < this->params_.size(); ++i) {
-    const std::optional<X> grad = this->gradient_in_param_layout(i);
-    if (!grad) continue;
+    if (!grads[i]) continue;
     const bool first = o.momentum != 0 && !momentum_[i];
-    if (first) momentum_[i] = this->zeros_like_param(i);
-    Tensor p = local_of(this->params_[i]), g = local_of(*grad), b = momentum_[i] ? local_of(*momentum_[i]) : Tensor();
+    if (first) momentum_[i] = this->zeros_like_state(i);
+    shards[i] = this->update_shard(i);
+    Tensor p = shards[i], g = local_of(*grads[i]), b = momentum_[i] ? local_of(*momentum_[i]) : Tensor();
     check_cpu(p, "SGD");
     visit_floating(p.dtype(), "SGD", [&](auto t, auto c) {
       using T = decltype(t);
@@ -179,6 +317,7 @@ void SGD<X>::step() {
       }
     });
   }
+  this->write_back(shards);
   ++this->steps_;
 }
 
@@ -186,7 +325,7 @@ void SGD<X>::step() {
 
 template <Parameter X>
 AdamW<X>::AdamW(std::vector<X> params, AdamWOptions options)
-    : Optimizer<X>(std::move(params), options.lr, "AdamW"),
+    : Optimizer<X>(std::move(params), options.lr, "AdamW", options.sharding),
       options_(options),
       exp_avg_(this->params_.size()),
       exp_avg_sq_(this->params_.size()),
@@ -200,17 +339,18 @@ AdamW<X>::AdamW(std::vector<X> params, AdamWOptions options)
 template <Parameter X>
 void AdamW<X>::step() {
   NoGradGuard no_grad;
-  const AdamWOptions o = options_;
+  const AdamWOptions& o = options_;
+  const std::vector<std::optional<X>> grads = this->gradients_for_update();
+  std::vector<Tensor> shards(this->params_.size());
   for (std::size_t i = 0; i < this->params_.size(); ++i) {
-    const std::optional<X> grad = this->gradient_in_param_layout(i);
-    if (!grad) continue;
+    if (!grads[i]) continue;
     if (!exp_avg_[i]) {
-      exp_avg_[i] = this->zeros_like_param(i);
-      exp_avg_sq_[i] = this->zeros_like_param(i);
+      exp_avg_[i] = this->zeros_like_state(i);
+      exp_avg_sq_[i] = this->zeros_like_state(i);
     }
     const auto t_step = static_cast<double>(++param_steps_[i]);
-    Tensor p = local_of(this->params_[i]), g = local_of(*grad), m = local_of(*exp_avg_[i]),
-           v = local_of(*exp_avg_sq_[i]);
+    shards[i] = this->update_shard(i);
+    Tensor p = shards[i], g = local_of(*grads[i]), m = local_of(*exp_avg_[i]), v = local_of(*exp_avg_sq_[i]);
     check_cpu(p, "AdamW");
     visit_floating(p.dtype(), "AdamW", [&](auto t, auto c) {
       using T = decltype(t);
@@ -234,37 +374,61 @@ void AdamW<X>::step() {
       }
     });
   }
+  this->write_back(shards);
   ++this->steps_;
 }
 
 // ---- Gradient clipping and the schedule ----------------------------------------
 
+namespace {
+
+// The gradients of `params` (none where absent), those still Partial reduced
+// to their parameters' layouts together: one redistribute_all per mesh.
 template <Parameter X>
-double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type) {
+std::vector<std::optional<X>> gradients_without_partial(std::span<const X> params, const CoalesceOptions& coalesce) {
+  std::vector<std::optional<X>> grads(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) grads[i] = params[i].grad();
+  if constexpr (std::same_as<X, DTensor>) {
+    std::vector<std::size_t> which;
+    std::vector<DTensor> partial;
+    std::vector<Layout> to;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (grads[i] && grads[i]->placements().has_partial()) {
+        which.push_back(i);
+        partial.push_back(*grads[i]);
+        to.push_back(params[i].placements());
+      }
+    std::vector<DTensor> reduced = redistribute_by_mesh(partial, to, coalesce.bucket_mib);
+    for (std::size_t k = 0; k < which.size(); ++k) grads[which[k]] = std::move(reduced[k]);
+  }
+  return grads;
+}
+
+}  // namespace
+
+template <Parameter X>
+double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type, CoalesceOptions coalesce) {
   check_finite_non_negative(max_norm, "max_norm", "clip_grad_norm");
   if (!(norm_type > 0))
     throw ValueError(fmt::format("[clip_grad_norm] norm_type = {}; expected > 0 (or infinity)", norm_type));
   NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
-  std::vector<std::optional<X>> grads(params.size());
-  double part = 0;
   Communicator* world = nullptr;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const X& p = params[i];
-    std::optional<X> g = p.grad();
-    if (!g) continue;
-    if constexpr (std::same_as<X, DTensor>) {
-      Communicator* w = &p.mesh().comm();
+  if constexpr (std::same_as<X, DTensor>)
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].grad()) continue;
+      Communicator* w = &params[i].mesh().comm();
       if (world && w != world)
         throw MeshError(
             fmt::format("[clip_grad_norm] parameter {} lives on a mesh of another world communicator than parameter "
-                        "0's: the "
-                        "norm is one all_reduce over one world",
+                        "0's: the norm is one all_reduce over one world",
                         i));
       world = w;
-      if (g->placements().has_partial()) g = g->redistribute(p.placements());
     }
-    grads[i] = g;
+  const std::vector<std::optional<X>> grads = gradients_without_partial(params, coalesce);
+  double part = 0;
+  for (const std::optional<X>& g : grads) {
+    if (!g) continue;
     const double mine = local_norm_part(local_of(*g), norm_type) / (inf ? 1.0 : copies_of(*g));
     part = inf ? (std::isnan(mine) || std::isnan(part) ? mine + part : std::max(part, mine)) : part + mine;
   }
@@ -301,7 +465,7 @@ template class SGD<Tensor>;
 template class SGD<DTensor>;
 template class AdamW<Tensor>;
 template class AdamW<DTensor>;
-template double clip_grad_norm<Tensor>(std::span<const Tensor>, double, double);
-template double clip_grad_norm<DTensor>(std::span<const DTensor>, double, double);
+template double clip_grad_norm<Tensor>(std::span<const Tensor>, double, double, CoalesceOptions);
+template double clip_grad_norm<DTensor>(std::span<const DTensor>, double, double, CoalesceOptions);
 
 }  // namespace dtensor::nn

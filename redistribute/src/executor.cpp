@@ -11,74 +11,12 @@
 
 #include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
+#include "step_context.h"
 
 namespace dtensor {
 namespace {
 
-// Staging bytes on the device of `like` (a CUDA tensor stages in device
-// memory, so the communicator moves device buffers).
-Tensor scratch(std::size_t bytes, const Tensor& like) {
-  const std::size_t isz = itemsize(like.dtype());
-  return Tensor::empty({static_cast<std::int64_t>((bytes + isz - 1) / isz)}, like.dtype(), like.device());
-}
-
-struct Ctx {
-  const Plan& plan;
-  const DeviceMesh& mesh;
-  Shape coord;
-  std::size_t isz;
-
-  Box box(const Layout& l, std::span<const std::int64_t> c) const {
-    return local_box(plan.mesh_shape, plan.global_shape, l, c);
-  }
-  Box box(const Layout& l) const { return box(l, coord); }
-  // The coordinate of rank i of the group over `dims` (mixed radix, first dim most significant).
-  Shape group_coord(const std::vector<int>& dims, std::int64_t i) const {
-    Shape c = coord;
-    for (int j = static_cast<int>(dims.size()) - 1; j >= 0; --j) {
-      std::int64_t n = plan.mesh_shape[dims[j]];
-      c[dims[j]] = i % n;
-      i /= n;
-    }
-    return c;
-  }
-  std::int64_t group_rank(const std::vector<int>& dims) const {
-    std::int64_t i = 0;
-    for (int m : dims) i = i * plan.mesh_shape[m] + coord[m];
-    return i;
-  }
-};
-
-// `inner` in the coordinates of `outer`.
-Box relative(const Box& inner, const Box& outer) {
-  Box b = inner;
-  for (int d = 0; d < b.ndim(); ++d) b.offset[d] -= outer.offset[d];
-  return b;
-}
-
-// True when the non-empty pieces, in order, tile `whole` as consecutive
-// row-major ranges: every dim before `dim` has size 1 in `whole`, and each
-// piece spans `whole` on the other dims and starts where the last ended on `dim`.
-bool consecutive(const std::vector<Box>& pieces, const Box& whole, std::int64_t dim) {
-  for (std::int64_t d = 0; d < dim; ++d)
-    if (whole.size[d] != 1) return false;
-  std::int64_t at = whole.offset[dim];
-  for (const Box& p : pieces) {
-    if (p.empty()) continue;
-    for (int d = 0; d < whole.ndim(); ++d)
-      if (d != dim && (p.offset[d] != whole.offset[d] || p.size[d] != whole.size[d])) return false;
-    if (p.offset[dim] != at) return false;
-    at += p.size[dim];
-  }
-  return true;
-}
-
-ReduceOp partial_op(const Layout& l, const std::vector<int>& dims) {
-  for (int m : dims)
-    if (auto* q = std::get_if<Partial>(&l[m])) return q->op;
-  throw LayoutError(
-      fmt::format("[redistribute] internal: step on mesh dims {} of {} has no Partial", fmt::join(dims, ","), l));
-}
+using namespace executor_detail;
 
 Tensor all_gather(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   Communicator& comm = cx.mesh.group_comm(s.mesh_dims);
@@ -240,20 +178,8 @@ Tensor run_step(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
 }  // namespace
 
 Tensor execute_plan(const Plan& plan, const DeviceMesh& mesh, const Tensor& local) {
-  if (mesh.shape() != plan.mesh_shape)
-    throw MeshError(fmt::format("[redistribute] a plan for mesh [{}] run on mesh [{}]", fmt::join(plan.mesh_shape, ","),
-                                fmt::join(mesh.shape(), ",")));
-  if (local.dtype() != plan.dtype)
-    throw DTypeError(
-        fmt::format("[redistribute] local shard of dtype {}: the plan is for {}", local.dtype(), plan.dtype));
+  check_shard(plan, mesh, local);
   Ctx cx{plan, mesh, mesh.coordinate(), itemsize(plan.dtype)};
-  const Box box = cx.box(plan.from);
-  if (local.shape() != box.size)
-    throw LayoutError(
-        fmt::format("[redistribute] local shard of shape [{}] on rank {} (coordinate [{}]): {} of a [{}] "
-                    "tensor gives it shape [{}]",
-                    fmt::join(local.shape(), ","), mesh.rank(), fmt::join(cx.coord, ","), plan.from,
-                    fmt::join(plan.global_shape, ","), fmt::join(box.size, ",")));
   Tensor cur = local;
   for (const PlanStep& s : plan.steps) cur = run_step(cx, s, cur);
   return cur;

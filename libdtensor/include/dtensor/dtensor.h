@@ -15,6 +15,7 @@
 #include "dtensor/mesh/launch.h"              // IWYU pragma: export
 #include "dtensor/redistribute/cost_model.h"  // IWYU pragma: export
 #include "dtensor/redistribute/executor.h"    // IWYU pragma: export
+#include "dtensor/redistribute/coalesced.h"   // IWYU pragma: export
 #include "dtensor/redistribute/plan.h"        // IWYU pragma: export
 #include "dtensor/redistribute/planner.h"     // IWYU pragma: export
 #include "dtensor/ops/dispatch.h"             // IWYU pragma: export
@@ -22,6 +23,7 @@
 #include "dtensor/api/dtensor_tensor.h"       // IWYU pragma: export
 #include "dtensor/api/autograd.h"             // IWYU pragma: export
 #include "dtensor/api/functional.h"           // IWYU pragma: export
+#include "dtensor/api/coalesced.h"            // IWYU pragma: export
 #include "dtensor/api/linalg.h"               // IWYU pragma: export
 #include "dtensor/api/nn.h"                   // IWYU pragma: export
 #include "dtensor/api/pointwise.h"            // IWYU pragma: export

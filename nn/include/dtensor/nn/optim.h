@@ -10,18 +10,31 @@
 //   opt.step();                                  // gradients to each parameter's layout, then the update
 //   opt.zero_grad();
 //
-// A step first brings each gradient to its parameter's layout through the
-// planner (P(sum) -> R is DDP's all_reduce, P(sum) -> S(0) a
-// reduce_scatter), then updates every rank's local shard in one pass per
-// parameter, with no op dispatch: the same loops as on plain tensors. The
-// states (momentum, Adam's moments) live in the parameter's layout. The
-// update math is PyTorch's (torch.optim.SGD, torch.optim.AdamW), computed
-// in f64 for f64 parameters and in f32 otherwise.
+// A step first brings every gradient to the layout its update needs, all
+// at once through redistribute_all (dtensor/api/coalesced.h): P(sum) -> R is
+// DDP's all_reduce, P(sum) -> S(0) a reduce_scatter, and gradients that need
+// the same collective share one call per bucket (25 MiB by default, as DDP).
+// It then updates every rank's local shard in one pass per parameter, with
+// no op dispatch: the same loops as on plain tensors. The states (momentum,
+// Adam's moments) live in the parameter's layout, or in the state layouts
+// ShardingOptions gives (ZeRO-1/2):
+//
+//   auto states = nn::zero_state_layouts(params, mesh.dim_index("dp"));  // R over dp -> S(0) over dp
+//   nn::AdamW<DTensor> opt(params, {.lr = 3e-4, .sharding = {.state_layouts = states}});
+//
+// Then a step reduce-scatters the gradients to the state layouts, updates
+// the part of each (replicated) parameter its state shard covers, and
+// all-gathers the updated parts back into the parameters: one coalesced
+// reduce_scatter and one coalesced all_gather over dp where DDP takes one
+// all_reduce, with the states 1/dp the size. The update math is PyTorch's
+// (torch.optim.SGD, torch.optim.AdamW), computed in f64 for f64 parameters
+// and in f32 otherwise, the same elementwise whatever the layouts.
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "dtensor/api/coalesced.h"
 #include "dtensor/api/dtensor_tensor.h"
 #include "dtensor/core/tensor.h"
 
@@ -30,12 +43,28 @@ namespace dtensor::nn {
 template <class X>
 concept Parameter = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
 
+/// How a step moves the gradients and where the states live. For DTensor
+/// parameters; a Tensor optimizer accepts only the defaults (ValueError).
+struct ShardingOptions {
+  /// Bucket size of the step's redistribute_all (CoalesceOptions).
+  double bucket_mib = CoalesceOptions{}.bucket_mib;
+  /// Empty, or one layout per parameter for its states and for the
+  /// gradient its update reads. Each must hold no Partial and give every
+  /// rank a part of the box the parameter's layout gives it (a finer
+  /// split: Shard where the parameter is Replicate, nested inside the
+  /// parameter's own shards); LayoutError naming the parameter otherwise.
+  /// Where it differs from the parameter's layout, a step updates that part
+  /// and redistributes the updated parts back to the parameter's layout.
+  std::vector<Layout> state_layouts{};
+};
+
 struct SGDOptions {
   double lr = 1e-2;
   double momentum = 0;
   double dampening = 0;
   double weight_decay = 0;  // L2, added to the gradient (as torch.optim.SGD)
   bool nesterov = false;
+  ShardingOptions sharding{};
 };
 
 struct AdamWOptions {
@@ -44,7 +73,15 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;  // decoupled: p -= lr * wd * p before the Adam step
+  ShardingOptions sharding{};
 };
+
+/// ZeRO-1/2 state layouts: each parameter's layout with mesh dim `mesh_dim`
+/// (where it is Replicate) split as Shard(0), innermost, so the state
+/// shards nest inside the parameter's own; 0-d parameters and those not
+/// Replicate on `mesh_dim` keep their layout. LayoutError for a mesh dim
+/// out of range.
+std::vector<Layout> zero_state_layouts(std::span<const DTensor> params, int mesh_dim);
 
 /// What the optimizers share: the parameters, the learning rate, and each
 /// step's gradients in the parameters' layouts.
@@ -59,19 +96,38 @@ class Optimizer {
   void zero_grad();
   /// Steps taken.
   std::int64_t steps() const { return steps_; }
+  /// The layout parameter i's states live in and its update reads its
+  /// gradient in (DTensor optimizers): its own unless ShardingOptions gave one.
+  const Layout& state_layout(std::size_t i) const
+    requires std::same_as<X, DTensor>
+  {
+    return state_layouts_.at(i);
+  }
 
  protected:
-  Optimizer(std::vector<X> params, double lr, const char* name);
-  /// Parameter i's gradient in its own layout (reduced through the planner
-  /// where it is Partial or laid out otherwise); none where it has none.
-  std::optional<X> gradient_in_param_layout(std::size_t i) const;
-  /// A zero state in parameter i's layout.
-  X zeros_like_param(std::size_t i) const;
+  Optimizer(std::vector<X> params, double lr, const char* name, ShardingOptions sharding);
+  /// Every parameter's gradient in its state layout (none where it has
+  /// none), moved by one redistribute_all per mesh: gradients that need the
+  /// same collective share one call per bucket.
+  std::vector<std::optional<X>> gradients_for_update() const;
+  /// The shard parameter i's update writes: its local shard (shared
+  /// storage) where the state layout is the parameter's, else a copy of the
+  /// part of it the state layout gives this rank.
+  Tensor update_shard(std::size_t i) const;
+  /// Writes the updated copies (shards[i] defined where update_shard made a
+  /// copy and the update ran) back into the parameters: one redistribute_all
+  /// per mesh from the state layouts to the parameters' (ZeRO: the
+  /// all_gather).
+  void write_back(const std::vector<Tensor>& shards);
+  /// A zero state in parameter i's state layout.
+  X zeros_like_state(std::size_t i) const;
 
   std::vector<X> params_;
   double lr_;
   std::int64_t steps_ = 0;
   const char* name_;
+  ShardingOptions sharding_;
+  std::vector<Layout> state_layouts_;  // DTensor: one per parameter; Tensor: empty
 };
 
 template <Parameter X>
@@ -79,8 +135,8 @@ class SGD : public Optimizer<X> {
  public:
   explicit SGD(std::vector<X> params, SGDOptions options = {});
   void step();
-  /// Parameter i's momentum buffer, in its layout (none before its first
-  /// update or without momentum).
+  /// Parameter i's momentum buffer, in its state layout (none before its
+  /// first update or without momentum).
   const std::optional<X>& momentum_buffer(std::size_t i) const { return momentum_.at(i); }
 
  private:
@@ -93,8 +149,8 @@ class AdamW : public Optimizer<X> {
  public:
   explicit AdamW(std::vector<X> params, AdamWOptions options = {});
   void step();
-  /// Parameter i's first and second moments, in its layout (none before
-  /// its first update).
+  /// Parameter i's first and second moments, in its state layout (none
+  /// before its first update).
   const std::optional<X>& exp_avg(std::size_t i) const { return exp_avg_.at(i); }
   const std::optional<X>& exp_avg_sq(std::size_t i) const { return exp_avg_sq_.at(i); }
 
@@ -113,11 +169,14 @@ class AdamW : public Optimizer<X> {
 /// world (SUM, or MAX for infinity): each rank adds |g|^p over its shard
 /// divided by the number of copies of that shard (the sizes of its
 /// Replicate mesh dims), so that every element counts once whatever the
-/// layout. A gradient still Partial is first reduced to its parameter's
-/// layout (one more collective each), as a step would. All parameters must
-/// live on meshes of one world communicator (MeshError otherwise).
+/// layout. Gradients still Partial are first reduced to their parameters'
+/// layouts, as a step would: one redistribute_all per mesh (one all_reduce
+/// per bucket for DDP's P(sum) -> R), in buckets of `coalesce.bucket_mib`.
+/// All parameters must live on meshes of one world communicator (MeshError
+/// otherwise).
 template <Parameter X>
-double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0);
+double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0,
+                      CoalesceOptions coalesce = {});
 
 /// Linear warmup from 0 over `warmup_steps`, then a cosine from max_lr down
 /// to min_lr at `total_steps` (and min_lr after): the schedule of GPT-2 and

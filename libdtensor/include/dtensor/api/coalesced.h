@@ -1,0 +1,65 @@
+#pragma once
+// Redistributing many DTensors at once: what DDP does with its gradient
+// buckets, as a general capability of the library.
+//
+//   std::vector<DTensor> grads = ...;                 // P(sum) over dp
+//   std::vector<Layout> want(grads.size(), Layout::parse("R"));
+//   auto reduced = redistribute_all(grads, want);     // one all_reduce per 25 MiB bucket
+//
+// Each move is planned by the planner, as DTensor::redistribute plans it.
+// Moves whose plan is exactly one all_reduce, reduce_scatter or all_gather,
+// with the same mesh dims, dtype and reduce op, share one collective call
+// per bucket; every other move (no-op, several steps, all_to_all, exchange,
+// local steps) runs as its own redistribute, except that a direct exchange
+// that is also an all_gather's move (Shard -> Replicate; the planner prefers
+// the exchange alone where few ranks hold data) joins that all_gather's
+// bucket when other moves run it anyway: the same bytes, one call fewer.
+#include <span>
+#include <vector>
+
+#include "dtensor/api/dtensor_tensor.h"
+#include "dtensor/core/placement.h"
+
+namespace dtensor {
+
+struct CoalesceOptions {
+  /// The most bytes (MiB of 2^20 bytes) one bucket holds: moves join a
+  /// bucket while the sum of their sizes stays within it; a move larger than
+  /// a bucket goes alone. A move's size is the larger of its input and output
+  /// shard at mesh coordinate 0 (the largest torch.chunk piece of every
+  /// split), the same number on every rank, so every rank cuts the buckets
+  /// at the same places and no rank's staging exceeds the bound. 25 MiB is
+  /// DDP's default bucket_cap_mb.
+  double bucket_mib = 25;
+};
+
+/// Returns, for every i, the value of tensors[i].redistribute(targets[i]):
+/// the same local values and the same layout (and cost model); a packed
+/// all_reduce adds the same addends, but which rank starts each element's sum
+/// moves with the packing, so where a float sum rounds its last bits may
+/// differ (as in DDP's buckets); exact sums, and every other kind, are
+/// identical bit for bit. Moves that
+/// share a collective (above) are packed into buckets in the order given:
+/// a move joins the open bucket of its collective unless that would exceed
+/// bucket_mib, which then closes and a new one opens. Buckets run in the
+/// order of their first move, after the moves that run alone (in the order
+/// given); a bucket of one move is an ordinary redistribute. The
+/// communicator counts the bytes each packed call moves (CommStats): for
+/// all_gather and reduce_scatter the sum of the per-tensor plans' bytes on
+/// every rank; for all_reduce the same summed over the group.
+///
+/// Every rank of the mesh calls it with the same tensors' layouts, shapes
+/// and dtypes in the same order (as with any collective).
+///
+/// Autograd: the packed path records no graph; it is meant for gradients
+/// and optimizer states. While grad mode is on, a tensor that requires a
+/// gradient is redistributed alone, recorded as redistribute() records it,
+/// so the result is always differentiable where its input was.
+///
+/// Errors: ValueError if the spans differ in length or bucket_mib is not a
+/// finite number > 0; MeshError if the tensors are not all on tensor 0's
+/// mesh (naming the index); LayoutError for a target redistribute rejects.
+std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                      CoalesceOptions options = {});
+
+}  // namespace dtensor
