@@ -49,6 +49,16 @@ CommStats operator-(const CommStats& after, const CommStats& before) {
   return d;
 }
 
+CommStats operator+(const CommStats& a, const CommStats& b) {
+  CommStats s;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    s.calls[k] = a.calls[k] + b.calls[k];
+    s.recv_bytes_by_kind[k] = a.recv_bytes_by_kind[k] + b.recv_bytes_by_kind[k];
+  }
+  s.recv_bytes = a.recv_bytes + b.recv_bytes;
+  return s;
+}
+
 void Communicator::all_gather(const void* send, void* recv, std::size_t bytes) {
   // Small groups (the common case) keep the size list on the stack.
   constexpr int kInline = 64;

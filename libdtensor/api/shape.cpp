@@ -67,4 +67,9 @@ DTensor randn(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, co
               [&](Tensor& t, const Box& box) { fill_randn(t, seed, shape, box.offset); });
 }
 
+DTensor from_full(const Tensor& full, const DeviceMesh& mesh, const Layout& layout) {
+  return make(full.shape(), mesh, layout, full.dtype(), "from_full",
+              [&](Tensor& t, const Box& box) { t = slice_box(full, box).to(mesh.device()); });
+}
+
 }  // namespace dtensor

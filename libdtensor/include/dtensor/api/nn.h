@@ -71,7 +71,16 @@ X cross_entropy(const X& logits, const X& targets) {
   std::optional<X> lse, loss;
   {
     NoGradGuard unrecorded;
-    const X m = call_op_on(registered_op<"max">(), ReduceAttrs{.dims = {1}, .keepdim = true}, logits);
+    X m = call_op_on(registered_op<"max">(), ReduceAttrs{.dims = {1}, .keepdim = true}, logits);
+    // With vocab-parallel logits the row max is Partial(max); it is used
+    // twice (the shift, and lse for the backward), so it is reduced once
+    // here rather than by each use.
+    if constexpr (std::same_as<X, DTensor>) {
+      Layout reduced = m.placements();
+      for (int d = 0; d < reduced.mesh_ndim(); ++d)
+        if (is_partial(reduced[d])) reduced = reduced.with(d, Replicate{});
+      if (reduced != m.placements()) m = m.redistribute(reduced);
+    }
     const X z = call_op_on(registered_op<"sub">(), {}, logits, m);
     const ReduceAttrs row_sum{.dims = {1}};
     const X lse_z = call_op_on(registered_op<"log">(), {},

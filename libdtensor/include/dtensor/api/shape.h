@@ -155,5 +155,9 @@ DTensor rand(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, con
 /// The values of Tensor::randn(shape, dtype, seed) on any layout.
 DTensor randn(const Shape& shape, std::uint64_t seed, const DeviceMesh& mesh, const Layout& layout,
               DType dtype = DType::Float32);
+/// `full`, which every rank holds whole and alike, laid out as `layout`:
+/// each rank keeps its own box, with no communication (distribute_tensor
+/// sends rank 0's copy instead, for callers where only one rank has it).
+DTensor from_full(const Tensor& full, const DeviceMesh& mesh, const Layout& layout);
 
 }  // namespace dtensor

@@ -78,6 +78,8 @@ struct CommStats {
 };
 /// Counter difference, for "what happened in this scope".
 CommStats operator-(const CommStats& after, const CommStats& before);
+/// Counter sum, for what several scopes did together.
+CommStats operator+(const CommStats& a, const CommStats& b);
 
 class Communicator {
  public:

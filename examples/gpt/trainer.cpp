@@ -1,0 +1,216 @@
+// The training loop, written once for plain tensors and DTensors: an Env
+// says how host batches become model inputs and how a loss is read.
+#include "trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include <dtensor/nn/optim.h>
+#include <dtensor/nn/parallel_plan.h>
+
+namespace gpt {
+
+using namespace dtensor;
+
+namespace {
+
+double first_value(const Tensor& t) { return t.to(DType::Float64).data_as<double>()[0]; }
+
+Tensor host_tokens(const std::vector<std::int64_t>& values, std::int64_t rows, std::int64_t cols) {
+  return Tensor::from_vector(values, {rows, cols});
+}
+
+// One rank, plain tensors.
+struct PlainEnv {
+  using X = Tensor;
+  DType dtype;
+  nn::ParameterFactory<Tensor> factory() const { return nn::plain_parameters(dtype); }
+  nn::ActivationLayouts activations(bool) const { return {}; }
+  Tensor input(const Tensor& host, bool) const { return host; }
+  double value(const Tensor& t) const { return first_value(t); }
+  CommStats stats() const { return {}; }
+  bool lead() const { return true; }
+  std::vector<std::string> dim_names() const { return {}; }
+  std::uint64_t largest(std::uint64_t v) const { return v; }
+  std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
+};
+
+// DTensors on a mesh under a plan; every rank builds the same host batch
+// and keeps its own box of it (no communication).
+struct MeshEnv {
+  using X = DTensor;
+  DType dtype;
+  DeviceMesh mesh;
+  nn::ParallelPlan plan;
+  nn::ParameterFactory<DTensor> factory() const { return plan.parameter_factory(dtype); }
+  nn::ActivationLayouts activations(bool generation) const { return plan.activations(generation); }
+  DTensor input(const Tensor& host, bool generation) const {
+    return from_full(host, mesh, plan.batch_layout(generation));
+  }
+  double value(const DTensor& t) const { return first_value(t.full_tensor()); }
+  CommStats stats() const { return mesh.comm().stats(); }
+  bool lead() const { return mesh.rank() == 0; }
+  std::vector<std::string> dim_names() const { return mesh.dim_names(); }
+  // The optimizer states where the plan keeps them (ZeRO's S(0) over dp);
+  // none where every state is in its parameter's layout.
+  std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
+    std::vector<Layout> out;
+    bool moved = false;
+    for (const auto& [name, p] : named) {
+      out.push_back(plan.state_layout(name));
+      moved = moved || out.back() != plan.parameter_layout(name);
+    }
+    return moved ? out : std::vector<Layout>{};
+  }
+  std::uint64_t largest(std::uint64_t v) const {
+    double x = static_cast<double>(v);
+    mesh.comm().all_reduce(&x, &x, 1, DType::Float64, ReduceOp::Max);
+    return static_cast<std::uint64_t>(x);
+  }
+};
+
+void add_phase(std::vector<PhaseComm>& out, const char* phase, const CommStats& used,
+               const std::vector<std::string>& dims) {
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    if (kind == CollectiveKind::Barrier || kind == CollectiveKind::Split || used.count(kind) == 0) continue;
+    out.push_back({phase, std::string(collective_name(kind)), dims, used.count(kind),
+                   used.recv_bytes_by_kind[static_cast<std::size_t>(k)]});
+  }
+}
+
+// Greedy sampling of `count` bytes after `prompt`, one position at a time
+// through the KV cache; when the context is full, the cache restarts from
+// the last half of it.
+template <class Env>
+std::string generate(nn::GPT<typename Env::X>& model, const Env& env, std::vector<std::int64_t> context,
+                     std::int64_t count) {
+  using X = typename Env::X;
+  NoGradGuard no_grad;
+  model.layouts = env.activations(true);
+  std::string out;
+  std::optional<nn::KVCache<X>> cache;
+  std::vector<std::int64_t> pending = context;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (!cache || cache->length + static_cast<std::int64_t>(pending.size()) > model.config.seq) {
+      const std::size_t keep = static_cast<std::size_t>(model.config.seq / 2);
+      if (context.size() > keep) context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
+      cache.emplace();
+      pending = context;
+    }
+    const auto n = static_cast<std::int64_t>(pending.size());
+    const X logits = model.logits(env.input(host_tokens(pending, 1, n), true), &*cache);
+    const X next = argmax(narrow(logits, 1, n - 1, 1), -1);
+    const auto token = static_cast<std::int64_t>(env.value(next));
+    out.push_back(static_cast<char>(token));
+    context.push_back(token);
+    pending = {token};
+  }
+  model.layouts = env.activations(false);
+  return out;
+}
+
+template <class Env>
+TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, const StepCallback& on_step) {
+  using X = typename Env::X;
+  const std::int64_t seq = o.model.seq;
+  nn::GPT<X> model = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations(false));
+  std::vector<X> params = model.parameters();
+  nn::AdamW<X> optimizer(params, {.lr = o.lr,
+                                  .weight_decay = o.weight_decay,
+                                  .sharding = {.state_layouts = env.state_layouts(model.named_parameters())}});
+  auto batch_of = [&](Split split, std::uint64_t draw) {
+    const Batch b = data.next_batch(split, o.batch, seq, draw, o.seed);
+    return std::pair{env.input(host_tokens(b.inputs, o.batch, seq), false),
+                     env.input(host_tokens(b.targets, o.batch, seq), false)};
+  };
+
+  TrainResult result;
+  double seconds = 0, comm_seconds = 0;
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<ExplainScope> explain;
+    if (o.explain && step == o.steps - 1 && env.lead()) explain.emplace();
+    optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, o.steps, o.lr, o.lr / 10));
+    CommStats forward{}, backward{};
+    double loss_sum = 0;
+    for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
+      const auto [tokens, targets] = batch_of(Split::Train, static_cast<std::uint64_t>(step * o.micro_batches + micro));
+      const CommStats before = env.stats();
+      const X loss = model.loss(tokens, targets);
+      const CommStats forwarded = env.stats();
+      (o.micro_batches > 1 ? mul(loss, 1.0 / static_cast<double>(o.micro_batches)) : loss).backward();
+      const CommStats after = env.stats();
+      forward = forward + (forwarded - before);
+      backward = backward + (after - forwarded);
+      loss_sum += env.value(loss);  // reading it is outside the phases (under dp it is a Partial sum)
+    }
+    const CommStats before_update = env.stats();
+    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
+    optimizer.step();
+    optimizer.zero_grad();
+    const CommStats update = env.stats() - before_update;
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds += took;
+    result.losses.push_back(loss_sum / static_cast<double>(o.micro_batches));
+    if (step == o.steps - 1) {
+      result.comm.clear();
+      add_phase(result.comm, "forward", forward, env.dim_names());
+      add_phase(result.comm, "backward", backward, env.dim_names());
+      add_phase(result.comm, "optimizer", update, env.dim_names());
+    }
+    if (on_step) on_step(step, result.losses.back(), took);
+  }
+  result.tokens_per_second =
+      seconds > 0 ? static_cast<double>(o.steps * o.micro_batches * o.batch * seq) / seconds : 0;
+  (void)comm_seconds;
+
+  {
+    NoGradGuard no_grad;
+    double val = 0;
+    for (std::int64_t i = 0; i < o.val_batches; ++i) {
+      const auto [tokens, targets] = batch_of(Split::Validation, static_cast<std::uint64_t>(i));
+      val += env.value(model.loss(tokens, targets));
+    }
+    result.val_loss = o.val_batches > 0 ? val / static_cast<double>(o.val_batches) : 0;
+  }
+
+  std::uint64_t param_bytes = 0, grad_bytes = 0, state_bytes = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto local_bytes = [](const auto& x) -> std::uint64_t {
+      if constexpr (std::is_same_v<std::decay_t<decltype(x)>, DTensor>)
+        return x.to_local().nbytes();
+      else
+        return x.nbytes();
+    };
+    param_bytes += local_bytes(params[i]);
+    grad_bytes += local_bytes(params[i]);  // a gradient takes its parameter's layout for the update
+    if (optimizer.exp_avg(i)) state_bytes += local_bytes(*optimizer.exp_avg(i)) + local_bytes(*optimizer.exp_avg_sq(i));
+  }
+  result.parameter_bytes = env.largest(param_bytes);
+  result.gradient_bytes = env.largest(grad_bytes);
+  result.optimizer_state_bytes = env.largest(state_bytes);
+
+  if (o.generate > 0) {
+    const Batch prompt = data.next_batch(Split::Validation, 1, std::max<std::int64_t>(1, seq / 4), 0, o.seed);
+    result.generated = generate(model, env, prompt.inputs, o.generate);
+  }
+  return result;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const TextData& data, Communicator* world, const StepCallback& on_step) {
+  if (o.warmup > o.steps)
+    throw ValueError(fmt::format("[train] warmup = {} steps is more than the {} steps", o.warmup, o.steps));
+  if (world == nullptr || o.mesh.empty()) return run(o, data, PlainEnv{o.model.dtype}, on_step);
+  DeviceMesh mesh(*world, o.mesh, o.dims);
+  std::vector<nn::DimPlan> per_dim;
+  for (const std::string& name : o.plans) per_dim.push_back(nn::plan_named(name));
+  nn::ParallelPlan plan(mesh, std::move(per_dim));
+  plan.check_fits(o.model, o.batch);
+  return run(o, data, MeshEnv{o.model.dtype, mesh, std::move(plan)}, on_step);
+}
+
+}  // namespace gpt

@@ -1,0 +1,179 @@
+#pragma once
+// The module layer: the pieces of a GPT-2-style transformer, written once on
+// the front end so that the same code runs on plain Tensors (one rank) and on
+// DTensors (any mesh, any plan).
+//
+//   nn::GPTConfig config{.layers = 2, .d_model = 64, .heads = 4, .seq = 32};
+//   auto model = nn::GPT<DTensor>::init(config, seed, nn::plan_parameters(mesh, plan));
+//   DTensor loss = model.loss(tokens, targets);   // tokens, targets: i64 [B, T]
+//   loss.backward();
+//
+// A module holds its parameters as members and lists them by name
+// (named_parameters(): "blocks.0.attn.q.weight", ...): a ParallelPlan maps
+// those names to layouts. The layouts between the pieces are left to
+// propagation except at the few activation points a plan names (`Point`):
+// there the model asks for the plan's layout, and the planner picks the
+// collective (Megatron's all_reduce after a row-parallel linear, sequence
+// parallelism's all_gather and reduce_scatter).
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtensor/api/functional.h"
+
+namespace dtensor::nn {
+
+/// A parameter by name, pointing into its module.
+template <TensorOrDTensor X>
+using NamedParameters = std::vector<std::pair<std::string, X*>>;
+
+/// The activation points at which a plan may fix a layout.
+enum class Point : std::uint8_t {
+  TokenEmbedding,   // the token embedding's output, before the positions are added
+  AttentionInput,   // attention's input (after its layer norm)
+  AttentionOutput,  // attention's output projection, before its bias and the residual add
+  MlpInput,         // the MLP's input (after its layer norm)
+  MlpOutput,        // the MLP's output projection, before its bias and the residual add
+  HeadInput,        // the lm_head's input (after the final layer norm)
+};
+inline constexpr std::size_t kPoints = 6;
+const char* point_name(Point p);
+
+/// The layout asked for at each point (none: propagation's choice). On
+/// Tensors every point is a no-op.
+struct ActivationLayouts {
+  std::array<std::optional<Layout>, kPoints> at;
+  const std::optional<Layout>& operator[](Point p) const { return at[static_cast<std::size_t>(p)]; }
+  std::optional<Layout>& operator[](Point p) { return at[static_cast<std::size_t>(p)]; }
+};
+
+/// `x` in the layout `layouts` asks for at `p` (x itself on Tensors, or
+/// where nothing is asked or it already is).
+Tensor at_point(const Tensor& x, const ActivationLayouts& layouts, Point p);
+DTensor at_point(const DTensor& x, const ActivationLayouts& layouts, Point p);
+
+/// How a parameter starts: N(0, std^2), zeros or ones.
+struct Init {
+  enum Kind : std::uint8_t { Normal, Zeros, Ones } kind = Normal;
+  double std = 0.02;
+};
+/// Makes a parameter given its name and shape; every model's parameters
+/// are made in the same order, the i-th with seed + i, so that any layout
+/// holds the same values (DTensor's randn is Tensor's on any layout).
+template <TensorOrDTensor X>
+using ParameterFactory = std::function<X(const std::string& name, const Shape& shape, Init init, std::uint64_t seed)>;
+
+/// The factory for one plain rank.
+ParameterFactory<Tensor> plain_parameters(DType dtype);
+
+template <TensorOrDTensor X>
+struct Linear {
+  X weight;               // [out, in]
+  std::optional<X> bias;  // [out]
+  /// x W^T + b. The bias is added after `output_point` (if any), so that a
+  /// row-parallel projection's Partial sum is reduced before it: the bias is
+  /// then added once, not once per rank.
+  X operator()(const X& x, const ActivationLayouts* layouts = nullptr, std::optional<Point> output_point = {}) const;
+  void named_parameters(const std::string& prefix, NamedParameters<X>& out);
+};
+
+template <TensorOrDTensor X>
+struct Embedding {
+  X weight;  // [rows, dim]
+  X operator()(const X& indices) const;
+  void named_parameters(const std::string& prefix, NamedParameters<X>& out);
+};
+
+template <TensorOrDTensor X>
+struct LayerNorm {
+  X weight, bias;  // [dim]
+  X operator()(const X& x) const;
+  void named_parameters(const std::string& prefix, NamedParameters<X>& out);
+};
+
+/// Keys and values of the positions seen so far, per layer ([B, H, t, hd]),
+/// for generation one token at a time.
+template <TensorOrDTensor X>
+struct KVCache {
+  std::vector<std::optional<X>> keys, values;
+  std::int64_t length = 0;  // positions cached
+};
+
+/// Multi-head causal self-attention. q, k and v are separate projections so
+/// that sharding their output features over tp splits whole heads (one
+/// fused qkv weight would interleave q, k and v across ranks).
+template <TensorOrDTensor X>
+struct CausalSelfAttention {
+  Linear<X> q, k, v, proj;
+  std::int64_t heads = 1;
+  /// x [B, T, D]; with a cache, x holds the positions after the cached ones,
+  /// whose keys and values are appended to it (`layer` picks the cache's).
+  X operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache = nullptr, std::size_t layer = 0) const;
+  void named_parameters(const std::string& prefix, NamedParameters<X>& out);
+};
+
+template <TensorOrDTensor X>
+struct MLP {
+  Linear<X> fc, proj;  // D -> 4D -> D, GELU between
+  X operator()(const X& x, const ActivationLayouts& layouts) const;
+  void named_parameters(const std::string& prefix, NamedParameters<X>& out);
+};
+
+/// Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(.)).
+template <TensorOrDTensor X>
+struct Block {
+  LayerNorm<X> ln1;
+  CausalSelfAttention<X> attn;
+  LayerNorm<X> ln2;
+  MLP<X> mlp;
+  X operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache = nullptr, std::size_t layer = 0) const;
+  void named_parameters(const std::string& prefix, NamedParameters<X>& out);
+};
+
+struct GPTConfig {
+  std::int64_t vocab = 256;  // byte-level
+  std::int64_t seq = 64;     // the longest sequence (position embedding rows)
+  std::int64_t layers = 2;
+  std::int64_t d_model = 64;
+  std::int64_t heads = 4;
+  DType dtype = DType::Float32;
+  /// ValueError naming the value unless every size is positive and heads
+  /// divide d_model.
+  void check() const;
+};
+
+/// GPT-2: token and learned position embeddings, pre-LN blocks, a final
+/// layer norm and an lm_head (not tied to the token embedding, so that each
+/// has its own layout: the plans shard both over the vocabulary).
+template <TensorOrDTensor X>
+struct GPT {
+  GPTConfig config;
+  Embedding<X> wte, wpe;
+  std::vector<Block<X>> blocks;
+  LayerNorm<X> ln_f;
+  Linear<X> lm_head;
+  ActivationLayouts layouts;  // what the plan asks for between the pieces
+
+  /// Parameters made by `make` in named_parameters() order, with GPT-2's
+  /// initialisation (normal(0, 0.02), projections into the residual stream
+  /// scaled by 1/sqrt(2 * layers), biases 0, norms 1), marked requires_grad.
+  static GPT init(const GPTConfig& config, std::uint64_t seed, const ParameterFactory<X>& make,
+                  ActivationLayouts layouts = {});
+
+  /// Logits [B, T, vocab] of i64 tokens [B, T] (T <= seq).
+  X logits(const X& tokens, KVCache<X>* cache = nullptr) const;
+  /// Mean cross entropy of the next byte: a 0-d tensor.
+  X loss(const X& tokens, const X& targets) const;
+
+  NamedParameters<X> named_parameters();
+  std::vector<X> parameters();
+};
+
+extern template struct GPT<Tensor>;
+extern template struct GPT<DTensor>;
+
+}  // namespace dtensor::nn

@@ -1,0 +1,102 @@
+#pragma once
+// Parallel plans as data: for each mesh dim, the placement of every
+// parameter (by name pattern), of the token batch, of the activations at the
+// model's named points, and of the optimizer states. A plan never issues a
+// collective: the layouts go to propagation and the planner, which find
+// Megatron's all_reduces, sequence parallelism's all_gathers and
+// reduce_scatters and DDP's gradient all_reduce on their own.
+//
+//   DeviceMesh mesh(world, {2, 4}, {"dp", "tp"});
+//   nn::ParallelPlan plan(mesh, {nn::ddp(), nn::tp()});   // one plan per mesh dim
+//   auto model = nn::GPT<DTensor>::init(config, seed, plan.parameter_factory(config.dtype), plan.activations());
+//
+// Plans for one mesh dim, and what they put on it:
+// - ddp: parameters replicated; the batch and every activation S(0).
+// - zero1: as ddp, with optimizer states (and the gradients they take) S(0)
+//   on dim 0 of each parameter (ZeRO-1/2).
+// - tp (Megatron): token embedding and lm_head split over the vocabulary
+//   (rows, S(0)); q, k, v and fc column-parallel (S(0) of [out, in], their
+//   biases S(0)); attention and MLP output projections row-parallel (S(1));
+//   position embedding, norms and row-parallel biases replicated; the
+//   residual stream replicated (the row-parallel outputs' Partial sums are
+//   all_reduced where they leave the projection).
+// - tp_sp: tp with sequence parallelism: the residual stream, norms and
+//   embedding output S(1) (the sequence), gathered at attention, MLP and
+//   lm_head inputs and reduce_scattered at the projections' outputs.
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dtensor/api/dtensor_tensor.h"
+#include "dtensor/nn/modules.h"
+
+namespace dtensor::nn {
+
+/// What one plan puts on the mesh dim it is given.
+struct DimPlan {
+  std::string name;
+  /// Name patterns ('*' matches any run of characters) and the placement of
+  /// matching parameters; the first match wins, Replicate where none does.
+  std::vector<std::pair<std::string, Placement>> parameters;
+  /// The token batch [B, T] (and its targets).
+  Placement batch = Replicate{};
+  /// The activations [B, T, D] at each point (none: propagation's choice).
+  std::array<std::optional<Placement>, kPoints> activations{};
+  /// Where optimizer states live when not in the parameter's layout: ZeRO's
+  /// S(0) over dp.
+  std::optional<Placement> states;
+  /// Whether the dim splits the batch (so generation, which runs one
+  /// sequence, replicates it instead).
+  bool splits_batch = false;
+  /// Whether the dim splits attention heads and the vocabulary: the model
+  /// must divide them by its size.
+  bool splits_heads = false;
+};
+
+DimPlan ddp();
+DimPlan zero1();
+DimPlan tp();
+DimPlan tp_sp();
+/// The plan of that name ("ddp", "zero1", "tp", "tp_sp"); ValueError naming
+/// the text and the known names otherwise.
+DimPlan plan_named(std::string_view name);
+
+/// One DimPlan per mesh dim, read together as layouts.
+class ParallelPlan {
+ public:
+  /// ValueError unless there is one plan per mesh dim.
+  ParallelPlan(const DeviceMesh& mesh, std::vector<DimPlan> per_dim);
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  const std::vector<DimPlan>& per_dim() const { return per_dim_; }
+  /// "ddp,tp over dp=2,tp=4".
+  std::string describe() const;
+
+  Layout parameter_layout(std::string_view name) const;
+  /// Where the optimizer keeps `name`'s states (its layout unless a plan
+  /// moves them).
+  Layout state_layout(std::string_view name) const;
+  /// The layout of the tokens and targets [B, T]; for generation, the batch
+  /// is replicated where training splits it.
+  Layout batch_layout(bool generation = false) const;
+  ActivationLayouts activations(bool generation = false) const;
+  /// Makes each parameter in its layout, with the values the plain model's
+  /// factory gives (no communication).
+  ParameterFactory<DTensor> parameter_factory(DType dtype) const;
+
+  /// ValueError naming the value and the mesh dim unless the model and
+  /// batch divide as the plans need (heads and vocab by tp, batch by dp).
+  void check_fits(const GPTConfig& config, std::int64_t batch) const;
+
+ private:
+  DeviceMesh mesh_;
+  std::vector<DimPlan> per_dim_;
+};
+
+/// Whether `name` matches `pattern`, where '*' matches any run of characters.
+bool matches(std::string_view pattern, std::string_view name);
+
+}  // namespace dtensor::nn

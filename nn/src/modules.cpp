@@ -1,0 +1,282 @@
+// The module layer's forward passes, once for Tensor and DTensor alike.
+#include "dtensor/nn/modules.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "dtensor/api/linalg.h"
+#include "dtensor/api/nn.h"
+#include "dtensor/api/pointwise.h"
+#include "dtensor/api/reduction.h"
+#include "dtensor/api/shape.h"
+#include "dtensor/core/error.h"
+
+namespace dtensor::nn {
+
+const char* point_name(Point p) {
+  switch (p) {
+    case Point::TokenEmbedding: return "token_embedding";
+    case Point::AttentionInput: return "attention_input";
+    case Point::AttentionOutput: return "attention_output";
+    case Point::MlpInput: return "mlp_input";
+    case Point::MlpOutput: return "mlp_output";
+    case Point::HeadInput: return "head_input";
+  }
+  return "?";
+}
+
+Tensor at_point(const Tensor& x, const ActivationLayouts&, Point) { return x; }
+DTensor at_point(const DTensor& x, const ActivationLayouts& layouts, Point p) {
+  const auto& want = layouts[p];
+  if (!want || x.placements() == *want) return x;
+  return x.redistribute(*want);
+}
+
+namespace {
+
+// A host tensor every rank builds alike, as a tensor like `ref`: itself on
+// one rank, replicated over `ref`'s mesh (each rank keeps its own copy, no
+// communication) on DTensors.
+Tensor like(const Tensor& ref, const Tensor& host) { return host.to(ref.device()).to(ref.dtype()); }
+DTensor like(const DTensor& ref, const Tensor& host) {
+  return from_full(host.to(ref.dtype()), ref.mesh(), Layout::replicated(ref.mesh().ndim()));
+}
+
+// The additive causal mask [T, Tk] for T queries at positions
+// past .. past+T-1 against Tk = past + T keys: 0 where the key is not in
+// the future, -inf where it is. Built whole on every rank (it is T x Tk
+// and never sent); the attention heads and batch it broadcasts over stay
+// sharded.
+Tensor causal_mask(std::int64_t queries, std::int64_t past) {
+  const std::int64_t keys = past + queries;
+  std::vector<double> m(static_cast<std::size_t>(queries * keys), 0.0);
+  for (std::int64_t i = 0; i < queries; ++i)
+    for (std::int64_t j = past + i + 1; j < keys; ++j)
+      m[static_cast<std::size_t>(i * keys + j)] = -std::numeric_limits<double>::infinity();
+  return Tensor::from_vector(m, {queries, keys});
+}
+
+}  // namespace
+
+ParameterFactory<Tensor> plain_parameters(DType dtype) {
+  return [dtype](const std::string&, const Shape& shape, Init init, std::uint64_t seed) {
+    switch (init.kind) {
+      case Init::Zeros: return Tensor::zeros(shape, dtype);
+      case Init::Ones: return Tensor::ones(shape, dtype);
+      case Init::Normal: break;
+    }
+    return mul(Tensor::randn(shape, dtype, seed), init.std);
+  };
+}
+
+template <TensorOrDTensor X>
+X Linear<X>::operator()(const X& x, const ActivationLayouts* layouts, std::optional<Point> output_point) const {
+  X y = linear(x, weight);
+  if (layouts && output_point) y = at_point(y, *layouts, *output_point);
+  return bias ? add(y, *bias) : y;
+}
+template <TensorOrDTensor X>
+void Linear<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
+  out.emplace_back(prefix + "weight", &weight);
+  if (bias) out.emplace_back(prefix + "bias", &*bias);
+}
+
+template <TensorOrDTensor X>
+X Embedding<X>::operator()(const X& indices) const {
+  return embedding(indices, weight);
+}
+template <TensorOrDTensor X>
+void Embedding<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
+  out.emplace_back(prefix + "weight", &weight);
+}
+
+template <TensorOrDTensor X>
+X LayerNorm<X>::operator()(const X& x) const {
+  return layer_norm(x, 1, weight, bias);
+}
+template <TensorOrDTensor X>
+void LayerNorm<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
+  out.emplace_back(prefix + "weight", &weight);
+  out.emplace_back(prefix + "bias", &bias);
+}
+
+template <TensorOrDTensor X>
+X CausalSelfAttention<X>::operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache,
+                                     std::size_t layer) const {
+  const std::int64_t batch = x.shape()[0], len = x.shape()[1], dim = x.shape()[2], head_dim = dim / heads;
+  // [B, T, D] -> [B, H, T, hd]: with the projections' output features
+  // sharded over tp, whole heads stay on their rank.
+  auto split_heads = [&](const X& t) { return transpose(reshape(t, {batch, len, heads, head_dim}), 1, 2); };
+  const X query = split_heads(q(x));
+  X key = split_heads(k(x)), value = split_heads(v(x));
+  std::int64_t past = 0;
+  if (cache) {
+    past = cache->length;
+    auto& ck = cache->keys.at(layer);
+    auto& cv = cache->values.at(layer);
+    if (ck) {
+      key = cat({*ck, key}, 2);
+      value = cat({*cv, value}, 2);
+    }
+    ck = key;
+    cv = value;
+  }
+  X scores = mul(matmul(query, transpose(key, 2, 3)), 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (len > 1) scores = add(scores, like(scores, causal_mask(len, past)));
+  const X heads_out = matmul(softmax(scores, -1), value);                  // [B, H, T, hd]
+  const X merged = reshape(transpose(heads_out, 1, 2), {batch, len, dim});  // [B, T, D]
+  return proj(merged, &layouts, Point::AttentionOutput);
+}
+template <TensorOrDTensor X>
+void CausalSelfAttention<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
+  q.named_parameters(prefix + "q.", out);
+  k.named_parameters(prefix + "k.", out);
+  v.named_parameters(prefix + "v.", out);
+  proj.named_parameters(prefix + "proj.", out);
+}
+
+template <TensorOrDTensor X>
+X MLP<X>::operator()(const X& x, const ActivationLayouts& layouts) const {
+  return proj(gelu(fc(x)), &layouts, Point::MlpOutput);
+}
+template <TensorOrDTensor X>
+void MLP<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
+  fc.named_parameters(prefix + "fc.", out);
+  proj.named_parameters(prefix + "proj.", out);
+}
+
+template <TensorOrDTensor X>
+X Block<X>::operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache, std::size_t layer) const {
+  const X h = add(x, attn(at_point(ln1(x), layouts, Point::AttentionInput), layouts, cache, layer));
+  return add(h, mlp(at_point(ln2(h), layouts, Point::MlpInput), layouts));
+}
+template <TensorOrDTensor X>
+void Block<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
+  ln1.named_parameters(prefix + "ln1.", out);
+  attn.named_parameters(prefix + "attn.", out);
+  ln2.named_parameters(prefix + "ln2.", out);
+  mlp.named_parameters(prefix + "mlp.", out);
+}
+
+void GPTConfig::check() const {
+  auto positive = [](std::int64_t v, const char* what) {
+    if (v <= 0) throw ValueError(fmt::format("[GPT] {} = {}; expected a positive size", what, v));
+  };
+  positive(vocab, "vocab");
+  positive(seq, "seq");
+  positive(layers, "layers");
+  positive(d_model, "d_model");
+  positive(heads, "heads");
+  if (d_model % heads != 0)
+    throw ValueError(fmt::format("[GPT] d_model = {} is not divisible by heads = {}", d_model, heads));
+  if (!is_floating(dtype)) throw DTypeError(fmt::format("[GPT] dtype {}; expected a floating dtype", dtype));
+}
+
+template <TensorOrDTensor X>
+GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const ParameterFactory<X>& make,
+                    ActivationLayouts layouts) {
+  config.check();
+  const std::int64_t D = config.d_model;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.layers));
+  std::uint64_t next = seed;
+  auto param = [&](const std::string& name, Shape shape, Init init) {
+    X p = make(name, shape, init, next++);
+    p.requires_grad_();
+    return p;
+  };
+  auto linear_layer = [&](const std::string& name, std::int64_t out, std::int64_t in, double std, bool bias) {
+    Linear<X> l{param(name + "weight", {out, in}, {Init::Normal, std}), std::nullopt};
+    if (bias) l.bias = param(name + "bias", {out}, {Init::Zeros});
+    return l;
+  };
+  auto norm = [&](const std::string& name) {
+    return LayerNorm<X>{param(name + "weight", {D}, {Init::Ones}), param(name + "bias", {D}, {Init::Zeros})};
+  };
+  // Made in named_parameters() order, so that seeds follow the names.
+  Embedding<X> wte{param("wte.weight", {config.vocab, D}, {})};
+  Embedding<X> wpe{param("wpe.weight", {config.seq, D}, {})};
+  std::vector<Block<X>> blocks;
+  for (std::int64_t l = 0; l < config.layers; ++l) {
+    const std::string b = fmt::format("blocks.{}.", l);
+    LayerNorm<X> ln1 = norm(b + "ln1.");
+    Linear<X> q = linear_layer(b + "attn.q.", D, D, 0.02, true);
+    Linear<X> k = linear_layer(b + "attn.k.", D, D, 0.02, true);
+    Linear<X> v = linear_layer(b + "attn.v.", D, D, 0.02, true);
+    Linear<X> proj = linear_layer(b + "attn.proj.", D, D, residual_std, true);
+    LayerNorm<X> ln2 = norm(b + "ln2.");
+    Linear<X> fc = linear_layer(b + "mlp.fc.", 4 * D, D, 0.02, true);
+    Linear<X> fc_proj = linear_layer(b + "mlp.proj.", D, 4 * D, residual_std, true);
+    blocks.push_back(Block<X>{std::move(ln1),
+                              CausalSelfAttention<X>{std::move(q), std::move(k), std::move(v), std::move(proj),
+                                                     config.heads},
+                              std::move(ln2), MLP<X>{std::move(fc), std::move(fc_proj)}});
+  }
+  LayerNorm<X> ln_f = norm("ln_f.");
+  Linear<X> lm_head = linear_layer("lm_head.", config.vocab, D, 0.02, false);
+  return GPT{config, std::move(wte), std::move(wpe), std::move(blocks), std::move(ln_f), std::move(lm_head),
+             std::move(layouts)};
+}
+
+template <TensorOrDTensor X>
+X GPT<X>::logits(const X& tokens, KVCache<X>* cache) const {
+  if (tokens.dim() != 2 || tokens.dtype() != DType::Int64)
+    throw ShapeError(fmt::format("[GPT] tokens of shape {} and dtype {}; expected i64 [batch, seq]",
+                                 fmt::join(tokens.shape(), "x"), tokens.dtype()));
+  const std::int64_t len = tokens.shape()[1], past = cache ? cache->length : 0;
+  if (past + len > config.seq)
+    throw ShapeError(fmt::format("[GPT] positions up to {}; the model has {} (seq)", past + len, config.seq));
+  if (cache && cache->keys.empty()) {
+    cache->keys.resize(blocks.size());
+    cache->values.resize(blocks.size());
+  }
+  // Tokens [B, T, D] plus positions [T, D], then the plan's layout: with a
+  // vocab-parallel table the sum is Partial, reduced once for both.
+  X x = at_point(add(wte(tokens), narrow(wpe.weight, 0, past, len)), layouts, Point::TokenEmbedding);
+  for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x, layouts, cache, l);
+  if (cache) cache->length += len;
+  return lm_head(at_point(ln_f(x), layouts, Point::HeadInput));
+}
+
+template <TensorOrDTensor X>
+X GPT<X>::loss(const X& tokens, const X& targets) const {
+  const X z = logits(tokens);
+  const std::int64_t rows = z.shape()[0] * z.shape()[1];
+  return cross_entropy(reshape(z, {rows, config.vocab}), reshape(targets, {rows}));
+}
+
+template <TensorOrDTensor X>
+NamedParameters<X> GPT<X>::named_parameters() {
+  NamedParameters<X> out;
+  wte.named_parameters("wte.", out);
+  wpe.named_parameters("wpe.", out);
+  for (std::size_t l = 0; l < blocks.size(); ++l) blocks[l].named_parameters(fmt::format("blocks.{}.", l), out);
+  ln_f.named_parameters("ln_f.", out);
+  lm_head.named_parameters("lm_head.", out);
+  return out;
+}
+
+template <TensorOrDTensor X>
+std::vector<X> GPT<X>::parameters() {
+  std::vector<X> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(*p);
+  return out;
+}
+
+template struct Linear<Tensor>;
+template struct Linear<DTensor>;
+template struct Embedding<Tensor>;
+template struct Embedding<DTensor>;
+template struct LayerNorm<Tensor>;
+template struct LayerNorm<DTensor>;
+template struct CausalSelfAttention<Tensor>;
+template struct CausalSelfAttention<DTensor>;
+template struct MLP<Tensor>;
+template struct MLP<DTensor>;
+template struct Block<Tensor>;
+template struct Block<DTensor>;
+template struct GPT<Tensor>;
+template struct GPT<DTensor>;
+
+}  // namespace dtensor::nn

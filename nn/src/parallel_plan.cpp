@@ -1,0 +1,200 @@
+// The plans' layouts, and reading one plan per mesh dim as layouts.
+#include "dtensor/nn/parallel_plan.h"
+
+#include <fmt/format.h>
+
+#include "dtensor/api/pointwise.h"
+#include "dtensor/api/shape.h"
+#include "dtensor/core/error.h"
+
+namespace dtensor::nn {
+
+using namespace dtensor::shorthand;
+
+namespace {
+
+std::array<std::optional<Placement>, kPoints> every_point(Placement p) {
+  std::array<std::optional<Placement>, kPoints> out;
+  out.fill(p);
+  return out;
+}
+
+void set(std::array<std::optional<Placement>, kPoints>& at, Point p, Placement placement) {
+  at[static_cast<std::size_t>(p)] = placement;
+}
+
+}  // namespace
+
+bool matches(std::string_view pattern, std::string_view name) {
+  // Iterative glob with one backtrack point: the last '*' seen.
+  std::size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
+      ++p;
+      ++n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+DimPlan ddp() {
+  DimPlan plan;
+  plan.name = "ddp";
+  plan.batch = S(0);
+  plan.activations = every_point(S(0));
+  plan.splits_batch = true;
+  return plan;
+}
+
+DimPlan zero1() {
+  DimPlan plan = ddp();
+  plan.name = "zero1";
+  plan.states = S(0);
+  return plan;
+}
+
+DimPlan tp() {
+  DimPlan plan;
+  plan.name = "tp";
+  plan.splits_heads = true;
+  plan.parameters = {
+      {"wte.weight", S(0)},          // vocab-parallel embedding: rows
+      {"*.attn.q.*", S(0)},          // column-parallel: output features (and their biases)
+      {"*.attn.k.*", S(0)},
+      {"*.attn.v.*", S(0)},
+      {"*.mlp.fc.*", S(0)},
+      {"*.attn.proj.weight", S(1)},  // row-parallel: input features (biases replicated)
+      {"*.mlp.proj.weight", S(1)},
+      {"lm_head.weight", S(0)},      // column-parallel over the vocabulary
+  };
+  // The residual stream replicated: the embedding's and the row-parallel
+  // projections' Partial sums are all_reduced where they are made.
+  plan.activations = every_point(R);
+  return plan;
+}
+
+DimPlan tp_sp() {
+  DimPlan plan = tp();
+  plan.name = "tp_sp";
+  // The residual stream (and the norms on it) split on the sequence: the
+  // Partial sums are reduce_scattered to it, gathered before attention, the
+  // MLP and the lm_head.
+  set(plan.activations, Point::TokenEmbedding, S(1));
+  set(plan.activations, Point::AttentionOutput, S(1));
+  set(plan.activations, Point::MlpOutput, S(1));
+  return plan;
+}
+
+DimPlan plan_named(std::string_view name) {
+  if (name == "ddp") return ddp();
+  if (name == "zero1") return zero1();
+  if (name == "tp") return tp();
+  if (name == "tp_sp") return tp_sp();
+  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, tp, tp_sp", name));
+}
+
+ParallelPlan::ParallelPlan(const DeviceMesh& mesh, std::vector<DimPlan> per_dim)
+    : mesh_(mesh), per_dim_(std::move(per_dim)) {
+  if (static_cast<int>(per_dim_.size()) != mesh_.ndim())
+    throw ValueError(fmt::format("[plan] {} plans for a mesh of {} dims ({}); expected one per mesh dim",
+                                 per_dim_.size(), mesh_.ndim(), fmt::join(mesh_.shape(), "x")));
+}
+
+std::string ParallelPlan::describe() const {
+  std::vector<std::string> names, dims;
+  for (int m = 0; m < mesh_.ndim(); ++m) {
+    names.push_back(per_dim_[static_cast<std::size_t>(m)].name);
+    const auto& dim_names = mesh_.dim_names();
+    dims.push_back(fmt::format("{}={}", m < static_cast<int>(dim_names.size()) ? dim_names[m] : fmt::format("d{}", m),
+                               mesh_.size(m)));
+  }
+  return fmt::format("{} over {}", fmt::join(names, ","), fmt::join(dims, ","));
+}
+
+Layout ParallelPlan::parameter_layout(std::string_view name) const {
+  std::vector<Placement> out;
+  for (const DimPlan& plan : per_dim_) {
+    Placement p = R;
+    for (const auto& [pattern, placement] : plan.parameters)
+      if (matches(pattern, name)) {
+        p = placement;
+        break;
+      }
+    out.push_back(p);
+  }
+  return Layout(std::move(out));
+}
+
+Layout ParallelPlan::state_layout(std::string_view name) const {
+  // ZeRO's split nests inside the parameter's own shards (Layout::with makes
+  // it the innermost split), so a rank's state box lies within the
+  // parameter shard it holds.
+  Layout layout = parameter_layout(name);
+  for (int m = 0; m < mesh_.ndim(); ++m)
+    if (const auto& states = per_dim_[static_cast<std::size_t>(m)].states) layout = layout.with(m, *states);
+  return layout;
+}
+
+Layout ParallelPlan::batch_layout(bool generation) const {
+  std::vector<Placement> out;
+  for (const DimPlan& plan : per_dim_) out.push_back(generation && plan.splits_batch ? Placement(R) : plan.batch);
+  return Layout(std::move(out));
+}
+
+ActivationLayouts ParallelPlan::activations(bool generation) const {
+  ActivationLayouts out;
+  for (std::size_t point = 0; point < kPoints; ++point) {
+    std::vector<Placement> placements;
+    bool any = false;
+    for (const DimPlan& plan : per_dim_) {
+      std::optional<Placement> p = plan.activations[point];
+      if (generation && plan.splits_batch) p = R;
+      any = any || p.has_value();
+      placements.push_back(p.value_or(R));
+    }
+    if (any) out.at[point] = Layout(std::move(placements));
+  }
+  return out;
+}
+
+ParameterFactory<DTensor> ParallelPlan::parameter_factory(DType dtype) const {
+  return [this, dtype](const std::string& name, const Shape& shape, Init init, std::uint64_t seed) {
+    const Layout layout = parameter_layout(name);
+    switch (init.kind) {
+      case Init::Zeros: return zeros(shape, mesh_, layout, dtype);
+      case Init::Ones: return ones(shape, mesh_, layout, dtype);
+      case Init::Normal: break;
+    }
+    return mul(randn(shape, seed, mesh_, layout, dtype), init.std);
+  };
+}
+
+void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const {
+  for (int m = 0; m < mesh_.ndim(); ++m) {
+    const DimPlan& plan = per_dim_[static_cast<std::size_t>(m)];
+    const std::int64_t n = mesh_.size(m);
+    auto divides = [&](std::int64_t value, const char* what) {
+      if (value % n != 0)
+        throw ValueError(fmt::format("[plan] {} = {} is not divisible by mesh dim {} of size {} (plan {})", what,
+                                     value, m, n, plan.name));
+    };
+    if (plan.splits_heads) {
+      divides(config.heads, "heads");
+      divides(config.vocab, "vocab");
+    }
+    if (plan.splits_batch) divides(batch, "batch");
+    if (plan.activations[static_cast<std::size_t>(Point::TokenEmbedding)] == Placement(S(1)))
+      divides(config.seq, "seq");
+  }
+}
+
+}  // namespace dtensor::nn
