@@ -86,6 +86,9 @@ const std::vector<Case>& every_plan() {
       {{2, 2}, {"dp", "tp"}, {"ddp", "tp"}},
       {{2, 2}, {"dp", "tp"}, {"ddp", "tp_sp"}},
       {{2, 2}, {"dp", "tp"}, {"zero1", "tp"}},
+      {{2}, {"dp"}, {"fsdp"}},
+      {{4}, {"dp"}, {"fsdp"}},
+      {{2, 2}, {"rep", "shard"}, {"ddp", "fsdp"}},  // HSDP
   };
   return cases;
 }
@@ -110,8 +113,11 @@ using namespace gpt_suite;
 
 BOOST_AUTO_TEST_SUITE(gpt_training)
 
+// With gradient clipping on (at a norm the gradients exceed), so that each
+// plan's norm must equal the unsharded one for the losses to agree.
 BOOST_AUTO_TEST_CASE(every_plan_matches_one_rank_in_f64) {
-  const auto o = small_model(DType::Float64);
+  auto o = small_model(DType::Float64);
+  o.clip = 0.5;
   const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
   BOOST_TEST(plain.losses.back() < plain.losses.front(), "the loss goes down: " << plain.losses.front() << " -> "
                                                                                   << plain.losses.back());
@@ -130,7 +136,8 @@ BOOST_AUTO_TEST_CASE(generation_gives_one_rank_bytes) {
   o.generate = 12;  // longer than seq: the cache restarts on the way
   const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
   BOOST_TEST(plain.generated.size() == 12u);
-  for (const Case& c : {Case{{2, 2}, {"dp", "tp"}, {"ddp", "tp"}}, Case{{2}, {"tp"}, {"tp_sp"}}})
+  for (const Case& c : {Case{{2, 2}, {"dp", "tp"}, {"ddp", "tp"}}, Case{{2}, {"tp"}, {"tp_sp"}},
+                        Case{{2}, {"dp"}, {"fsdp"}}})
     BOOST_TEST(run(o, c.mesh, c.dims, c.plans).generated == plain.generated, name_of(c));
 }
 
@@ -201,6 +208,62 @@ BOOST_AUTO_TEST_CASE(data_parallel_collectives) {
       BOOST_TEST(r.parameter_bytes == d.parameter_bytes);
       BOOST_TEST(r.optimizer_state_bytes * 4 == d.optimizer_state_bytes);
     }
+  }
+}
+
+// FSDP (ZeRO-3), L = 2: the forward gathers each block's unit and the root
+// once (L+1); the backward gathers each block's again (its gathered
+// parameters were freed after the forward) and reduce_scatters every unit's
+// gradient (L+1); the step has nothing left to move.
+BOOST_AUTO_TEST_CASE(fully_sharded_collectives) {
+  const auto r = run(small_model(DType::Float64, 2), {4}, {"dp"}, {"fsdp"});
+  const std::uint64_t L = 2;
+  BOOST_TEST(count(r, "forward", "all_gather") == L + 1);
+  BOOST_TEST(total(r, "forward") == L + 1);
+  BOOST_TEST(count(r, "backward", "all_gather") == L);
+  BOOST_TEST(count(r, "backward", "reduce_scatter") == L + 1);
+  BOOST_TEST(total(r, "backward") == 2 * L + 1);
+  BOOST_TEST(total(r, "optimizer") == 0u);
+}
+
+// FSDP on dp = 4 keeps a quarter of DDP's parameter, gradient and optimizer
+// state bytes per rank (up to one element per unit and tensor kind where a
+// unit's length does not divide by 4); the gathered block is transient.
+BOOST_AUTO_TEST_CASE(fully_sharded_memory_is_a_quarter_of_ddp) {
+  const auto fsdp = run(small_model(DType::Float64, 1), {4}, {"dp"}, {"fsdp"});
+  const auto ddp = run(small_model(DType::Float64, 1), {4}, {"dp"}, {"ddp"});
+  const std::uint64_t fsdp_bytes = fsdp.parameter_bytes + fsdp.gradient_bytes + fsdp.optimizer_state_bytes;
+  const std::uint64_t ddp_bytes = ddp.parameter_bytes + ddp.gradient_bytes + ddp.optimizer_state_bytes;
+  const std::uint64_t units = 3, rounding = 4 * units * 4 * sizeof(double);
+  BOOST_TEST(4 * fsdp_bytes <= ddp_bytes + rounding, "fsdp " << fsdp_bytes << " B per rank, ddp " << ddp_bytes);
+  BOOST_TEST(4 * fsdp_bytes >= ddp_bytes);
+}
+
+// Gradient accumulation: gradients stay Partial across micro-batches, so
+// a step of 3 micro-batches still reduces once; the loss equals one rank's.
+BOOST_AUTO_TEST_CASE(accumulated_micro_batches_reduce_once) {
+  auto o = small_model(DType::Float64, 3);
+  o.micro_batches = 3;
+  const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
+  const auto r = run(o, {4}, {"dp"}, {"ddp"});
+  check_same_losses(plain, r, 1e-9, "ddp on 4 with 3 micro-batches");
+  BOOST_TEST(total(r, "backward") == 0u);
+  BOOST_TEST(count(r, "optimizer", "all_reduce") == 1u);
+  BOOST_TEST(total(r, "optimizer") == 1u);
+}
+
+// Clipping adds exactly one all_reduce (of one f64) to a step, on plans
+// whose gradients are in their parameters' layouts by then (fsdp), or one
+// besides the gradients' own coalesced reduction (ddp, tp).
+BOOST_AUTO_TEST_CASE(clipping_takes_one_all_reduce) {
+  for (const Case& c : {Case{{4}, {"dp"}, {"fsdp"}}, Case{{4}, {"dp"}, {"ddp"}}, Case{{2}, {"tp"}, {"tp"}}}) {
+    auto o = small_model(DType::Float64, 2);
+    const auto unclipped = run(o, c.mesh, c.dims, c.plans);
+    o.clip = 0.5;
+    const auto clipped = run(o, c.mesh, c.dims, c.plans);
+    BOOST_TEST(count(clipped, "optimizer", "all_reduce") == count(unclipped, "optimizer", "all_reduce") + 1,
+               name_of(c));
+    BOOST_TEST(total(clipped, "optimizer") == total(unclipped, "optimizer") + 1, name_of(c));
   }
 }
 

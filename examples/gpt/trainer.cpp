@@ -34,6 +34,7 @@ struct PlainEnv {
   std::vector<std::string> dim_names() const { return {}; }
   std::uint64_t largest(std::uint64_t v) const { return v; }
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
+  void prepare(nn::GPT<Tensor>&) const {}
 };
 
 // DTensors on a mesh under a plan; every rank builds the same host batch
@@ -62,6 +63,10 @@ struct MeshEnv {
       moved = moved || out.back() != plan.parameter_layout(name);
     }
     return moved ? out : std::vector<Layout>{};
+  }
+  // FSDP: the parameters into flat units sharded over the fully sharding dims.
+  void prepare(nn::GPT<DTensor>& model) const {
+    if (const auto flat = plan.flat_layout()) nn::fully_shard(model, *flat);
   }
   std::uint64_t largest(std::uint64_t v) const {
     double x = static_cast<double>(v);
@@ -116,6 +121,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   using X = typename Env::X;
   const std::int64_t seq = o.model.seq;
   nn::GPT<X> model = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations(false));
+  env.prepare(model);
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,

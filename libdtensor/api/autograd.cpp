@@ -245,6 +245,8 @@ DTensor strip(DTensor t) {
 bool grad_enabled() { return grad_mode; }
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(grad_mode) { grad_mode = true; }
+EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
 
 void set_backward(Op op, std::shared_ptr<const BackwardRule> rule) {
   RuleTable& t = rule_table();

@@ -216,11 +216,21 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
   LayerNorm<X> ln_f = norm("ln_f.");
   Linear<X> lm_head = linear_layer("lm_head.", config.vocab, D, 0.02, false);
   return GPT{config, std::move(wte), std::move(wpe), std::move(blocks), std::move(ln_f), std::move(lm_head),
-             std::move(layouts)};
+             std::move(layouts), {}};
 }
 
 template <TensorOrDTensor X>
 X GPT<X>::logits(const X& tokens, KVCache<X>* cache) const {
+  if constexpr (std::same_as<X, DTensor>)
+    if (!units.empty()) return detail::fully_sharded_logits(*this, tokens, cache);
+  return forward_with(tokens, cache, wte, wpe, ln_f, lm_head,
+                      [&](const X& x, std::size_t l) { return blocks[l](x, layouts, cache, l); });
+}
+
+template <TensorOrDTensor X>
+X GPT<X>::forward_with(const X& tokens, KVCache<X>* cache, const Embedding<X>& tok_emb, const Embedding<X>& pos_emb,
+                       const LayerNorm<X>& final_norm, const Linear<X>& head,
+                       const std::function<X(const X&, std::size_t)>& run_block) const {
   if (tokens.dim() != 2 || tokens.dtype() != DType::Int64)
     throw ShapeError(fmt::format("[GPT] tokens of shape {} and dtype {}; expected i64 [batch, seq]",
                                  fmt::join(tokens.shape(), "x"), tokens.dtype()));
@@ -233,10 +243,10 @@ X GPT<X>::logits(const X& tokens, KVCache<X>* cache) const {
   }
   // Tokens [B, T, D] plus positions [T, D], then the plan's layout: with a
   // vocab-parallel table the sum is Partial, reduced once for both.
-  X x = at_point(add(wte(tokens), narrow(wpe.weight, 0, past, len)), layouts, Point::TokenEmbedding);
-  for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x, layouts, cache, l);
+  X x = at_point(add(tok_emb(tokens), narrow(pos_emb.weight, 0, past, len)), layouts, Point::TokenEmbedding);
+  for (std::size_t l = 0; l < blocks.size(); ++l) x = run_block(x, l);
   if (cache) cache->length += len;
-  return lm_head(at_point(ln_f(x), layouts, Point::HeadInput));
+  return head(at_point(final_norm(x), layouts, Point::HeadInput));
 }
 
 template <TensorOrDTensor X>
@@ -247,8 +257,24 @@ X GPT<X>::loss(const X& tokens, const X& targets) const {
 }
 
 template <TensorOrDTensor X>
+std::vector<X> FlatUnit<X>::unflatten(const X& gathered_flat) const {
+  std::vector<X> out;
+  std::int64_t offset = 0;
+  for (const Shape& shape : shapes) {
+    const std::int64_t n = numel(shape);
+    out.push_back(reshape(narrow(gathered_flat, 0, offset, n), shape));
+    offset += n;
+  }
+  return out;
+}
+
+template <TensorOrDTensor X>
 NamedParameters<X> GPT<X>::named_parameters() {
   NamedParameters<X> out;
+  if (!units.empty()) {
+    for (auto& unit : units) out.emplace_back(unit.name + ".flat", &unit.flat);
+    return out;
+  }
   wte.named_parameters("wte.", out);
   wpe.named_parameters("wpe.", out);
   for (std::size_t l = 0; l < blocks.size(); ++l) blocks[l].named_parameters(fmt::format("blocks.{}.", l), out);
@@ -276,6 +302,8 @@ template struct MLP<Tensor>;
 template struct MLP<DTensor>;
 template struct Block<Tensor>;
 template struct Block<DTensor>;
+template struct FlatUnit<Tensor>;
+template struct FlatUnit<DTensor>;
 template struct GPT<Tensor>;
 template struct GPT<DTensor>;
 

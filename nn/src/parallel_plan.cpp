@@ -62,6 +62,13 @@ DimPlan zero1() {
   return plan;
 }
 
+DimPlan fsdp() {
+  DimPlan plan = ddp();
+  plan.name = "fsdp";
+  plan.fully_shards = true;
+  return plan;
+}
+
 DimPlan tp() {
   DimPlan plan;
   plan.name = "tp";
@@ -97,9 +104,10 @@ DimPlan tp_sp() {
 DimPlan plan_named(std::string_view name) {
   if (name == "ddp") return ddp();
   if (name == "zero1") return zero1();
+  if (name == "fsdp") return fsdp();
   if (name == "tp") return tp();
   if (name == "tp_sp") return tp_sp();
-  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, tp, tp_sp", name));
+  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, fsdp, tp, tp_sp", name));
 }
 
 ParallelPlan::ParallelPlan(const DeviceMesh& mesh, std::vector<DimPlan> per_dim)
@@ -164,6 +172,22 @@ ActivationLayouts ParallelPlan::activations(bool generation) const {
     if (any) out.at[point] = Layout(std::move(placements));
   }
   return out;
+}
+
+std::optional<Layout> ParallelPlan::flat_layout() const {
+  std::vector<Placement> out;
+  bool any = false;
+  for (const DimPlan& plan : per_dim_) {
+    any = any || plan.fully_shards;
+    out.push_back(plan.fully_shards ? Placement(S(0)) : Placement(R));
+  }
+  if (!any) return std::nullopt;
+  for (const DimPlan& plan : per_dim_)
+    if (!plan.parameters.empty())
+      throw ValueError(fmt::format("[plan] {} fully shards the parameters but {} shards them too: FSDP over {} is "
+                                   "not supported yet",
+                                   describe(), plan.name, plan.name));
+  return Layout(std::move(out));
 }
 
 ParameterFactory<DTensor> ParallelPlan::parameter_factory(DType dtype) const {

@@ -63,6 +63,29 @@ class NoGradGuard {
   bool previous_;
 };
 
+/// Switches recording back on while alive, inside a NoGradGuard or a
+/// backward pass (checkpoint's recomputation records that way).
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// f(inputs), computed without recording anything but this call: the
+/// backward runs f again on the saved inputs, recording, and differentiates
+/// that (PyTorch's torch.utils.checkpoint). What f makes in between is
+/// freed after the forward and made again for the backward: memory traded
+/// for a second forward, and f's collectives run again (FSDP's re-gather of
+/// a block's parameters for its backward). f must compute the same values
+/// both times, and every rank must call it alike.
+Tensor checkpoint(const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs);
+DTensor checkpoint(const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs);
+
 /// What a backward rule is given. Saved tensors are detached copies (same
 /// storage).
 template <class X>

@@ -146,6 +146,21 @@ struct GPTConfig {
   void check() const;
 };
 
+/// FSDP's unit of sharding: several parameters flattened and concatenated
+/// into one 1-D tensor, laid out S(0) over the sharding mesh dims, and
+/// gathered whole for use (PyTorch FSDP1's FlatParameter).
+template <TensorOrDTensor X>
+struct FlatUnit {
+  std::string name;                // "root", "blocks.0", ...
+  X flat;                          // the leaf the optimizer updates
+  std::vector<std::string> names;  // the members, in order
+  std::vector<Shape> shapes;
+  Layout gathered;                 // the layout the members are used in
+  /// The members as views of a gathered `flat` (recorded: their gradients
+  /// flow back into it).
+  std::vector<X> unflatten(const X& gathered_flat) const;
+};
+
 /// GPT-2: token and learned position embeddings, pre-LN blocks, a final
 /// layer norm and an lm_head (not tied to the token embedding, so that each
 /// has its own layout: the plans shard both over the vocabulary).
@@ -157,6 +172,11 @@ struct GPT {
   LayerNorm<X> ln_f;
   Linear<X> lm_head;
   ActivationLayouts layouts;  // what the plan asks for between the pieces
+  /// Fully sharded (FSDP, ZeRO-3; see fully_shard): when not empty, the
+  /// parameters are these units' flats (unit 0 the root: embeddings, final
+  /// norm and lm_head; unit l + 1 block l), and the members above only give
+  /// the structure (each holds its unit's flat as a placeholder).
+  std::vector<FlatUnit<X>> units;
 
   /// Parameters made by `make` in named_parameters() order, with GPT-2's
   /// initialisation (normal(0, 0.02), projections into the residual stream
@@ -166,12 +186,33 @@ struct GPT {
 
   /// Logits [B, T, vocab] of i64 tokens [B, T] (T <= seq).
   X logits(const X& tokens, KVCache<X>* cache = nullptr) const;
+  /// The forward with the root's pieces given and block l run by
+  /// `run_block(x, l)`: logits() passes the members, the fully sharded
+  /// forward views of gathered units.
+  X forward_with(const X& tokens, KVCache<X>* cache, const Embedding<X>& wte, const Embedding<X>& wpe,
+                 const LayerNorm<X>& ln_f, const Linear<X>& lm_head,
+                 const std::function<X(const X&, std::size_t)>& run_block) const;
   /// Mean cross entropy of the next byte: a 0-d tensor.
   X loss(const X& tokens, const X& targets) const;
 
   NamedParameters<X> named_parameters();
   std::vector<X> parameters();
 };
+
+/// Makes `model` fully sharded: each block, and the root (embeddings, final
+/// norm, lm_head), becomes one flat unit laid out as `flat_layout` (S(0) on
+/// the sharding mesh dims, Replicate on the others). A forward gathers the
+/// root once (kept for the backward) and each block's unit before the block
+/// (one all_gather each), and frees a block's gathered parameters after it:
+/// the block is checkpointed, so its backward gathers them again, and its
+/// gradient leaves as one reduce_scatter into the flat's shard. Values are
+/// the unsharded model's. LayoutError unless every parameter is replicated
+/// (fully sharding a tensor-parallel model is not supported).
+void fully_shard(GPT<DTensor>& model, const Layout& flat_layout);
+namespace detail {
+/// GPT<DTensor>::logits of a fully sharded model (fully_shard.cpp).
+DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
+}  // namespace detail
 
 extern template struct GPT<Tensor>;
 extern template struct GPT<DTensor>;

@@ -14,6 +14,10 @@
 // - ddp: parameters replicated; the batch and every activation S(0).
 // - zero1: as ddp, with optimizer states (and the gradients they take) S(0)
 //   on dim 0 of each parameter (ZeRO-1/2).
+// - fsdp (ZeRO-3): as ddp, with the parameters in flat units S(0), one per
+//   block and one root (embeddings, final norm, lm_head), each gathered for
+//   use and its gradient reduce_scattered (fully_shard). With ddp on
+//   another dim: HSDP.
 // - tp (Megatron): token embedding and lm_head split over the vocabulary
 //   (rows, S(0)); q, k, v and fc column-parallel (S(0) of [out, in], their
 //   biases S(0)); attention and MLP output projections row-parallel (S(1));
@@ -48,6 +52,8 @@ struct DimPlan {
   /// Where optimizer states live when not in the parameter's layout: ZeRO's
   /// S(0) over dp.
   std::optional<Placement> states;
+  /// FSDP: the parameters in flat units S(0) over this dim (fully_shard).
+  bool fully_shards = false;
   /// Whether the dim splits the batch (so generation, which runs one
   /// sequence, replicates it instead).
   bool splits_batch = false;
@@ -60,7 +66,8 @@ DimPlan ddp();
 DimPlan zero1();
 DimPlan tp();
 DimPlan tp_sp();
-/// The plan of that name ("ddp", "zero1", "tp", "tp_sp"); ValueError naming
+DimPlan fsdp();
+/// The plan of that name ("ddp", "zero1", "fsdp", "tp", "tp_sp"); ValueError naming
 /// the text and the known names otherwise.
 DimPlan plan_named(std::string_view name);
 
@@ -83,6 +90,10 @@ class ParallelPlan {
   /// is replicated where training splits it.
   Layout batch_layout(bool generation = false) const;
   ActivationLayouts activations(bool generation = false) const;
+  /// The flat units' layout where a dim's plan fully shards (S(0) on those
+  /// dims, Replicate elsewhere); none otherwise. ValueError where a fully
+  /// sharding dim meets a dim that shards parameters (tp).
+  std::optional<Layout> flat_layout() const;
   /// Makes each parameter in its layout, with the values the plain model's
   /// factory gives (no communication).
   ParameterFactory<DTensor> parameter_factory(DType dtype) const;

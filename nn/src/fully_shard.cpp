@@ -1,0 +1,98 @@
+// FSDP (ZeRO-3) on the GPT: flat units sharded over the data-parallel mesh
+// dims, gathered for use, the blocks checkpointed so that their gathered
+// parameters are freed after the forward and gathered again for the
+// backward.
+#include <fmt/format.h>
+
+#include "dtensor/api/autograd.h"
+#include "dtensor/api/shape.h"
+#include "dtensor/core/error.h"
+#include "dtensor/nn/modules.h"
+
+namespace dtensor::nn {
+namespace {
+
+struct UnitMembers {
+  std::string name;
+  NamedParameters<DTensor> members;
+};
+
+// The root's parameters, then each block's: the units' contents.
+std::vector<UnitMembers> unit_members(GPT<DTensor>& model) {
+  std::vector<UnitMembers> out(1 + model.blocks.size());
+  out[0].name = "root";
+  model.wte.named_parameters("wte.", out[0].members);
+  model.wpe.named_parameters("wpe.", out[0].members);
+  model.ln_f.named_parameters("ln_f.", out[0].members);
+  model.lm_head.named_parameters("lm_head.", out[0].members);
+  for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+    out[l + 1].name = fmt::format("blocks.{}", l);
+    model.blocks[l].named_parameters(out[l + 1].name + ".", out[l + 1].members);
+  }
+  return out;
+}
+
+FlatUnit<DTensor> flatten(const UnitMembers& group, const Layout& flat_layout) {
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  std::vector<Tensor> pieces;
+  const DeviceMesh& mesh = group.members.front().second->mesh();
+  for (const auto& [name, p] : group.members) {
+    for (int m = 0; m < p->placements().mesh_ndim(); ++m)
+      if (!is_replicate(p->placements()[m]))
+        throw LayoutError(fmt::format("[fully_shard] parameter {} is laid out {}; fully sharding needs every "
+                                      "parameter replicated (FSDP over tensor parallelism is not supported)",
+                                      name, p->placements()));
+    names.push_back(name);
+    shapes.push_back(p->shape());
+    pieces.push_back(reshape(p->detach().to_local(), {numel(p->shape())}));
+  }
+  DTensor flat = from_full(cat(std::span<const Tensor>(pieces), 0), mesh, flat_layout);
+  flat.requires_grad_();
+  return FlatUnit<DTensor>{group.name, std::move(flat), std::move(names), std::move(shapes),
+                           Layout::replicated(mesh.ndim())};
+}
+
+}  // namespace
+
+void fully_shard(GPT<DTensor>& model, const Layout& flat_layout) {
+  if (!model.units.empty()) throw ValueError("[fully_shard] the model is already fully sharded");
+  NoGradGuard unrecorded;
+  const std::vector<UnitMembers> groups = unit_members(model);
+  std::vector<FlatUnit<DTensor>> units;
+  for (const UnitMembers& group : groups) units.push_back(flatten(group, flat_layout));
+  // The flats hold the values now; the members keep the structure only.
+  for (std::size_t u = 0; u < groups.size(); ++u)
+    for (const auto& member : groups[u].members) *member.second = units[u].flat;
+  model.units = std::move(units);
+}
+
+namespace detail {
+
+DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache) {
+  // The root stays gathered from the embedding to the lm_head and through
+  // the backward: one all_gather, and one reduce_scatter of its gradient.
+  const FlatUnit<DTensor>& root = model.units.front();
+  const std::vector<DTensor> r = root.unflatten(root.flat.redistribute(root.gathered));
+  const Embedding<DTensor> wte{r[0]}, wpe{r[1]};
+  const LayerNorm<DTensor> ln_f{r[2], r[3]};
+  const Linear<DTensor> head{r[4], std::nullopt};
+  return model.forward_with(tokens, cache, wte, wpe, ln_f, head, [&](const DTensor& x, std::size_t l) {
+    const FlatUnit<DTensor>& unit = model.units[l + 1];
+    // Gathers the block's unit, runs the block on views of it; run again
+    // by the backward (checkpoint), which gathers again.
+    auto run_block = [&model, &unit, l, cache](std::span<const DTensor> in) {
+      Block<DTensor> block = model.blocks[l];
+      NamedParameters<DTensor> members;
+      block.named_parameters("", members);
+      const std::vector<DTensor> views = unit.unflatten(in[1].redistribute(unit.gathered));
+      for (std::size_t i = 0; i < members.size(); ++i) *members[i].second = views[i];
+      return block(in[0], model.layouts, cache, l);
+    };
+    const DTensor inputs[] = {x, unit.flat};
+    return checkpoint(run_block, std::span<const DTensor>(inputs));
+  });
+}
+
+}  // namespace detail
+}  // namespace dtensor::nn
