@@ -394,6 +394,58 @@ BOOST_AUTO_TEST_CASE(data_parallel_weight_gradient_is_partial_and_reduced_once) 
   testing::check_no_failures(failures);
 }
 
+// checkpoint(): the same gradients as the function recorded whole, on
+// Tensors and on DTensors; the function runs once in the forward and once
+// more in the backward, so its collectives run twice (FSDP's re-gather).
+BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
+  const Tensor w = uniform({4, 6}, 21), x = uniform({5, 6}, 22);
+  auto block = [](const auto& in) { return tanh(linear(in[0], in[1])); };
+  Tensor rw = w.detach().requires_grad_(), rx = x.detach().requires_grad_();
+  sum(block(std::vector<Tensor>{rx, rw})).backward();
+  Tensor cw = w.detach().requires_grad_(), cx = x.detach().requires_grad_();
+  int calls = 0;
+  const Tensor in[] = {cx, cw};
+  sum(checkpoint([&](std::span<const Tensor> v) { ++calls; return block(v); }, in)).backward();
+  BOOST_TEST(calls == 2);
+  BOOST_TEST(allclose(*cw.grad(), *rw.grad(), 1e-12, 1e-12));
+  BOOST_TEST(allclose(*cx.grad(), *rx.grad(), 1e-12, 1e-12));
+
+  const Shape mesh_shape = testing::backend_meshes({{2}}).front();
+  std::vector<std::string> failures;
+  std::mutex mu;
+  testing::run_ranks(static_cast<int>(mesh_shape[0]), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape, {"dp"});
+    // The weight sharded, gathered inside the function: one all_gather in
+    // the forward, one again in the backward, and its gradient (Partial
+    // over the batch's shards) reduce_scattered back to S(0).
+    DTensor W = distribute_tensor(w, mesh, Layout::parse("S(0)"));
+    W.requires_grad_();
+    const DTensor X = distribute_tensor(x, mesh, Layout::parse("S(0)"));
+    auto gathered_block = [](std::span<const DTensor> v) {
+      return tanh(linear(v[0], v[1].redistribute(Layout::parse("R"))));
+    };
+    const DTensor inputs[] = {X, W};
+    CommCounter forward(mesh);
+    const DTensor loss = sum(checkpoint(gathered_block, inputs));
+    const CommStats f = forward.counts();
+    CommCounter backward(mesh);
+    loss.backward();
+    const CommStats b = backward.counts();
+    std::string why;
+    if (f.count(CollectiveKind::AllGather) != 1 || f.data_collectives() != 1) why += fmt::format(" forward {}", f);
+    if (b.count(CollectiveKind::AllGather) != 1 || b.count(CollectiveKind::ReduceScatter) != 1 ||
+        b.data_collectives() != 2)
+      why += fmt::format(" backward {}", b);
+    if (W.grad()->placements() != Layout::parse("S(0)")) why += fmt::format(" W.grad {}", W.grad()->placements());
+    if (!allclose(W.grad()->full_tensor(), *rw.grad(), 1e-12, 1e-12)) why += " wrong values";
+    if (!why.empty()) {
+      std::lock_guard lock(mu);
+      failures.push_back("checkpoint:" + why);
+    }
+  });
+  testing::check_no_failures(failures);
+}
+
 BOOST_AUTO_TEST_CASE(backward_ops_are_explained_as_backward) {
   if (!testing::can_run(4)) return;
   std::vector<std::string> lines;
