@@ -79,6 +79,8 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
             {"weight_decay", o.weight_decay},
             {"clip", o.clip},
             {"seed", o.seed},
+            {"generate", o.generate},
+            {"val_batches", o.val_batches},
             {"text", o.text}}},
           {"losses", r.losses},
           {"val_loss", r.val_loss},
@@ -143,8 +145,15 @@ int main(int argc, char** argv) {
                                    o.plans.size(), ndim));
     if (!o.dims.empty() && o.dims.size() != ndim)
       throw ValueError(fmt::format("--dims '{}' names {} dims for a mesh of {} dims", dims_text, o.dims.size(), ndim));
-    for (const auto& p : o.plans) (void)nn::plan_named(p);
+    std::vector<nn::DimPlan> per_dim;
+    for (const auto& p : o.plans) per_dim.push_back(nn::plan_named(p));
     o.model.check();
+    // What the mesh's sizes decide, before any rank starts: on threads a
+    // 1-D mesh is all the ranks.
+    const Shape mesh_shape = !o.mesh.empty()                    ? o.mesh
+                             : launch_backend() == "threads" ? Shape{ranks}
+                                                             : Shape{};
+    if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
     if (!o.mesh.empty() && launch_backend() == "threads" && numel(o.mesh) != ranks)
       throw ValueError(fmt::format("--mesh {} has {} ranks; --ranks is {}", mesh_text, numel(o.mesh), ranks));
     o.text = gpt::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
@@ -185,7 +194,10 @@ int main(int argc, char** argv) {
         if (r.comm.empty()) fmt::print("  none\n");
         if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
         if (!json_path.empty()) {
-          std::ofstream(json_path) << to_json(mine, r, mesh_desc, plan_text).dump(2) << "\n";
+          // A young model's bytes need not be UTF-8: invalid ones become U+FFFD.
+          std::ofstream(json_path) << to_json(mine, r, mesh_desc, plan_text)
+                                          .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                                   << "\n";
         }
         if (!plot_path.empty()) {
           const std::string title = fmt::format("GPT {}L d{} h{} seq{} {} | mesh {} | plan {} | lr {}",

@@ -184,9 +184,8 @@ std::optional<Layout> ParallelPlan::flat_layout() const {
   if (!any) return std::nullopt;
   for (const DimPlan& plan : per_dim_)
     if (!plan.parameters.empty())
-      throw ValueError(fmt::format("[plan] {} fully shards the parameters but {} shards them too: FSDP over {} is "
-                                   "not supported yet",
-                                   describe(), plan.name, plan.name));
+      throw ValueError("[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
+                       "parallelism is not supported yet");
   return Layout(std::move(out));
 }
 
@@ -202,10 +201,15 @@ ParameterFactory<DTensor> ParallelPlan::parameter_factory(DType dtype) const {
   };
 }
 
-void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const {
-  for (int m = 0; m < mesh_.ndim(); ++m) {
-    const DimPlan& plan = per_dim_[static_cast<std::size_t>(m)];
-    const std::int64_t n = mesh_.size(m);
+void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, const GPTConfig& config,
+                     std::int64_t batch) {
+  if (per_dim.size() != mesh_shape.size())
+    throw ValueError(fmt::format("[plan] {} plans for a mesh of {} dims ({}); expected one per mesh dim",
+                                 per_dim.size(), mesh_shape.size(), fmt::join(mesh_shape, "x")));
+  bool fully_shards = false, shards_parameters = false;
+  for (std::size_t m = 0; m < per_dim.size(); ++m) {
+    const DimPlan& plan = per_dim[m];
+    const std::int64_t n = mesh_shape[m];
     auto divides = [&](std::int64_t value, const char* what) {
       if (value % n != 0)
         throw ValueError(fmt::format("[plan] {} = {} is not divisible by mesh dim {} of size {} (plan {})", what,
@@ -218,7 +222,16 @@ void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const
     if (plan.splits_batch) divides(batch, "batch");
     if (plan.activations[static_cast<std::size_t>(Point::TokenEmbedding)] == Placement(S(1)))
       divides(config.seq, "seq");
+    fully_shards = fully_shards || plan.fully_shards;
+    shards_parameters = shards_parameters || !plan.parameters.empty();
   }
+  if (fully_shards && shards_parameters)
+    throw ValueError("[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
+                     "parallelism is not supported yet");
+}
+
+void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const {
+  check_plans_fit(per_dim_, mesh_.shape(), config, batch);
 }
 
 }  // namespace dtensor::nn

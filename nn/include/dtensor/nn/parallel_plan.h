@@ -29,6 +29,7 @@
 //   lm_head inputs and reduce_scattered at the projections' outputs.
 #include <array>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -70,6 +71,14 @@ DimPlan fsdp();
 /// The plan of that name ("ddp", "zero1", "fsdp", "tp", "tp_sp"); ValueError naming
 /// the text and the known names otherwise.
 DimPlan plan_named(std::string_view name);
+
+/// ValueError naming the value and the mesh dim unless the model and batch
+/// divide as the plans need on a mesh of `mesh_shape` (heads and vocab by
+/// tp, batch by dp, the sequence by tp_sp), and the plans combine (FSDP
+/// does not combine with tp yet). For callers that check before they have
+/// a mesh (a command line); ParallelPlan::check_fits calls it.
+void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, const GPTConfig& config,
+                     std::int64_t batch);
 
 /// One DimPlan per mesh dim, read together as layouts.
 class ParallelPlan {
