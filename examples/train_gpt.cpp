@@ -148,14 +148,14 @@ int main(int argc, char** argv) {
     std::vector<nn::DimPlan> per_dim;
     for (const auto& p : o.plans) per_dim.push_back(nn::plan_named(p));
     o.model.check();
+    if (!o.mesh.empty() && launch_backend() == "threads" && numel(o.mesh) != ranks)
+      throw ValueError(fmt::format("--mesh {} has {} ranks; --ranks is {}", mesh_text, numel(o.mesh), ranks));
     // What the mesh's sizes decide, before any rank starts: on threads a
     // 1-D mesh is all the ranks.
     const Shape mesh_shape = !o.mesh.empty()                    ? o.mesh
                              : launch_backend() == "threads" ? Shape{ranks}
                                                              : Shape{};
     if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
-    if (!o.mesh.empty() && launch_backend() == "threads" && numel(o.mesh) != ranks)
-      throw ValueError(fmt::format("--mesh {} has {} ranks; --ranks is {}", mesh_text, numel(o.mesh), ranks));
     o.text = gpt::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
     data.emplace(o.text);
   } catch (const Error& e) {
