@@ -89,6 +89,9 @@ const std::vector<Case>& every_plan() {
       {{2}, {"dp"}, {"fsdp"}},
       {{4}, {"dp"}, {"fsdp"}},
       {{2, 2}, {"rep", "shard"}, {"ddp", "fsdp"}},  // HSDP
+      {{2, 4}, {"dp", "tp"}, {"ddp", "tp"}},
+      {{2, 4}, {"dp", "tp"}, {"ddp", "tp_sp"}},
+      {{2, 4}, {"dp", "shard"}, {"ddp", "fsdp"}},
   };
   return cases;
 }
