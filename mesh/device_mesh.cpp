@@ -48,6 +48,20 @@ struct MeshRoot {
     if (it == groups.end()) it = groups.emplace(std::move(key), make_group(dims)).first;
     return *it->second;
   }
+
+  // Every communicator of the mesh with the root dims it spans, each once:
+  // group() hands out the world for all dims in order and dim_comms for one.
+  std::vector<std::pair<std::vector<int>, const Communicator*>> communicators() {
+    std::vector<std::pair<std::vector<int>, const Communicator*>> out;
+    std::vector<int> all(shape.size());
+    for (std::size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int>(d);
+    out.emplace_back(std::move(all), world);
+    for (std::size_t d = 0; d < dim_comms.size(); ++d)
+      out.emplace_back(std::vector<int>{static_cast<int>(d)}, dim_comms[d].get());
+    std::lock_guard lock(mu);
+    for (const auto& [dims, comm] : groups) out.emplace_back(dims, comm.get());
+    return out;
+  }
 };
 
 }  // namespace
@@ -65,6 +79,18 @@ struct DeviceMesh::State {
     if (mesh_dim < 0 || mesh_dim >= static_cast<int>(shape.size()))
       throw MeshError(fmt::format("[mesh] {}: mesh dim {} out of range for the {}-d mesh {}", where, mesh_dim,
                                   shape.size(), shape_text(shape)));
+  }
+  // The root dims in this mesh's numbering, ascending; nullopt when one of
+  // them is not a dim of this mesh.
+  std::optional<std::vector<int>> from_root(std::span<const int> dims) const {
+    std::vector<int> out;
+    for (int d : dims) {
+      const auto it = std::find(root_dims.begin(), root_dims.end(), d);
+      if (it == root_dims.end()) return std::nullopt;
+      out.push_back(static_cast<int>(it - root_dims.begin()));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
   }
   std::vector<int> to_root(std::span<const int> dims, std::string_view where) const {
     std::vector<int> out;
@@ -185,6 +211,18 @@ Communicator& DeviceMesh::group_comm(std::span<const int> mesh_dims) const {
   return state_->root->group(dims);
 }
 
+std::vector<GroupStats> DeviceMesh::group_stats() const {
+  // Sets of dims, not orders: a 1-d mesh's dim_comm and world, or
+  // group_comm({1,0}) and group_comm({0,1}), move data over the same ranks.
+  std::map<std::vector<int>, CommStats> by_dims;
+  for (const auto& [root_dims, comm] : state_->root->communicators())
+    if (auto dims = state_->from_root(root_dims)) by_dims[*dims] = by_dims[*dims] + comm->own_stats();
+  std::vector<GroupStats> out;
+  out.reserve(by_dims.size());
+  for (auto& [dims, stats] : by_dims) out.push_back({dims, stats});
+  return out;
+}
+
 DeviceMesh DeviceMesh::submesh(std::span<const std::string> names) const {
   for (std::size_t i = 0; i < names.size(); ++i)
     if (std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i), names[i]) !=
@@ -219,6 +257,11 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
 }
 
 }  // namespace dtensor
+
+fmt::format_context::iterator fmt::formatter<dtensor::GroupStats>::format(const dtensor::GroupStats& g,
+                                                                          fmt::format_context& ctx) const {
+  return fmt::format_to(ctx.out(), "dims [{}]: {}", fmt::join(g.mesh_dims, ","), g.stats);
+}
 
 fmt::format_context::iterator fmt::formatter<dtensor::DeviceMesh>::format(const dtensor::DeviceMesh& m,
                                                                           fmt::format_context& ctx) const {

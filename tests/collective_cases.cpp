@@ -478,6 +478,7 @@ void split_groups_and_shared_stats(const Engine& engine) {
       EXPECT_R(sub->size() == static_cast<int>(members.size()), "sub size {}", sub->size());
       EXPECT_R(sub->rank() == my_index, "sub rank {} expected {}", sub->rank(), my_index);
       EXPECT_R(&sub->stats() == &comm.stats(), "stats are shared per process rank");
+      const CommStats world_own_before = comm.own_stats();
       // all_gather of world ranks gives the members in key order.
       Buffer me = upload(engine.buffers, std::vector<std::int64_t>{rank});
       Buffer all(engine.buffers, members.size() * 8);
@@ -490,6 +491,15 @@ void split_groups_and_shared_stats(const Engine& engine) {
       comm.barrier();
       const double total = sum.download<double>(0, 1)[0];
       EXPECT_R(total == std::accumulate(members.begin(), members.end(), 0.0), "sub sum {}", total);
+      // Each communicator also counts its own calls apart: the sub's two
+      // collectives are not the world's, whose own counters saw the barrier.
+      const CommStats& sub_own = sub->own_stats();
+      const CommStats world_own = comm.own_stats() - world_own_before;
+      EXPECT_R(sub_own.count(CollectiveKind::AllGather) == 1 && sub_own.count(CollectiveKind::AllReduce) == 1 &&
+                   sub_own.data_collectives() == 2,
+               "sub's own: {}", sub_own);
+      EXPECT_R(world_own.data_collectives() == 0 && world_own.count(CollectiveKind::Barrier) == 1, "world's own: {}",
+               world_own);
       // A nested split, and a rank that opts out.
       auto nested = sub->split(sub->rank() == 0 ? -1 : 0, 0);
       EXPECT_R((sub->rank() == 0) == (nested == nullptr), "opt-out gives nullptr");

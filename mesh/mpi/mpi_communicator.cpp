@@ -62,6 +62,7 @@
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
 #include "../exact_average.h"
+#include "../stats_recorder.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/backends.h"
@@ -145,7 +146,11 @@ class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
                   bool oversubscribed)
-      : comm_(comm), stats_(std::move(stats)), timeout_(timeout), oversubscribed_(oversubscribed) {
+      : comm_(comm),
+        rank_stats_(std::move(stats)),
+        stats_(*rank_stats_),
+        timeout_(timeout),
+        oversubscribed_(oversubscribed) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -184,7 +189,8 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
-  CommStats& stats() override { return *stats_; }
+  CommStats& stats() override { return stats_.rank_totals(); }
+  const CommStats& own_stats() const override { return stats_.own(); }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     if (reduces_as_average_pairs(dtype, op, size()))
@@ -212,7 +218,7 @@ class MpiCommunicator final : public Communicator {
     } else if (send != recv) {
       copy_bytes(recv, send, count * isz);
     }
-    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, size_, rank_, dtype, op)));
+    stats_.record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, size_, rank_, dtype, op)));
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -250,7 +256,7 @@ class MpiCommunicator final : public Communicator {
     } else {
       copy_bytes(static_cast<std::byte*>(recv) + displs[r], send, recv_bytes[r]);
     }
-    stats_->record(kind, total - recv_bytes[r]);
+    stats_.record(kind, total - recv_bytes[r]);
   }
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
@@ -311,7 +317,7 @@ class MpiCommunicator final : public Communicator {
     } else if (recv != own) {
       copy_bytes(recv, own, mine * isz);
     }
-    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size_, dtype, op)));
+    stats_.record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size_, dtype, op)));
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
@@ -367,7 +373,7 @@ class MpiCommunicator final : public Communicator {
       copy_bytes(static_cast<std::byte*>(recv) + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r],
                  recv_bytes[r]);
     }
-    stats_->record(kind, received);
+    stats_.record(kind, received);
   }
 
   void broadcast(void* buf, std::size_t bytes, int root) override {
@@ -386,7 +392,7 @@ class MpiCommunicator final : public Communicator {
           kind, bytes, [&] { return MPI_Bcast(buf, n, MPI_BYTE, root, comm_); },
           [&](MPI_Request* req) { return MPI_Ibcast(buf, n, MPI_BYTE, root, comm_, req); });
     }
-    stats_->record(kind, size_ > 1 && rank_ != root ? bytes : 0);
+    stats_.record(kind, size_ > 1 && rank_ != root ? bytes : 0);
   }
 
   void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
@@ -416,7 +422,7 @@ class MpiCommunicator final : public Communicator {
     } else if (size_ == 1) {
       copy_bytes(recv, send, mine);
     }
-    stats_->record(kind, size_ > 1 && rank_ != root ? mine : 0);
+    stats_.record(kind, size_ > 1 && rank_ != root ? mine : 0);
   }
 
   void send(const void* buf, std::size_t bytes, int dst, int tag) override {
@@ -428,7 +434,7 @@ class MpiCommunicator final : public Communicator {
     s.data.resize(bytes);
     copy_bytes(s.data.data(), buf, bytes);
     check(kind, MPI_Isend(s.data.data(), as_int(kind, "bytes", bytes), MPI_BYTE, dst, tag, comm_, &s.request));
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
   }
 
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
@@ -464,14 +470,14 @@ class MpiCommunicator final : public Communicator {
           fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
                       "matching send has {} bytes",
                       rank_, size_, src, tag, bytes, got));
-    stats_->record(kind, bytes);
+    stats_.record(kind, bytes);
   }
 
   void barrier() override {
     constexpr auto kind = CollectiveKind::Barrier;
     enter(kind);
     if (size_ > 1) arrive(make_signature(kind));  // a barrier in itself
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -482,9 +488,9 @@ class MpiCommunicator final : public Communicator {
     if (size_ > 1) arrive(make_signature(kind));
     MPI_Comm out = MPI_COMM_NULL;
     check(kind, MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
     if (out == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(out, stats_, timeout_, oversubscribed_);
+    return std::make_unique<MpiCommunicator>(out, rank_stats_, timeout_, oversubscribed_);
   }
 
  private:
@@ -710,7 +716,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm ctl_ = MPI_COMM_NULL;  // arrivals only: user tags on comm_ never match them
   int rank_ = 0;
   int size_ = 1;
-  std::shared_ptr<CommStats> stats_;
+  std::shared_ptr<CommStats> rank_stats_;  // kept alive here, handed on to splits
+  backend_detail::StatsRecorder stats_;
   std::chrono::milliseconds timeout_;
   bool oversubscribed_;
   bool broken_ = false;

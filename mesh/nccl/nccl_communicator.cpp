@@ -59,6 +59,7 @@
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
 #include "../exact_average.h"
+#include "../stats_recorder.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/mesh/backends.h"
 #include "nccl_detail.h"
@@ -105,7 +106,7 @@ struct Stashed {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int device, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout)
-      : comm_(comm), device_(device), stats_(std::move(stats)), timeout_(timeout) {
+      : comm_(comm), device_(device), rank_stats_(std::move(stats)), stats_(*rank_stats_), timeout_(timeout) {
     ncclCommUserRank(comm_, &rank_);
     ncclCommCount(comm_, &size_);
   }
@@ -143,7 +144,8 @@ class NcclCommunicator final : public Communicator {
   std::string_view backend() const override { return "nccl"; }
   Device device() const override { return Device::CUDA; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
-  CommStats& stats() override { return *stats_; }
+  CommStats& stats() override { return stats_.rank_totals(); }
+  const CommStats& own_stats() const override { return stats_.own(); }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     if (reduces_as_average_pairs(dtype, op, size()))
@@ -165,7 +167,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, recv, send, count * isz, s);
     }
     wait(kind);
-    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, size_, rank_, dtype, op)));
+    stats_.record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, size_, rank_, dtype, op)));
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -197,7 +199,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, out + offsets_[r], send, recv_bytes[r], s);
     }
     wait(kind);
-    stats_->record(kind, total - recv_bytes[r]);
+    stats_.record(kind, total - recv_bytes[r]);
   }
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
@@ -250,7 +252,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, out, own, mine * isz, s);
       wait(kind);
     }
-    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size_, dtype, op)));
+    stats_.record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size_, dtype, op)));
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
@@ -281,7 +283,7 @@ class NcclCommunicator final : public Communicator {
       });
     }
     wait(kind);
-    stats_->record(kind, received);
+    stats_.record(kind, received);
   }
 
   void broadcast(void* buf, std::size_t bytes, int root) override {
@@ -292,7 +294,7 @@ class NcclCommunicator final : public Communicator {
       call(kind, "ncclBroadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, s));
       wait(kind);
     }
-    stats_->record(kind, size_ > 1 && rank_ != root ? bytes : 0);
+    stats_.record(kind, size_ > 1 && rank_ != root ? bytes : 0);
   }
 
   void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
@@ -319,7 +321,7 @@ class NcclCommunicator final : public Communicator {
       });
     }
     wait(kind);
-    stats_->record(kind, size_ > 1 && rank_ != root ? mine : 0);
+    stats_.record(kind, size_ > 1 && rank_ != root ? mine : 0);
   }
 
   void send(const void* buf, std::size_t bytes, int dst, int tag) override {
@@ -332,7 +334,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, m.data.get(), buf, bytes, s);
       wait(kind);
       stash_[{rank_, tag}].push_back(std::move(m));
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     const std::string what = fmt::format("to rank {} (tag {})", dst, tag);
@@ -345,7 +347,7 @@ class NcclCommunicator final : public Communicator {
       call(kind, "ncclSend", ncclSend(buf, bytes, ncclUint8, dst, comm_, s), what);
       wait(kind, what);
     }
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
   }
 
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
@@ -361,7 +363,7 @@ class NcclCommunicator final : public Communicator {
         if (m.bytes != bytes) throw size_mismatch(src, tag, bytes, m.bytes);
         copy_async(kind, buf, m.data.get(), bytes, s);
         wait(kind, what);
-        stats_->record(kind, bytes);
+        stats_.record(kind, bytes);
         return;
       }
       if (src == rank_)
@@ -381,7 +383,7 @@ class NcclCommunicator final : public Communicator {
           call(kind, "ncclRecv", ncclRecv(buf, bytes, ncclUint8, src, comm_, s), what);
           wait(kind, what);
         }
-        stats_->record(kind, bytes);
+        stats_.record(kind, bytes);
         return;
       }
       // Another message comes first, or this one has the wrong size: take
@@ -405,7 +407,7 @@ class NcclCommunicator final : public Communicator {
       call(kind, "ncclAllReduce", ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, s));
       wait(kind);
     }
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -426,9 +428,9 @@ class NcclCommunicator final : public Communicator {
       if (state == ncclInProgress) timed_out(kind, "");
       fail(kind, "ncclCommSplit", error_text(state, comm_));
     }
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
     if (out == nullptr) return nullptr;
-    return std::make_unique<NcclCommunicator>(out, device_, stats_, timeout_);
+    return std::make_unique<NcclCommunicator>(out, device_, rank_stats_, timeout_);
   }
 
  private:
@@ -622,7 +624,8 @@ class NcclCommunicator final : public Communicator {
   int device_;
   int rank_ = 0;
   int size_ = 1;
-  std::shared_ptr<CommStats> stats_;
+  std::shared_ptr<CommStats> rank_stats_;  // kept alive here, handed on to splits
+  backend_detail::StatsRecorder stats_;
   std::chrono::milliseconds timeout_;
   std::string broken_msg_;
   std::shared_ptr<std::byte[]> ctl_;

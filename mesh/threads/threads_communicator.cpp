@@ -40,6 +40,7 @@
 #include "dtensor/core/error.h"
 #include "../argument_checks.h"
 #include "../exact_average.h"
+#include "../stats_recorder.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/threads.h"
@@ -56,7 +57,7 @@ class ThreadsCommunicator final : public Communicator {
         group_(std::move(group)),
         rank_(rank),
         world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]),
-        stats_(&world_->stats[static_cast<std::size_t>(world_rank_)]) {}
+        stats_(world_->stats[static_cast<std::size_t>(world_rank_)]) {}
 
   using Communicator::all_gather;  // keep the equal-size overload visible
 
@@ -65,7 +66,8 @@ class ThreadsCommunicator final : public Communicator {
   std::string_view backend() const override { return "threads"; }
   Device device() const override { return world_->options.device; }
   std::chrono::milliseconds timeout() const override { return world_->options.timeout; }
-  CommStats& stats() override { return *stats_; }
+  CommStats& stats() override { return stats_.rank_totals(); }
+  const CommStats& own_stats() const override { return stats_.own(); }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     if (reduces_as_average_pairs(dtype, op, size()))
@@ -77,7 +79,7 @@ class ThreadsCommunicator final : public Communicator {
     const auto deadline = call.deadline;
     if (n == 1) {
       move_bytes(recv, send, count * isz);
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     Slot s;
@@ -110,7 +112,7 @@ class ThreadsCommunicator final : public Communicator {
                  static_cast<std::size_t>(sp.size) * isz);
     }
     wait_phase(kind, deadline);
-    stats_->record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, n, rank_, dtype, op)));
+    stats_.record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, n, rank_, dtype, op)));
   }
 
   void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
@@ -123,7 +125,7 @@ class ThreadsCommunicator final : public Communicator {
     const std::size_t my_off = prefix(recv_bytes, rank_);
     if (n == 1) {
       move_bytes(out + my_off, send, recv_bytes[0]);
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     Slot s;
@@ -141,7 +143,7 @@ class ThreadsCommunicator final : public Communicator {
       off += b;
     }
     wait_phase(kind, deadline);
-    stats_->record(kind, received);
+    stats_.record(kind, received);
   }
 
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
@@ -159,7 +161,7 @@ class ThreadsCommunicator final : public Communicator {
     const auto* own = static_cast<const std::byte*>(send) + my_off;
     if (n == 1) {
       move_bytes(recv, own, my_count * isz);
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     Slot s;
@@ -190,7 +192,7 @@ class ThreadsCommunicator final : public Communicator {
     fold_peers(acc, own, my_off, my_count, dtype, op, seq);
     wait_phase(kind, deadline);
     if (overlaps) move_bytes(out, acc, my_count * isz);
-    stats_->record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(my_count, n, dtype, op)));
+    stats_.record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(my_count, n, dtype, op)));
   }
 
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
@@ -205,7 +207,7 @@ class ThreadsCommunicator final : public Communicator {
     auto* out = static_cast<std::byte*>(recv);
     move_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
     if (n == 1) {
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     Slot s;
@@ -223,7 +225,7 @@ class ThreadsCommunicator final : public Communicator {
       received += b;
     }
     wait_phase(kind, deadline);
-    stats_->record(kind, received);
+    stats_.record(kind, received);
   }
 
   void broadcast(void* buf, std::size_t bytes, int root) override {
@@ -232,7 +234,7 @@ class ThreadsCommunicator final : public Communicator {
     const Call call = enter(kind);
     const auto deadline = call.deadline;
     if (size() == 1) {
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     Slot s;
@@ -241,7 +243,7 @@ class ThreadsCommunicator final : public Communicator {
     const auto seq = post(s, deadline);
     if (rank_ != root) move_bytes(buf, group_->slot(root, seq).recv, bytes);
     wait_phase(kind, deadline);
-    stats_->record(kind, rank_ != root ? bytes : 0);
+    stats_.record(kind, rank_ != root ? bytes : 0);
   }
 
   void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
@@ -253,7 +255,7 @@ class ThreadsCommunicator final : public Communicator {
     const std::size_t mine = bytes[static_cast<std::size_t>(rank_)];
     if (size() == 1) {
       move_bytes(recv, send, mine);
-      stats_->record(kind, 0);
+      stats_.record(kind, 0);
       return;
     }
     Slot s;
@@ -262,7 +264,7 @@ class ThreadsCommunicator final : public Communicator {
     const auto seq = post(s, deadline);
     move_bytes(recv, static_cast<const std::byte*>(group_->slot(root, seq).send) + prefix(bytes, rank_), mine);
     wait_phase(kind, deadline);
-    stats_->record(kind, rank_ != root ? mine : 0);
+    stats_.record(kind, rank_ != root ? mine : 0);
   }
 
   void send(const void* buf, std::size_t bytes, int dst, int tag) override {
@@ -280,7 +282,7 @@ class ThreadsCommunicator final : public Communicator {
       group_->mail[{rank_, dst, tag}].push_back(std::move(m));
     }
     group_->mail_cv.notify_all();
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
   }
 
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
@@ -321,7 +323,7 @@ class ThreadsCommunicator final : public Communicator {
       cuda::copy(buf, Device::CUDA, m.data.data(), Device::CPU, bytes);
     else
       copy_bytes(buf, m.data.data(), bytes);
-    stats_->record(kind, bytes);
+    stats_.record(kind, bytes);
   }
 
   void barrier() override {
@@ -333,7 +335,7 @@ class ThreadsCommunicator final : public Communicator {
       s.desc = {.kind = kind};
       post(s, deadline);  // one barrier suffices: no buffers are shared
     }
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -378,7 +380,7 @@ class ThreadsCommunicator final : public Communicator {
       wait_phase(kind, deadline);
       if (new_rank == 0 && group) group_->slot(rank_, seq).new_group.reset();
     }
-    stats_->record(kind, 0);
+    stats_.record(kind, 0);
     if (!group) return nullptr;
     return std::make_unique<ThreadsCommunicator>(world_, std::move(group), new_rank);
   }
@@ -616,7 +618,7 @@ class ThreadsCommunicator final : public Communicator {
   std::shared_ptr<Group> group_;
   int rank_;
   int world_rank_;
-  CommStats* stats_;
+  backend_detail::StatsRecorder stats_;
   std::uint64_t seq_ = 0;  // rounds this rank has posted on the group
 };
 

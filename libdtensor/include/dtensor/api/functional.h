@@ -7,7 +7,9 @@
 #include <concepts>
 #include <initializer_list>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "dtensor/api/dtensor_tensor.h"
 #include "dtensor/ops/dispatch.h"
@@ -91,4 +93,43 @@ class CommCounter {
   CommStats start_;
 };
 
+/// One line of CommCounterByDims::counts(): `count` calls of `kind`, which
+/// received `bytes` on this rank, over the group spanning `mesh_dims`.
+struct DimsCount {
+  std::vector<int> mesh_dims;           // ascending
+  std::vector<std::string> dim_names;   // the mesh's names for mesh_dims; empty when it has none
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  std::uint64_t count = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// CommCounter split by the mesh dims each collective ran over (PyTorch's
+/// CommDebugMode per process group): the difference since construction of
+/// mesh.group_stats(). A collective on dim_comm(1) counts under {1}, one on
+/// the mesh's own communicator under all dims.
+class CommCounterByDims {
+ public:
+  explicit CommCounterByDims(const DeviceMesh& mesh) : mesh_(mesh), start_(mesh.group_stats()) {}
+  /// One entry per dims and kind with calls since construction, ordered by
+  /// dims, then kind (Barrier and Split included).
+  std::vector<DimsCount> counts() const;
+  /// Calls of `kind` over exactly the dims `mesh_dims` (in any order).
+  std::uint64_t count(std::span<const int> mesh_dims, CollectiveKind kind) const;
+  std::uint64_t count(std::initializer_list<int> mesh_dims, CollectiveKind kind) const {
+    return count(std::span<const int>(mesh_dims.begin(), mesh_dims.size()), kind);
+  }
+
+ private:
+  std::vector<GroupStats> since_start() const;
+  DeviceMesh mesh_;
+  std::vector<GroupStats> start_;
+};
+
 }  // namespace dtensor
+
+/// "[dp,tp] all_reduce x2 (4 KiB)"; dim indices where the mesh has no names.
+template <>
+struct fmt::formatter<dtensor::DimsCount> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  fmt::format_context::iterator format(const dtensor::DimsCount& c, fmt::format_context& ctx) const;
+};

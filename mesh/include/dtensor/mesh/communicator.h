@@ -16,8 +16,10 @@
 //   broadcast       `bytes` on every rank but the root
 //   scatter         bytes[r] on every rank but the root
 //   recv            the bytes received
-// A group of one rank receives nothing. Stats are per process rank: all
-// communicators split from one world on a rank share one CommStats.
+// A group of one rank receives nothing. stats() is per process rank: all
+// communicators split from one world on a rank add to one CommStats. Each
+// communicator also counts its own calls (own_stats()), which is how
+// DeviceMesh::group_stats tells the mesh dims a collective ran over.
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -141,6 +143,9 @@ class Communicator {
   /// the same world on this rank).
   virtual CommStats& stats() = 0;
   const CommStats& stats() const { return const_cast<Communicator*>(this)->stats(); }
+  /// The calls made on this communicator alone, counted as stats() counts
+  /// them; stats() is their sum over every communicator of the rank.
+  virtual const CommStats& own_stats() const = 0;
 
   /// Equal-size all_gather: every rank contributes `bytes`.
   void all_gather(const void* send, void* recv, std::size_t bytes);

@@ -14,6 +14,13 @@
 
 namespace dtensor {
 
+/// The calls a rank made on one group of a mesh: the ranks that differ from
+/// it only along `mesh_dims` (ascending, in the numbering of the mesh asked).
+struct GroupStats {
+  std::vector<int> mesh_dims;
+  CommStats stats;
+};
+
 class DeviceMesh {
  public:
   /// Collective over `world`: lays its ranks out row-major in `shape` (the
@@ -53,6 +60,17 @@ class DeviceMesh {
   /// dim_comm; cached afterwards.
   Communicator& group_comm(std::span<const int> mesh_dims) const;
 
+  /// This rank's calls on each communicator of the mesh, by the set of mesh
+  /// dims it spans (PyTorch's CommDebugMode per process group), sorted by
+  /// dims: dim_comm(m) under {m}, each group_comm made so far under its dims
+  /// (group_comm({1,0}) joins {0,1}), and the calls issued on the root mesh's
+  /// communicator itself under all dims. Counters since each communicator was
+  /// made; CommCounterByDims takes differences. The entries add up to
+  /// comm().stats() less the calls on communicators outside the mesh (another
+  /// mesh's, a user's split). On a submesh, groups that span dims outside it
+  /// are left out.
+  std::vector<GroupStats> group_stats() const;
+
   /// The mesh of the named dims (in the given order) through this rank.
   DeviceMesh submesh(std::span<const std::string> names) const;
   DeviceMesh submesh(std::initializer_list<std::string> names) const {
@@ -69,6 +87,13 @@ class DeviceMesh {
 };
 
 }  // namespace dtensor
+
+/// "dims [0,1]: 3 collectives, 28 KiB received: ...".
+template <>
+struct fmt::formatter<dtensor::GroupStats> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  fmt::format_context::iterator format(const dtensor::GroupStats& g, fmt::format_context& ctx) const;
+};
 
 template <>
 struct fmt::formatter<dtensor::DeviceMesh> {
