@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
         fmt::print("validation loss {:.6f}; {:.0f} tokens/s\n", r.val_loss, r.tokens_per_second);
         fmt::print("collectives of one step on rank 0:\n");
         for (const auto& c : r.comm)
-          fmt::print("  {:9s} {:15s} x{:<3d} {} bytes\n", c.phase, c.kind, c.count, c.bytes);
+          fmt::print("  {:9s} {:15s} over {:8s} x{:<3d} {} bytes\n", c.phase, c.kind, fmt::format("{}", fmt::join(c.mesh_dims, ",")), c.count, c.bytes);
         if (r.comm.empty()) fmt::print("  none\n");
         if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
         if (!json_path.empty()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include <dtensor/nn/optim.h>
@@ -14,6 +15,23 @@ namespace gpt {
 using namespace dtensor;
 
 namespace {
+
+// A rank's collective counters by the mesh dims they ran over.
+using DimsStats = std::map<std::vector<int>, CommStats>;
+
+DimsStats operator-(const DimsStats& after, const DimsStats& before) {
+  DimsStats out;
+  for (const auto& [dims, stats] : after) {
+    const auto it = before.find(dims);
+    out[dims] = it == before.end() ? stats : stats - it->second;
+  }
+  return out;
+}
+DimsStats operator+(const DimsStats& a, const DimsStats& b) {
+  DimsStats out = a;
+  for (const auto& [dims, stats] : b) out[dims] = out.count(dims) ? out[dims] + stats : stats;
+  return out;
+}
 
 double first_value(const Tensor& t) { return t.to(DType::Float64).data_as<double>()[0]; }
 
@@ -29,7 +47,7 @@ struct PlainEnv {
   nn::ActivationLayouts activations(bool) const { return {}; }
   Tensor input(const Tensor& host, bool) const { return host; }
   double value(const Tensor& t) const { return first_value(t); }
-  CommStats stats() const { return {}; }
+  DimsStats stats() const { return {}; }
   bool lead() const { return true; }
   std::vector<std::string> dim_names() const { return {}; }
   std::uint64_t largest(std::uint64_t v) const { return v; }
@@ -50,7 +68,11 @@ struct MeshEnv {
     return from_full(host, mesh, plan.batch_layout(generation));
   }
   double value(const DTensor& t) const { return first_value(t.full_tensor()); }
-  CommStats stats() const { return mesh.comm().stats(); }
+  DimsStats stats() const {
+    DimsStats out;
+    for (auto& group : mesh.group_stats()) out[group.mesh_dims] = group.stats;
+    return out;
+  }
   bool lead() const { return mesh.rank() == 0; }
   std::vector<std::string> dim_names() const { return mesh.dim_names(); }
   // The optimizer states where the plan keeps them (ZeRO's S(0) over dp);
@@ -75,13 +97,17 @@ struct MeshEnv {
   }
 };
 
-void add_phase(std::vector<PhaseComm>& out, const char* phase, const CommStats& used,
-               const std::vector<std::string>& dims) {
-  for (int k = 0; k < kNumCollectiveKinds; ++k) {
-    const auto kind = static_cast<CollectiveKind>(k);
-    if (kind == CollectiveKind::Barrier || kind == CollectiveKind::Split || used.count(kind) == 0) continue;
-    out.push_back({phase, std::string(collective_name(kind)), dims, used.count(kind),
-                   used.recv_bytes_by_kind[static_cast<std::size_t>(k)]});
+void add_phase(std::vector<PhaseComm>& out, const char* phase, const DimsStats& used,
+               const std::vector<std::string>& names) {
+  for (const auto& [dims, stats] : used) {
+    std::vector<std::string> dim_names;
+    for (int d : dims) dim_names.push_back(names.at(static_cast<std::size_t>(d)));
+    for (int k = 0; k < kNumCollectiveKinds; ++k) {
+      const auto kind = static_cast<CollectiveKind>(k);
+      if (kind == CollectiveKind::Barrier || kind == CollectiveKind::Split || stats.count(kind) == 0) continue;
+      out.push_back({phase, std::string(collective_name(kind)), dim_names, stats.count(kind),
+                     stats.recv_bytes_by_kind[static_cast<std::size_t>(k)]});
+    }
   }
 }
 
@@ -139,24 +165,24 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     std::optional<ExplainScope> explain;
     if (o.explain && step == o.steps - 1 && env.lead()) explain.emplace();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, o.steps, o.lr, o.lr / 10));
-    CommStats forward{}, backward{};
+    DimsStats forward, backward;
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
       const auto [tokens, targets] = batch_of(Split::Train, static_cast<std::uint64_t>(step * o.micro_batches + micro));
-      const CommStats before = env.stats();
+      const DimsStats before = env.stats();
       const X loss = model.loss(tokens, targets);
-      const CommStats forwarded = env.stats();
+      const DimsStats forwarded = env.stats();
       (o.micro_batches > 1 ? mul(loss, 1.0 / static_cast<double>(o.micro_batches)) : loss).backward();
-      const CommStats after = env.stats();
+      const DimsStats after = env.stats();
       forward = forward + (forwarded - before);
       backward = backward + (after - forwarded);
       loss_sum += env.value(loss);  // reading it is outside the phases (under dp it is a Partial sum)
     }
-    const CommStats before_update = env.stats();
+    const DimsStats before_update = env.stats();
     if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
     optimizer.step();
     optimizer.zero_grad();
-    const CommStats update = env.stats() - before_update;
+    const DimsStats update = env.stats() - before_update;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     seconds += took;
     result.losses.push_back(loss_sum / static_cast<double>(o.micro_batches));
