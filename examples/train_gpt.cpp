@@ -59,8 +59,8 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
                        const std::string& plan_text) {
   nlohmann::json comm = nlohmann::json::array();
   for (const auto& c : r.comm)
-    comm.push_back({{"phase", c.phase}, {"kind", c.kind}, {"mesh_dims", c.mesh_dims}, {"count", c.count},
-                    {"bytes", c.bytes}});
+    comm.push_back(
+        {{"phase", c.phase}, {"kind", c.kind}, {"mesh_dims", c.mesh_dims}, {"count", c.count}, {"bytes", c.bytes}});
   return {{"config",
            {{"mesh", mesh_text},
             {"dims", o.dims},
@@ -152,9 +152,7 @@ int main(int argc, char** argv) {
       throw ValueError(fmt::format("--mesh {} has {} ranks; --ranks is {}", mesh_text, numel(o.mesh), ranks));
     // What the mesh's sizes decide, before any rank starts: on threads a
     // 1-D mesh is all the ranks.
-    const Shape mesh_shape = !o.mesh.empty()                    ? o.mesh
-                             : launch_backend() == "threads" ? Shape{ranks}
-                                                             : Shape{};
+    const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{ranks} : Shape{};
     if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
     o.text = gpt::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
     data.emplace(o.text);
@@ -190,20 +188,20 @@ int main(int argc, char** argv) {
         fmt::print("validation loss {:.6f}; {:.0f} tokens/s\n", r.val_loss, r.tokens_per_second);
         fmt::print("collectives of one step on rank 0:\n");
         for (const auto& c : r.comm)
-          fmt::print("  {:9s} {:15s} over {:8s} x{:<3d} {} bytes\n", c.phase, c.kind, fmt::format("{}", fmt::join(c.mesh_dims, ",")), c.count, c.bytes);
+          fmt::print("  {:9s} {:15s} over {:8s} x{:<3d} {} bytes\n", c.phase, c.kind,
+                     fmt::format("{}", fmt::join(c.mesh_dims, ",")), c.count, c.bytes);
         if (r.comm.empty()) fmt::print("  none\n");
         if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
         if (!json_path.empty()) {
           // A young model's bytes need not be UTF-8: invalid ones become U+FFFD.
-          std::ofstream(json_path) << to_json(mine, r, mesh_desc, plan_text)
-                                          .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
-                                   << "\n";
+          std::ofstream(json_path)
+              << to_json(mine, r, mesh_desc, plan_text).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
         }
         if (!plot_path.empty()) {
           const std::string title = fmt::format("GPT {}L d{} h{} seq{} {} | mesh {} | plan {} | lr {}",
-                                                mine.model.layers, mine.model.d_model, mine.model.heads,
-                                                mine.model.seq, dtype_name(mine.model.dtype), mesh_desc,
-                                                plan_text, mine.lr);
+                                                mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
+                                                dtype_name(mine.model.dtype), mesh_desc, plan_text, mine.lr);
           gpt::write_loss_svg(plot_path, title, r.losses, {{mine.steps - 1, r.val_loss}});
         }
       },

@@ -57,8 +57,8 @@ void check_same_losses(const gpt::TrainResult& want, const gpt::TrainResult& got
   BOOST_TEST_REQUIRE(got.losses.size() == want.losses.size(), what);
   for (std::size_t i = 0; i < want.losses.size(); ++i) {
     const double rel = std::abs(got.losses[i] - want.losses[i]) / std::abs(want.losses[i]);
-    BOOST_TEST(rel <= rtol, what << ": step " << i << " loss " << got.losses[i] << " vs one rank's "
-                                 << want.losses[i] << " (relative " << rel << ")");
+    BOOST_TEST(rel <= rtol, what << ": step " << i << " loss " << got.losses[i] << " vs one rank's " << want.losses[i]
+                                 << " (relative " << rel << ")");
   }
   const double val_rel = std::abs(got.val_loss - want.val_loss) / std::abs(want.val_loss);
   BOOST_TEST(val_rel <= rtol, what << ": validation loss " << got.val_loss << " vs " << want.val_loss);
@@ -122,8 +122,8 @@ BOOST_AUTO_TEST_CASE(every_plan_matches_one_rank_in_f64) {
   auto o = small_model(DType::Float64);
   o.clip = 0.5;
   const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
-  BOOST_TEST(plain.losses.back() < plain.losses.front(), "the loss goes down: " << plain.losses.front() << " -> "
-                                                                                  << plain.losses.back());
+  BOOST_TEST(plain.losses.back() < plain.losses.front(),
+             "the loss goes down: " << plain.losses.front() << " -> " << plain.losses.back());
   for (const Case& c : every_plan()) check_same_losses(plain, run(o, c.mesh, c.dims, c.plans), 1e-9, name_of(c));
 }
 
@@ -139,8 +139,8 @@ BOOST_AUTO_TEST_CASE(generation_gives_one_rank_bytes) {
   o.generate = 12;  // longer than seq: the cache restarts on the way
   const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
   BOOST_TEST(plain.generated.size() == 12u);
-  for (const Case& c : {Case{{2, 2}, {"dp", "tp"}, {"ddp", "tp"}}, Case{{2}, {"tp"}, {"tp_sp"}},
-                        Case{{2}, {"dp"}, {"fsdp"}}})
+  for (const Case& c :
+       {Case{{2, 2}, {"dp", "tp"}, {"ddp", "tp"}}, Case{{2}, {"tp"}, {"tp_sp"}}, Case{{2}, {"dp"}, {"fsdp"}}})
     BOOST_TEST(run(o, c.mesh, c.dims, c.plans).generated == plain.generated, name_of(c));
 }
 

@@ -194,8 +194,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     }
     if (on_step) on_step(step, result.losses.back(), took);
   }
-  result.tokens_per_second =
-      seconds > 0 ? static_cast<double>(o.steps * o.micro_batches * o.batch * seq) / seconds : 0;
+  result.tokens_per_second = seconds > 0 ? static_cast<double>(o.steps * o.micro_batches * o.batch * seq) / seconds : 0;
   (void)comm_seconds;
 
   {

@@ -16,20 +16,20 @@ namespace gpt {
 
 struct TrainOptions {
   dtensor::nn::GPTConfig model;
-  dtensor::Shape mesh;                  // empty: plain tensors on one rank
-  std::vector<std::string> dims;        // mesh dim names
-  std::vector<std::string> plans;       // one plan per mesh dim
-  std::int64_t batch = 8;               // sequences per micro-batch (all ranks together)
-  std::int64_t micro_batches = 1;       // gradients accumulated, one optimizer step
+  dtensor::Shape mesh;             // empty: plain tensors on one rank
+  std::vector<std::string> dims;   // mesh dim names
+  std::vector<std::string> plans;  // one plan per mesh dim
+  std::int64_t batch = 8;          // sequences per micro-batch (all ranks together)
+  std::int64_t micro_batches = 1;  // gradients accumulated, one optimizer step
   std::int64_t steps = 20;
-  std::int64_t warmup = 0;              // steps of linear warmup before the cosine
+  std::int64_t warmup = 0;  // steps of linear warmup before the cosine
   double lr = 1e-3;
   double weight_decay = 0.0;
-  double clip = 0.0;                    // max gradient norm; 0: no clipping
+  double clip = 0.0;  // max gradient norm; 0: no clipping
   std::uint64_t seed = 1;
   std::int64_t val_batches = 2;
-  std::int64_t generate = 0;            // bytes to sample greedily after training
-  bool explain = false;                 // print rank 0's dispatch decisions during the last step
+  std::int64_t generate = 0;  // bytes to sample greedily after training
+  bool explain = false;       // print rank 0's dispatch decisions during the last step
   /// The text: an explicit path, else the fetched cache, else the slice.
   std::string text;
 };

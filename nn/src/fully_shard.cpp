@@ -40,9 +40,10 @@ FlatUnit<DTensor> flatten(const UnitMembers& group, const Layout& flat_layout) {
   for (const auto& [name, p] : group.members) {
     for (int m = 0; m < p->placements().mesh_ndim(); ++m)
       if (!is_replicate(p->placements()[m]))
-        throw LayoutError(fmt::format("[fully_shard] parameter {} is laid out {}; fully sharding needs every "
-                                      "parameter replicated (FSDP over tensor parallelism is not supported)",
-                                      name, p->placements()));
+        throw LayoutError(
+            fmt::format("[fully_shard] parameter {} is laid out {}; fully sharding needs every "
+                        "parameter replicated (FSDP over tensor parallelism is not supported)",
+                        name, p->placements()));
     names.push_back(name);
     shapes.push_back(p->shape());
     pieces.push_back(reshape(p->detach().to_local(), {numel(p->shape())}));

@@ -125,7 +125,7 @@ X CausalSelfAttention<X>::operator()(const X& x, const ActivationLayouts& layout
   }
   X scores = mul(matmul(query, transpose(key, 2, 3)), 1.0 / std::sqrt(static_cast<double>(head_dim)));
   if (len > 1) scores = add(scores, like(scores, causal_mask(len, past)));
-  const X heads_out = matmul(softmax(scores, -1), value);                  // [B, H, T, hd]
+  const X heads_out = matmul(softmax(scores, -1), value);                   // [B, H, T, hd]
   const X merged = reshape(transpose(heads_out, 1, 2), {batch, len, dim});  // [B, T, D]
   return proj(merged, &layouts, Point::AttentionOutput);
 }
@@ -208,15 +208,15 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
     LayerNorm<X> ln2 = norm(b + "ln2.");
     Linear<X> fc = linear_layer(b + "mlp.fc.", 4 * D, D, 0.02, true);
     Linear<X> fc_proj = linear_layer(b + "mlp.proj.", D, 4 * D, residual_std, true);
-    blocks.push_back(Block<X>{std::move(ln1),
-                              CausalSelfAttention<X>{std::move(q), std::move(k), std::move(v), std::move(proj),
-                                                     config.heads},
-                              std::move(ln2), MLP<X>{std::move(fc), std::move(fc_proj)}});
+    blocks.push_back(
+        Block<X>{std::move(ln1),
+                 CausalSelfAttention<X>{std::move(q), std::move(k), std::move(v), std::move(proj), config.heads},
+                 std::move(ln2), MLP<X>{std::move(fc), std::move(fc_proj)}});
   }
   LayerNorm<X> ln_f = norm("ln_f.");
   Linear<X> lm_head = linear_layer("lm_head.", config.vocab, D, 0.02, false);
-  return GPT{config, std::move(wte), std::move(wpe), std::move(blocks), std::move(ln_f), std::move(lm_head),
-             std::move(layouts), {}};
+  return GPT{config,          std::move(wte),     std::move(wpe),     std::move(blocks),
+             std::move(ln_f), std::move(lm_head), std::move(layouts), {}};
 }
 
 template <TensorOrDTensor X>

@@ -74,14 +74,11 @@ DimPlan tp() {
   plan.name = "tp";
   plan.splits_heads = true;
   plan.parameters = {
-      {"wte.weight", S(0)},          // vocab-parallel embedding: rows
-      {"*.attn.q.*", S(0)},          // column-parallel: output features (and their biases)
-      {"*.attn.k.*", S(0)},
-      {"*.attn.v.*", S(0)},
-      {"*.mlp.fc.*", S(0)},
-      {"*.attn.proj.weight", S(1)},  // row-parallel: input features (biases replicated)
-      {"*.mlp.proj.weight", S(1)},
-      {"lm_head.weight", S(0)},      // column-parallel over the vocabulary
+      {"wte.weight", S(0)},  // vocab-parallel embedding: rows
+      {"*.attn.q.*", S(0)},  // column-parallel: output features (and their biases)
+      {"*.attn.k.*", S(0)},        {"*.attn.v.*", S(0)},
+      {"*.mlp.fc.*", S(0)},        {"*.attn.proj.weight", S(1)},  // row-parallel: input features (biases replicated)
+      {"*.mlp.proj.weight", S(1)}, {"lm_head.weight", S(0)},      // column-parallel over the vocabulary
   };
   // The residual stream replicated: the embedding's and the row-parallel
   // projections' Partial sums are all_reduced where they are made.
@@ -184,8 +181,9 @@ std::optional<Layout> ParallelPlan::flat_layout() const {
   if (!any) return std::nullopt;
   for (const DimPlan& plan : per_dim_)
     if (!plan.parameters.empty())
-      throw ValueError("[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
-                       "parallelism is not supported yet");
+      throw ValueError(
+          "[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
+          "parallelism is not supported yet");
   return Layout(std::move(out));
 }
 
@@ -212,8 +210,8 @@ void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, 
     const std::int64_t n = mesh_shape[m];
     auto divides = [&](std::int64_t value, const char* what) {
       if (value % n != 0)
-        throw ValueError(fmt::format("[plan] {} = {} is not divisible by mesh dim {} of size {} (plan {})", what,
-                                     value, m, n, plan.name));
+        throw ValueError(fmt::format("[plan] {} = {} is not divisible by mesh dim {} of size {} (plan {})", what, value,
+                                     m, n, plan.name));
     };
     if (plan.splits_heads) {
       divides(config.heads, "heads");
@@ -226,8 +224,9 @@ void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, 
     shards_parameters = shards_parameters || !plan.parameters.empty();
   }
   if (fully_shards && shards_parameters)
-    throw ValueError("[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
-                     "parallelism is not supported yet");
+    throw ValueError(
+        "[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
+        "parallelism is not supported yet");
 }
 
 void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const {

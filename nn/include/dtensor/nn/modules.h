@@ -155,7 +155,7 @@ struct FlatUnit {
   X flat;                          // the leaf the optimizer updates
   std::vector<std::string> names;  // the members, in order
   std::vector<Shape> shapes;
-  Layout gathered;                 // the layout the members are used in
+  Layout gathered;  // the layout the members are used in
   /// The members as views of a gathered `flat` (recorded: their gradients
   /// flow back into it).
   std::vector<X> unflatten(const X& gathered_flat) const;
