@@ -255,18 +255,22 @@ BOOST_AUTO_TEST_CASE(accumulated_micro_batches_reduce_once) {
   BOOST_TEST(total(r, "optimizer") == 1u);
 }
 
-// Clipping adds exactly one all_reduce (of one f64) to a step, on plans
-// whose gradients are in their parameters' layouts by then (fsdp), or one
-// besides the gradients' own coalesced reduction (ddp, tp).
+// Clipping adds exactly one all_reduce (of one f64) to a step, whether it
+// scales the gradients or not: the gradients' own coalesced reduction moves
+// from the step into the clip (ddp, tp), or there is none (fsdp).
 BOOST_AUTO_TEST_CASE(clipping_takes_one_all_reduce) {
   for (const Case& c : {Case{{4}, {"dp"}, {"fsdp"}}, Case{{4}, {"dp"}, {"ddp"}}, Case{{2}, {"tp"}, {"tp"}}}) {
     auto o = small_model(DType::Float64, 2);
     const auto unclipped = run(o, c.mesh, c.dims, c.plans);
-    o.clip = 0.5;
-    const auto clipped = run(o, c.mesh, c.dims, c.plans);
-    BOOST_TEST(count(clipped, "optimizer", "all_reduce") == count(unclipped, "optimizer", "all_reduce") + 1,
-               name_of(c));
-    BOOST_TEST(total(clipped, "optimizer") == total(unclipped, "optimizer") + 1, name_of(c));
+    // A norm above the limit scales the gradients; one below leaves them,
+    // but the gradients the clip reduced must not be reduced again.
+    for (const double clip : {0.5, 1e9}) {
+      o.clip = clip;
+      const auto clipped = run(o, c.mesh, c.dims, c.plans);
+      BOOST_TEST(count(clipped, "optimizer", "all_reduce") == count(unclipped, "optimizer", "all_reduce") + 1,
+                 name_of(c) << " clip " << clip);
+      BOOST_TEST(total(clipped, "optimizer") == total(unclipped, "optimizer") + 1, name_of(c) << " clip " << clip);
+    }
   }
 }
 

@@ -436,12 +436,17 @@ double clip_grad_norm(std::span<const X> params, double max_norm, double norm_ty
   if (world) world->all_reduce(&part, &total, 1, DType::Float64, inf ? ReduceOp::Max : ReduceOp::Sum);
   const double norm = inf ? total : std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1)
-    for (std::size_t i = 0; i < params.size(); ++i)
-      if (grads[i]) {
-        X p = params[i];
-        p.set_grad(*grads[i] * coef);
-      }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i]) continue;
+    X p = params[i];
+    if (coef < 1) {
+      p.set_grad(*grads[i] * coef);
+    } else if constexpr (std::same_as<X, DTensor>) {
+      // Unclipped, the reduced gradient still replaces a Partial one, so
+      // that the step does not reduce it a second time.
+      if (p.grad()->placements() != grads[i]->placements()) p.set_grad(*grads[i]);
+    }
+  }
   return norm;
 }
 
