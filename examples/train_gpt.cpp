@@ -81,9 +81,11 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
             {"seed", o.seed},
             {"generate", o.generate},
             {"val_batches", o.val_batches},
+            {"eval_every", o.eval_every},
             {"text", o.text}}},
           {"losses", r.losses},
           {"val_loss", r.val_loss},
+          {"val_points", r.val_points},
           {"comm", comm},
           {"tokens_per_second", r.tokens_per_second},
           {"memory_per_rank",
@@ -120,6 +122,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   app.add_option("--dtype", dtype_text)->check(CLI::IsMember({"f32", "f64", "bf16"}));
   app.add_option("--text", o.text, "training text (default: the fetched cache, else the committed slice)");
+  app.add_option("--eval-every", o.eval_every, "validation loss every N steps (default: at the end)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--json", json_path, "write config, losses, collectives and memory as one JSON object");
   app.add_option("--plot", plot_path, "draw the training and validation loss as an SVG");
   app.add_flag("--explain", o.explain, "print rank 0's layout decisions and collectives during the last step");
@@ -202,7 +206,7 @@ int main(int argc, char** argv) {
           const std::string title = fmt::format("GPT {}L d{} h{} seq{} {} | mesh {} | plan {} | lr {}",
                                                 mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
                                                 dtype_name(mine.model.dtype), mesh_desc, plan_text, mine.lr);
-          gpt::write_loss_svg(plot_path, title, r.losses, {{mine.steps - 1, r.val_loss}});
+          gpt::write_loss_svg(plot_path, title, r.losses, r.val_points);
         }
       },
       launch_options);

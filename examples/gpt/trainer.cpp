@@ -158,6 +158,16 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
                      env.input(host_tokens(b.targets, o.batch, seq), false)};
   };
 
+  auto validation_loss = [&] {
+    NoGradGuard no_grad;
+    double sum = 0;
+    for (std::int64_t i = 0; i < o.val_batches; ++i) {
+      const auto [tokens, targets] = batch_of(Split::Validation, static_cast<std::uint64_t>(i));
+      sum += env.value(model.loss(tokens, targets));
+    }
+    return o.val_batches > 0 ? sum / static_cast<double>(o.val_batches) : 0;
+  };
+
   TrainResult result;
   double seconds = 0, comm_seconds = 0;
   for (std::int64_t step = 0; step < o.steps; ++step) {
@@ -193,19 +203,14 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
       add_phase(result.comm, "optimizer", update, env.dim_names());
     }
     if (on_step) on_step(step, result.losses.back(), took);
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps)
+      result.val_points.emplace_back(step, validation_loss());
   }
   result.tokens_per_second = seconds > 0 ? static_cast<double>(o.steps * o.micro_batches * o.batch * seq) / seconds : 0;
   (void)comm_seconds;
 
-  {
-    NoGradGuard no_grad;
-    double val = 0;
-    for (std::int64_t i = 0; i < o.val_batches; ++i) {
-      const auto [tokens, targets] = batch_of(Split::Validation, static_cast<std::uint64_t>(i));
-      val += env.value(model.loss(tokens, targets));
-    }
-    result.val_loss = o.val_batches > 0 ? val / static_cast<double>(o.val_batches) : 0;
-  }
+  result.val_loss = validation_loss();
+  result.val_points.emplace_back(o.steps - 1, result.val_loss);
 
   std::uint64_t param_bytes = 0, grad_bytes = 0, state_bytes = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {

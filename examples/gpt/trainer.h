@@ -28,8 +28,9 @@ struct TrainOptions {
   double clip = 0.0;  // max gradient norm; 0: no clipping
   std::uint64_t seed = 1;
   std::int64_t val_batches = 2;
-  std::int64_t generate = 0;  // bytes to sample greedily after training
-  bool explain = false;       // print rank 0's dispatch decisions during the last step
+  std::int64_t eval_every = 0;  // validation loss every this many steps (0: at the end only)
+  std::int64_t generate = 0;    // bytes to sample greedily after training
+  bool explain = false;         // print rank 0's dispatch decisions during the last step
   /// The text: an explicit path, else the fetched cache, else the slice.
   std::string text;
 };
@@ -45,7 +46,8 @@ struct PhaseComm {
 struct TrainResult {
   std::vector<double> losses;  // one per step (the mean over its micro-batches)
   double val_loss = 0;
-  std::vector<PhaseComm> comm;  // the last step's
+  std::vector<std::pair<std::int64_t, double>> val_points;  // (step, validation loss), the last at the end
+  std::vector<PhaseComm> comm;                              // the last step's
   double tokens_per_second = 0;
   double comm_share = 0;  // of the steps' wall time, spent in the phases' collectives (0 without a mesh)
   /// Bytes of this rank's parameters, gradients and optimizer states; the
