@@ -169,7 +169,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   };
 
   TrainResult result;
-  double seconds = 0, comm_seconds = 0;
+  double seconds = 0;
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     std::optional<ExplainScope> explain;
@@ -207,7 +207,6 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
       result.val_points.emplace_back(step, validation_loss());
   }
   result.tokens_per_second = seconds > 0 ? static_cast<double>(o.steps * o.micro_batches * o.batch * seq) / seconds : 0;
-  (void)comm_seconds;
 
   result.val_loss = validation_loss();
   result.val_points.emplace_back(o.steps - 1, result.val_loss);

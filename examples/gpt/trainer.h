@@ -49,7 +49,6 @@ struct TrainResult {
   std::vector<std::pair<std::int64_t, double>> val_points;  // (step, validation loss), the last at the end
   std::vector<PhaseComm> comm;                              // the last step's
   double tokens_per_second = 0;
-  double comm_share = 0;  // of the steps' wall time, spent in the phases' collectives (0 without a mesh)
   /// Bytes of this rank's parameters, gradients and optimizer states; the
   /// largest over the ranks.
   std::uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
