@@ -4,7 +4,7 @@
 Usage:
   env -u OPENBLAS_CORETYPE python3 bench/train_torch.py [--compare=build/bench/train]
       [--ranks=1,2,4,8] [--plans=ddp,zero1,fsdp2,tp] [--layers=6] [--d-model=384]
-      [--heads=8] [--seq=64] [--batch=8] [--warmup=1] [--steps=3]
+      [--heads=8] [--seq=64] [--batch=8] [--warmup=1] [--steps=3] [--rounds=1]
 
 The model is bench/train's (examples/gpt, nn::GPT): token and learned position
 embeddings, pre-LN blocks with separate q, k, v and proj linears (biases),
@@ -34,7 +34,9 @@ steps' wall times on rank 0.
 
 With --compare=BINARY the script runs bench/train (--json, the same sizes)
 for each rank count just before PyTorch's rows for that count, and prints
-dtensor / PyTorch tokens/s per plan and rank count (> 1: dtensor is faster):
+dtensor / PyTorch tokens/s per plan and rank count (> 1: dtensor is faster);
+with --rounds=N it alternates the two N times per rank count and keeps each
+row's best round:
 ddp against DDP, zero1 against ZeroRedundancyOptimizer and against FSDP2, tp
 against tp. Without torch the script says so and exits 0.
 """
@@ -56,7 +58,7 @@ OURS = {"plain": "plain", "ddp": "ddp", "zero1": "zero1", "fsdp2": "zero1", "tp"
 
 def parse_args(argv):
     opts = {"ranks": "1,2,4,8", "plans": "ddp,zero1,fsdp2,tp", "layers": "6", "d-model": "384", "heads": "8",
-            "seq": "64", "batch": "8", "warmup": "1", "steps": "3", "compare": ""}
+            "seq": "64", "batch": "8", "warmup": "1", "steps": "3", "rounds": "1", "compare": ""}
     for a in argv:
         if not a.startswith("--") or "=" not in a:
             sys.exit(f"train_torch: '{a}': expected --name=value")
@@ -64,7 +66,7 @@ def parse_args(argv):
         if k not in opts:
             sys.exit(f"train_torch: unknown option --{k}; expected one of {', '.join(opts)}")
         opts[k] = v
-    cfg = {k: int(opts[k]) for k in ("layers", "d-model", "heads", "seq", "batch", "warmup", "steps")}
+    cfg = {k: int(opts[k]) for k in ("layers", "d-model", "heads", "seq", "batch", "warmup", "steps", "rounds")}
     cfg["ranks"] = [int(r) for r in opts["ranks"].split(",")]
     cfg["plans"] = opts["plans"].split(",")
     for p in cfg["plans"]:
@@ -264,10 +266,20 @@ def main():
         plans = [p for p in cfg["plans"] if p != "plain"]
         if world == 1 and not plain_done:
             plans = ["plain"] + plans
-        ours = run_ours(compare, world, cfg, with_plain="plain" in plans) if compare else {}
+        best_ours, best_torch = {}, {}
+        for _ in range(cfg["rounds"]):  # alternating, so that both see the same load; the best round counts
+            ours = run_ours(compare, world, cfg, with_plain="plain" in plans) if compare else {}
+            for key, row in ours.items():
+                if key not in best_ours or row["tokens_per_second"] > best_ours[key]["tokens_per_second"]:
+                    best_ours[key] = row
+            for plan in plans:
+                t = measure_torch(plan, world, cfg)
+                old = best_torch.get(plan)
+                if old is None or old.get("skipped") or (
+                        not t.get("skipped") and t["tokens_per_second"] > old["tokens_per_second"]):
+                    best_torch[plan] = t
         for plan in plans:
-            t = measure_torch(plan, world, cfg)
-            o = ours.get((OURS[plan], world))
+            t, o = best_torch[plan], best_ours.get((OURS[plan], world))
             rows.append((t, o))
             print_row(t, o)
         plain_done = True
