@@ -57,7 +57,7 @@ struct Row {
 
 struct Options {
   gpt::TrainOptions train;
-  std::int64_t timed_steps = 3;
+  std::int64_t timed_steps = 5;
 };
 
 std::int64_t ranks_of(const Config& c) { return c.mesh.empty() ? 1 : numel(c.mesh); }

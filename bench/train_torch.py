@@ -4,7 +4,7 @@
 Usage:
   env -u OPENBLAS_CORETYPE python3 bench/train_torch.py [--compare=build/bench/train]
       [--ranks=1,2,4,8] [--plans=ddp,zero1,fsdp2,tp] [--layers=6] [--d-model=384]
-      [--heads=8] [--seq=64] [--batch=8] [--warmup=1] [--steps=3] [--rounds=1]
+      [--heads=8] [--seq=64] [--batch=8] [--warmup=1] [--steps=5] [--rounds=1]
 
 The model is bench/train's (examples/gpt, nn::GPT): token and learned position
 embeddings, pre-LN blocks with separate q, k, v and proj linears (biases),
@@ -58,7 +58,7 @@ OURS = {"plain": "plain", "ddp": "ddp", "zero1": "zero1", "fsdp2": "zero1", "tp"
 
 def parse_args(argv):
     opts = {"ranks": "1,2,4,8", "plans": "ddp,zero1,fsdp2,tp", "layers": "6", "d-model": "384", "heads": "8",
-            "seq": "64", "batch": "8", "warmup": "1", "steps": "3", "rounds": "1", "compare": ""}
+            "seq": "64", "batch": "8", "warmup": "1", "steps": "5", "rounds": "1", "compare": ""}
     for a in argv:
         if not a.startswith("--") or "=" not in a:
             sys.exit(f"train_torch: '{a}': expected --name=value")
