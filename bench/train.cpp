@@ -143,10 +143,11 @@ void print_header(const Options& o, std::string_view backend) {
   const std::int64_t D = m.d_model;
   const std::int64_t params =
       2 * m.vocab * D + m.seq * D + m.layers * (12 * D * D + 13 * D) + 2 * D;  // lm_head has no bias
-  fmt::print("train: GPT {} layers, d_model {}, {} heads, seq {}, batch {} ({:.1f}M parameters, {}), AdamW; "
-             "{} warm-up + {} timed steps; {} ranks\n",
-             m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
-             o.train.warmup, o.timed_steps, backend);
+  fmt::print(
+      "train: GPT {} layers, d_model {}, {} heads, seq {}, batch {} ({:.1f}M parameters, {}), AdamW; "
+      "{} warm-up + {} timed steps; {} ranks\n",
+      m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
+      o.train.warmup, o.timed_steps, backend);
   fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>10} {:>9} {:>6} {:>8}\n", "plan", "mesh", "ranks", "step ms",
              "tokens/s", "vs plain", "comm wall", "comm cpu", "colls", "MiB");
 }
@@ -162,8 +163,8 @@ void print_row(const Row& r, std::optional<double> plain, bool json) {
   } else {
     const std::string vs = plain ? fmt::format("{:.2f}", r.tokens_per_second / *plain) : "-";
     fmt::print("{:<8} {:>6} {:>5} {:>9.1f} {:>9.0f} {:>8} {:>9.1f}% {:>8.1f}% {:>6} {:>8.2f}\n",
-               c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), 1e3 * r.step_seconds,
-               r.tokens_per_second, vs, 100 * r.comm_wall_share, 100 * r.comm_cpu_share, r.collectives,
+               c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), 1e3 * r.step_seconds, r.tokens_per_second,
+               vs, 100 * r.comm_wall_share, 100 * r.comm_cpu_share, r.collectives,
                static_cast<double>(r.bytes) / (1 << 20));
   }
   std::fflush(stdout);
