@@ -1,0 +1,261 @@
+// Tokens per second of one training step of the byte-level GPT-2
+// (examples/gpt: separate q, k, v, proj with biases, pre-LN, exact GELU MLP
+// 4x, untied lm_head, AdamW) for each parallel plan on 1, 2, 4 and 8 ranks,
+// with the share of the step spent inside collectives.
+//
+// Each row trains `warmup` steps and then `steps` timed ones with
+// gpt::train; tokens/s is batch * seq * steps over the timed steps' wall time
+// on rank 0 (every rank takes part in every step, so rank 0's wall time is
+// the step's). The world communicator is wrapped in a TimedCommunicator
+// (bench/timed_communicator.h): `comm wall` is rank 0's wall time inside
+// collectives over its step time, which includes waiting for peers that
+// are still computing; `comm cpu` is rank 0's thread CPU time inside them
+// over its CPU time in the step: the copies and reductions themselves (MPI
+// polls while it waits, so under MPI the two are close). `colls` and
+// `MiB` are rank 0's collectives per step and the bytes it received
+// (CommStats). The `plain` row is one rank on plain Tensors (no mesh); `vs
+// plain` is a row's tokens/s over it, measured in the same run.
+//
+// Run (OPENBLAS_CORETYPE unset for figures you quote):
+//   env -u OPENBLAS_CORETYPE build/bench/train                 # thread ranks 1,2,4,8, every plan
+//   env -u OPENBLAS_CORETYPE build/bench/train --ranks=2 --plans=tp --steps=5
+//   env -u OPENBLAS_CORETYPE mpirun -np 2 build/bench/train    # the job's ranks, every plan
+//   build/bench/train --json                                   # one JSON object per row (bench/train_torch.py)
+// On a machine with fewer cores than ranks the ranks share cores: tokens/s
+// cannot grow past the core count there.
+#include <dtensor/dtensor.h>
+#include <dtensor/nn/parallel_plan.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpt/trainer.h"
+#include "thread_timing.h"
+#include "timed_communicator.h"
+
+using namespace dtensor;
+
+namespace {
+
+// A plan on a mesh; an empty mesh is the plain one-rank row.
+struct Config {
+  std::string plan;  // "ddp" or "ddp,tp"
+  Shape mesh;
+  std::vector<std::string> dims;
+};
+
+struct Row {
+  Config config;
+  double step_seconds = 0;  // mean over the timed steps
+  double tokens_per_second = 0;
+  double comm_wall_share = 0, comm_cpu_share = 0;
+  std::uint64_t collectives = 0, bytes = 0;  // rank 0's, the last step's
+};
+
+struct Options {
+  gpt::TrainOptions train;
+  std::int64_t timed_steps = 5;
+};
+
+std::int64_t ranks_of(const Config& c) { return c.mesh.empty() ? 1 : numel(c.mesh); }
+
+std::string mesh_text(const Config& c) { return c.mesh.empty() ? "-" : fmt::format("{}", fmt::join(c.mesh, "x")); }
+
+// Per-step totals that rank 0's step callback adds up over the timed steps.
+struct Totals {
+  double wall = 0, cpu = 0, comm_wall = 0, comm_cpu = 0;
+  std::int64_t steps = 0;
+};
+
+// One rank's part of a row; `clock` is null on plain tensors. Fills `row`
+// on rank 0.
+void train_rank(const Options& o, const gpt::TextData& data, const Config& c, Communicator* world,
+                const bench::CommClock* clock, Row& row) {
+  gpt::TrainOptions t = o.train;
+  t.steps = o.train.warmup + o.timed_steps;
+  t.warmup = 0;  // the learning rate's warmup: irrelevant to the timing
+  t.val_batches = 0;
+  t.mesh = c.mesh;
+  t.dims = c.dims;
+  for (std::size_t start = 0; !c.mesh.empty() && start <= c.plan.size();) {
+    const std::size_t end = std::min(c.plan.find(',', start), c.plan.size());
+    t.plans.push_back(c.plan.substr(start, end - start));
+    start = end + 1;
+  }
+  const bool lead = world == nullptr || world->rank() == 0;
+  Totals totals;
+  double cpu_mark = bench::thread_seconds();
+  bench::CommClock comm_mark = clock ? *clock : bench::CommClock{};
+  const gpt::TrainResult r = gpt::train(t, data, world, [&](std::int64_t step, double, double seconds) {
+    const double cpu_now = bench::thread_seconds();
+    const bench::CommClock comm_now = clock ? *clock : bench::CommClock{};
+    if (step >= o.train.warmup) {
+      totals.wall += seconds;
+      totals.cpu += cpu_now - cpu_mark;
+      totals.comm_wall += comm_now.wall - comm_mark.wall;
+      totals.comm_cpu += comm_now.cpu - comm_mark.cpu;
+      ++totals.steps;
+    }
+    cpu_mark = cpu_now;
+    comm_mark = comm_now;
+  });
+  if (!lead) return;
+  row.config = c;
+  row.step_seconds = totals.wall / static_cast<double>(totals.steps);
+  row.tokens_per_second = static_cast<double>(t.batch * t.model.seq * totals.steps) / totals.wall;
+  row.comm_wall_share = totals.comm_wall / totals.wall;
+  row.comm_cpu_share = totals.cpu > 0 ? totals.comm_cpu / totals.cpu : 0;
+  for (const gpt::PhaseComm& p : r.comm) {
+    row.collectives += p.count;
+    row.bytes += p.bytes;
+  }
+}
+
+// A row on thread ranks (or plain tensors for an empty mesh).
+Row measure_threads(const Options& o, const gpt::TextData& data, const Config& c) {
+  Row row;
+  if (c.mesh.empty()) {
+    train_rank(o, data, c, nullptr, nullptr, row);
+    return row;
+  }
+  run_threads(static_cast<int>(ranks_of(c)), [&](Communicator& world) {
+    bench::CommClock clock;
+    bench::TimedCommunicator timed(world, clock);
+    train_rank(o, data, c, &timed, &clock, row);
+  });
+  return row;
+}
+
+// The rows for `ranks`: every plan on a 1-D mesh, and dp x tp (ddp,tp) on
+// 2 x ranks/2 when asked and ranks >= 4.
+std::vector<Config> configs_for(std::int64_t ranks, const std::vector<std::string>& plans, bool two_d) {
+  std::vector<Config> out;
+  for (const std::string& p : plans) out.push_back({p, {ranks}, {p == "tp" || p == "tp_sp" ? "tp" : "dp"}});
+  if (two_d && ranks >= 4 && ranks % 2 == 0) out.push_back({"ddp,tp", {2, ranks / 2}, {"dp", "tp"}});
+  return out;
+}
+
+void print_header(const Options& o, std::string_view backend) {
+  const auto& m = o.train.model;
+  const std::int64_t D = m.d_model;
+  const std::int64_t params =
+      2 * m.vocab * D + m.seq * D + m.layers * (12 * D * D + 13 * D) + 2 * D;  // lm_head has no bias
+  fmt::print(
+      "train: GPT {} layers, d_model {}, {} heads, seq {}, batch {} ({:.1f}M parameters, {}), AdamW; "
+      "{} warm-up + {} timed steps; {} ranks\n",
+      m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
+      o.train.warmup, o.timed_steps, backend);
+  fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>10} {:>9} {:>6} {:>8}\n", "plan", "mesh", "ranks", "step ms",
+             "tokens/s", "vs plain", "comm wall", "comm cpu", "colls", "MiB");
+}
+
+void print_row(const Row& r, std::optional<double> plain, bool json) {
+  const Config& c = r.config;
+  if (json) {
+    fmt::print(
+        "{{\"plan\": \"{}\", \"mesh\": \"{}\", \"ranks\": {}, \"step_seconds\": {:.6f}, \"tokens_per_second\": {:.1f}, "
+        "\"comm_wall_share\": {:.4f}, \"comm_cpu_share\": {:.4f}, \"collectives\": {}, \"bytes\": {}}}\n",
+        c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), r.step_seconds, r.tokens_per_second,
+        r.comm_wall_share, r.comm_cpu_share, r.collectives, r.bytes);
+  } else {
+    const std::string vs = plain ? fmt::format("{:.2f}", r.tokens_per_second / *plain) : "-";
+    fmt::print("{:<8} {:>6} {:>5} {:>9.1f} {:>9.0f} {:>8} {:>9.1f}% {:>8.1f}% {:>6} {:>8.2f}\n",
+               c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), 1e3 * r.step_seconds, r.tokens_per_second,
+               vs, 100 * r.comm_wall_share, 100 * r.comm_cpu_share, r.collectives,
+               static_cast<double>(r.bytes) / (1 << 20));
+  }
+  std::fflush(stdout);
+}
+
+void print_skip(const Config& c, const std::exception& e, bool json) {
+  if (json)
+    fmt::print("{{\"plan\": \"{}\", \"mesh\": \"{}\", \"ranks\": {}, \"skipped\": true}}\n", c.plan, mesh_text(c),
+               ranks_of(c));
+  else
+    fmt::print("{:<8} {:>6} {:>5}  skipped: {}\n", c.plan, mesh_text(c), ranks_of(c), e.what());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train: tokens per second of a GPT training step per parallel plan and rank count"};
+  Options o;
+  o.train.model = {.vocab = 256, .seq = 64, .layers = 6, .d_model = 384, .heads = 8, .dtype = DType::Float32};
+  o.train.batch = 8;
+  o.train.warmup = 1;
+  std::vector<std::int64_t> ranks{1, 2, 4, 8};
+  std::vector<std::string> plans{"ddp", "zero1", "tp", "tp_sp"};
+  bool two_d = true, json = false, no_plain = false;
+  app.add_option("--ranks", ranks, "thread rank counts (under mpirun: ignored, the job's size)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  app.add_option("--plans", plans, "1-D plans: ddp, zero1, tp, tp_sp")->delimiter(',');
+  app.add_option("--layers", o.train.model.layers)->check(CLI::PositiveNumber);
+  app.add_option("--d-model", o.train.model.d_model)->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.train.model.heads)->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.train.model.seq)->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.train.batch, "sequences per step, all ranks together")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.train.warmup, "untimed steps first (at least 1)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.timed_steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_flag("!--no-2d", two_d, "leave out the dp x tp rows (ddp,tp on 2 x ranks/2)");
+  app.add_flag("--no-plain", no_plain, "leave out the plain one-rank row");
+  app.add_flag("--json", json, "one JSON object per row instead of the table");
+  try {
+    app.parse(argc, argv);
+    o.train.model.check();
+    for (const std::string& p : plans) (void)nn::plan_named(p);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "train: {}\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    fmt::print(stderr, "train: {}\n", e.what());
+    return 2;
+  }
+  const gpt::TextData data(gpt::find_text(std::nullopt));
+
+  if (launch_backend() == "mpi") {
+    // Every process runs every row on the job's ranks; launch() sees no
+    // flags of ours.
+    int launch_argc = 1;
+    return launch(launch_argc, argv, [&](Communicator& world) {
+      const bool lead = world.rank() == 0;
+      if (lead && !json) print_header(o, "MPI");
+      for (const Config& c : configs_for(world.size(), plans, two_d)) {
+        bench::CommClock clock;
+        bench::TimedCommunicator timed(world, clock);
+        Row row;
+        try {
+          train_rank(o, data, c, &timed, &clock, row);
+        } catch (const ValueError& e) {  // a plan that does not fit: every rank throws it before any step
+          if (lead) print_skip(c, e, json);
+          continue;
+        }
+        if (lead) print_row(row, std::nullopt, json);
+      }
+    });
+  }
+
+  if (!json) print_header(o, "thread");
+  std::optional<double> plain;
+  if (!no_plain) {
+    const Row row = measure_threads(o, data, {"plain", {}, {}});
+    plain = row.tokens_per_second;
+    print_row(row, plain, json);
+  }
+  for (const std::int64_t n : ranks) {
+    for (const Config& c : configs_for(n, plans, two_d)) {
+      try {
+        print_row(measure_threads(o, data, c), plain, json);
+      } catch (const Error& e) {
+        print_skip(c, e, json);
+      }
+    }
+  }
+  return 0;
+}
