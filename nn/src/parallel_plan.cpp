@@ -144,8 +144,11 @@ Layout ParallelPlan::state_layout(std::string_view name) const {
   // it the innermost split), so a rank's state box lies within the
   // parameter shard it holds.
   Layout layout = parameter_layout(name);
+  // A dim of one rank has nothing to split: its states stay as they are
+  // (else the step would copy each part out and back for nothing).
   for (int m = 0; m < mesh_.ndim(); ++m)
-    if (const auto& states = per_dim_[static_cast<std::size_t>(m)].states) layout = layout.with(m, *states);
+    if (const auto& states = per_dim_[static_cast<std::size_t>(m)].states; states && mesh_.size(m) > 1)
+      layout = layout.with(m, *states);
   return layout;
 }
 
