@@ -194,7 +194,9 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     optimizer.zero_grad();
     const DimsStats update = env.stats() - before_update;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    seconds += took;
+    // The first step builds the caches (propagation, plans, memory): the
+    // rate is the steady one after it, when there is an after.
+    if (step > 0 || o.steps == 1) seconds += took;
     result.losses.push_back(loss_sum / static_cast<double>(o.micro_batches));
     if (step == o.steps - 1) {
       result.comm.clear();
@@ -206,7 +208,9 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps)
       result.val_points.emplace_back(step, validation_loss());
   }
-  result.tokens_per_second = seconds > 0 ? static_cast<double>(o.steps * o.micro_batches * o.batch * seq) / seconds : 0;
+  const std::int64_t timed_steps = o.steps > 1 ? o.steps - 1 : o.steps;
+  result.tokens_per_second =
+      seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * seq) / seconds : 0;
 
   result.val_loss = validation_loss();
   result.val_points.emplace_back(o.steps - 1, result.val_loss);

@@ -48,7 +48,7 @@ struct TrainResult {
   double val_loss = 0;
   std::vector<std::pair<std::int64_t, double>> val_points;  // (step, validation loss), the last at the end
   std::vector<PhaseComm> comm;                              // the last step's
-  double tokens_per_second = 0;
+  double tokens_per_second = 0;                             // over the steps after the first (which fills the caches)
   /// Bytes of this rank's parameters, gradients and optimizer states; the
   /// largest over the ranks.
   std::uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
