@@ -405,7 +405,13 @@ BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
   Tensor cw = w.detach().requires_grad_(), cx = x.detach().requires_grad_();
   int calls = 0;
   const Tensor in[] = {cx, cw};
-  sum(checkpoint([&](std::span<const Tensor> v) { ++calls; return block(v); }, in)).backward();
+  sum(checkpoint(
+          [&](std::span<const Tensor> v) {
+            ++calls;
+            return block(v);
+          },
+          in))
+      .backward();
   BOOST_TEST(calls == 2);
   BOOST_TEST(allclose(*cw.grad(), *rw.grad(), 1e-12, 1e-12));
   BOOST_TEST(allclose(*cx.grad(), *rx.grad(), 1e-12, 1e-12));
@@ -441,6 +447,50 @@ BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
     if (!why.empty()) {
       std::lock_guard lock(mu);
       failures.push_back("checkpoint:" + why);
+    }
+  });
+  testing::check_no_failures(failures);
+}
+
+// checkpoint_gathered(): two sharded weights gathered by one all_gather in
+// the forward and one again in the backward, their gradients sent back by
+// one reduce_scatter, equal to the unsharded gradients.
+BOOST_AUTO_TEST_CASE(checkpoint_gathered_moves_a_unit_in_one_call_each_way) {
+  const Tensor w1 = uniform({4, 6}, 31), w2 = uniform({3, 4}, 32), x = uniform({5, 6}, 33);
+  Tensor r1 = w1.detach().requires_grad_(), r2 = w2.detach().requires_grad_();
+  sum(tanh(linear(tanh(linear(x, r1)), r2))).backward();
+  const Shape mesh_shape = testing::backend_meshes({{2}}).front();
+  std::vector<std::string> failures;
+  std::mutex mu;
+  testing::run_ranks(static_cast<int>(mesh_shape[0]), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape, {"dp"});
+    DTensor W1 = distribute_tensor(w1, mesh, Layout::parse("S(0)")),
+            W2 = distribute_tensor(w2, mesh, Layout::parse("S(0)"));
+    W1.requires_grad_();
+    W2.requires_grad_();
+    const DTensor X = distribute_tensor(x, mesh, Layout::parse("S(0)"));
+    auto f = [](std::span<const DTensor> in, std::span<const DTensor> w) {
+      return tanh(linear(tanh(linear(in[0], w[0])), w[1]));
+    };
+    const DTensor inputs[] = {X}, params[] = {W1, W2};
+    const Layout whole[] = {Layout::parse("R"), Layout::parse("R")};
+    CommCounter forward(mesh);
+    const DTensor loss = sum(checkpoint_gathered(f, inputs, params, whole));
+    const CommStats fc = forward.counts();
+    CommCounter backward(mesh);
+    loss.backward();
+    const CommStats bc = backward.counts();
+    std::string why;
+    if (fc.count(CollectiveKind::AllGather) != 1 || fc.data_collectives() != 1) why += fmt::format(" forward {}", fc);
+    if (bc.count(CollectiveKind::AllGather) != 1 || bc.count(CollectiveKind::ReduceScatter) != 1 ||
+        bc.data_collectives() != 2)
+      why += fmt::format(" backward {}", bc);
+    if (!allclose(W1.grad()->full_tensor(), *r1.grad(), 1e-12, 1e-12) ||
+        !allclose(W2.grad()->full_tensor(), *r2.grad(), 1e-12, 1e-12))
+      why += " wrong values";
+    if (!why.empty()) {
+      std::lock_guard lock(mu);
+      failures.push_back("checkpoint_gathered:" + why);
     }
   });
   testing::check_no_failures(failures);

@@ -92,6 +92,9 @@ const std::vector<Case>& every_plan() {
       {{2, 4}, {"dp", "tp"}, {"ddp", "tp"}},
       {{2, 4}, {"dp", "tp"}, {"ddp", "tp_sp"}},
       {{2, 4}, {"dp", "shard"}, {"ddp", "fsdp"}},
+      {{2, 2}, {"dp", "tp"}, {"fsdp", "tp"}},
+      {{2, 2}, {"dp", "tp"}, {"fsdp", "tp_sp"}},
+      {{2, 4}, {"dp", "tp"}, {"fsdp", "tp"}},
   };
   return cases;
 }
@@ -101,6 +104,14 @@ std::uint64_t count(const gpt::TrainResult& r, std::string_view phase, std::stri
   std::uint64_t n = 0;
   for (const auto& c : r.comm)
     if (c.phase == phase && c.kind == kind) n += c.count;
+  return n;
+}
+// The same, over exactly these mesh dims.
+std::uint64_t count_over(const gpt::TrainResult& r, std::string_view phase, std::string_view kind,
+                         const std::vector<std::string>& dims) {
+  std::uint64_t n = 0;
+  for (const auto& c : r.comm)
+    if (c.phase == phase && c.kind == kind && c.mesh_dims == dims) n += c.count;
   return n;
 }
 std::uint64_t total(const gpt::TrainResult& r, std::string_view phase) {
@@ -227,6 +238,29 @@ BOOST_AUTO_TEST_CASE(fully_sharded_collectives) {
   BOOST_TEST(count(r, "backward", "reduce_scatter") == L + 1);
   BOOST_TEST(total(r, "backward") == 2 * L + 1);
   BOOST_TEST(total(r, "optimizer") == 0u);
+}
+
+// FSDP over tensor parallelism, L = 2: each block's parameters are their
+// tp shards split again over dp (S(0)[1],S(0)[0] where both split dim 0),
+// gathered over dp by one all_gather per block in the forward and one again
+// in the backward, which reduce_scatters them back in one call; the tp
+// dim's collectives are tp's. Two differences from FSDP on one dim: the
+// root (embeddings, final norm, lm_head) stays replicated over dp, its
+// gradients reduced in the step's all_reduce over dp; and a block's
+// parameters replicated over tp (norms, row-parallel biases) have
+// gradients Partial over both dims, each reduced alone (one all_reduce
+// over dp,tp: two steps, the collective and a slice, which the coalescing
+// does not pack).
+BOOST_AUTO_TEST_CASE(fully_sharded_over_tensor_parallel_collectives) {
+  const auto r = run(small_model(DType::Float64, 2), {2, 2}, {"dp", "tp"}, {"fsdp", "tp"});
+  const std::uint64_t L = 2, replicated_over_tp = 6;  // per block: 2 norms' weight and bias, 2 row-parallel biases
+  const std::vector<std::string> dp{"dp"}, tp{"tp"}, both{"dp", "tp"};
+  BOOST_TEST(count_over(r, "forward", "all_gather", dp) == L);
+  BOOST_TEST(count_over(r, "forward", "all_reduce", tp) == 2 * L + 1 + 1);
+  BOOST_TEST(count_over(r, "backward", "all_gather", dp) == L);
+  BOOST_TEST(count_over(r, "backward", "reduce_scatter", dp) == L);
+  BOOST_TEST(count_over(r, "backward", "all_reduce", both) == L * replicated_over_tp);
+  BOOST_TEST(count_over(r, "optimizer", "all_reduce", dp) == 1u);
 }
 
 // FSDP on dp = 4 keeps a quarter of DDP's parameter, gradient and optimizer

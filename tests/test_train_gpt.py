@@ -79,7 +79,7 @@ def main() -> int:
 
     for args, needle in [(["--plan", "foo"], "unknown plan 'foo'"),
                          (["--ranks", "4", "--plan", "tp", "--heads", "6", "--d-model", "48"], "heads = 6"),
-                         (["--ranks", "4", "--mesh", "2x2", "--plan", "fsdp,tp"], "FSDP over tensor parallelism"),
+                         (["--ranks", "4", "--plan", "tp_sp", "--seq", "6"], "seq = 6"),
                          (["--ranks", "4", "--mesh", "2x3", "--plan", "ddp,ddp"], "--mesh 2x3 has 6 ranks"),
                          (["--mesh", "2xz"], "--mesh '2xz'"),
                          (["--steps", "0"], "--steps")]:

@@ -89,6 +89,14 @@ struct MeshEnv {
   // FSDP: the parameters into flat units sharded over the fully sharding dims.
   void prepare(nn::GPT<DTensor>& model) const {
     if (const auto flat = plan.flat_layout()) nn::fully_shard(model, *flat);
+    if (plan.shards_per_parameter())
+      for (auto& block : model.blocks) {
+        nn::NamedParameters<DTensor> members;
+        block.named_parameters(fmt::format("blocks.{}.", model.gathered_layouts.size()), members);
+        std::vector<Layout> gathered;
+        for (const auto& member : members) gathered.push_back(plan.gathered_layout(member.first));
+        model.gathered_layouts.push_back(std::move(gathered));
+      }
   }
   std::uint64_t largest(std::uint64_t v) const {
     double x = static_cast<double>(v);

@@ -95,5 +95,28 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
   });
 }
 
+DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache) {
+  return model.forward_with(tokens, cache, model.wte, model.wpe, model.ln_f, model.lm_head,
+                            [&](const DTensor& x, std::size_t l) {
+                              Block<DTensor> shards = model.blocks[l];
+                              NamedParameters<DTensor> members;
+                              shards.named_parameters("", members);
+                              std::vector<DTensor> params;
+                              for (const auto& member : members) params.push_back(*member.second);
+                              // Runs the block on its gathered parameters; run again by the
+                              // backward, which gathers them again.
+                              auto run_block = [&model, l, cache](std::span<const DTensor> in,
+                                                                  std::span<const DTensor> gathered) {
+                                Block<DTensor> block = model.blocks[l];
+                                NamedParameters<DTensor> slots;
+                                block.named_parameters("", slots);
+                                for (std::size_t i = 0; i < slots.size(); ++i) *slots[i].second = gathered[i];
+                                return block(in[0], model.layouts, cache, l);
+                              };
+                              const DTensor inputs[] = {x};
+                              return checkpoint_gathered(run_block, inputs, params, model.gathered_layouts[l]);
+                            });
+}
+
 }  // namespace detail
 }  // namespace dtensor::nn

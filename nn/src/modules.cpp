@@ -215,14 +215,23 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
   }
   LayerNorm<X> ln_f = norm("ln_f.");
   Linear<X> lm_head = linear_layer("lm_head.", config.vocab, D, 0.02, false);
-  return GPT{config,          std::move(wte),     std::move(wpe),     std::move(blocks),
-             std::move(ln_f), std::move(lm_head), std::move(layouts), {}};
+  return GPT{config,
+             std::move(wte),
+             std::move(wpe),
+             std::move(blocks),
+             std::move(ln_f),
+             std::move(lm_head),
+             std::move(layouts),
+             {},
+             {}};
 }
 
 template <TensorOrDTensor X>
 X GPT<X>::logits(const X& tokens, KVCache<X>* cache) const {
-  if constexpr (std::same_as<X, DTensor>)
+  if constexpr (std::same_as<X, DTensor>) {
     if (!units.empty()) return detail::fully_sharded_logits(*this, tokens, cache);
+    if (!gathered_layouts.empty()) return detail::gathered_blocks_logits(*this, tokens, cache);
+  }
   return forward_with(tokens, cache, wte, wpe, ln_f, lm_head,
                       [&](const X& x, std::size_t l) { return blocks[l](x, layouts, cache, l); });
 }

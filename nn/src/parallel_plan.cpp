@@ -125,7 +125,7 @@ std::string ParallelPlan::describe() const {
   return fmt::format("{} over {}", fmt::join(names, ","), fmt::join(dims, ","));
 }
 
-Layout ParallelPlan::parameter_layout(std::string_view name) const {
+Layout ParallelPlan::gathered_layout(std::string_view name) const {
   std::vector<Placement> out;
   for (const DimPlan& plan : per_dim_) {
     Placement p = R;
@@ -137,6 +137,25 @@ Layout ParallelPlan::parameter_layout(std::string_view name) const {
     out.push_back(p);
   }
   return Layout(std::move(out));
+}
+
+bool ParallelPlan::shards_per_parameter() const {
+  bool fully = false, shards = false;
+  for (const DimPlan& plan : per_dim_) {
+    fully = fully || plan.fully_shards;
+    shards = shards || !plan.parameters.empty();
+  }
+  return fully && shards;
+}
+
+Layout ParallelPlan::parameter_layout(std::string_view name) const {
+  Layout layout = gathered_layout(name);
+  if (!shards_per_parameter() || !name.starts_with("blocks.")) return layout;
+  // The fsdp split nests inside the tp shards (Layout::with makes it the
+  // innermost), so gathering over the fsdp dims gives back the tp layout.
+  for (int m = 0; m < mesh_.ndim(); ++m)
+    if (per_dim_[static_cast<std::size_t>(m)].fully_shards) layout = layout.with(m, S(0));
+  return layout;
 }
 
 Layout ParallelPlan::state_layout(std::string_view name) const {
@@ -181,12 +200,7 @@ std::optional<Layout> ParallelPlan::flat_layout() const {
     any = any || plan.fully_shards;
     out.push_back(plan.fully_shards ? Placement(S(0)) : Placement(R));
   }
-  if (!any) return std::nullopt;
-  for (const DimPlan& plan : per_dim_)
-    if (!plan.parameters.empty())
-      throw ValueError(
-          "[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
-          "parallelism is not supported yet");
+  if (!any || shards_per_parameter()) return std::nullopt;
   return Layout(std::move(out));
 }
 
@@ -207,7 +221,6 @@ void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, 
   if (per_dim.size() != mesh_shape.size())
     throw ValueError(fmt::format("[plan] {} plans for a mesh of {} dims ({}); expected one per mesh dim",
                                  per_dim.size(), mesh_shape.size(), fmt::join(mesh_shape, "x")));
-  bool fully_shards = false, shards_parameters = false;
   for (std::size_t m = 0; m < per_dim.size(); ++m) {
     const DimPlan& plan = per_dim[m];
     const std::int64_t n = mesh_shape[m];
@@ -223,13 +236,7 @@ void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, 
     if (plan.splits_batch) divides(batch, "batch");
     if (plan.activations[static_cast<std::size_t>(Point::TokenEmbedding)] == Placement(S(1)))
       divides(config.seq, "seq");
-    fully_shards = fully_shards || plan.fully_shards;
-    shards_parameters = shards_parameters || !plan.parameters.empty();
   }
-  if (fully_shards && shards_parameters)
-    throw ValueError(
-        "[plan] fsdp fully shards the parameters, and tp shards them too: FSDP over tensor "
-        "parallelism is not supported yet");
 }
 
 void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const {

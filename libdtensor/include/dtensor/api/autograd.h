@@ -86,6 +86,18 @@ class EnableGradGuard {
 Tensor checkpoint(const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs);
 DTensor checkpoint(const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs);
 
+/// checkpoint for FSDP's units: f(inputs, gathered), where `gathered` is
+/// `params` brought to `gathered_layouts` by one redistribute_all (one
+/// coalesced all_gather where they are shards of one mesh dim). Nothing f
+/// makes is kept, the gathered parameters included; the backward gathers
+/// them again (one call), runs f on them as fresh leaves, and sends their
+/// gradients back to the parameters' layouts (Partial replaced by
+/// Replicate) by one more redistribute_all (one coalesced reduce_scatter).
+/// ValueError unless there is one gathered layout per parameter.
+DTensor checkpoint_gathered(
+    const std::function<DTensor(std::span<const DTensor> inputs, std::span<const DTensor> gathered)>& f,
+    std::span<const DTensor> inputs, std::span<const DTensor> params, std::span<const Layout> gathered_layouts);
+
 /// What a backward rule is given. Saved tensors are detached copies (same
 /// storage).
 template <class X>

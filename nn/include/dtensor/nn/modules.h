@@ -177,6 +177,12 @@ struct GPT {
   /// norm and lm_head; unit l + 1 block l), and the members above only give
   /// the structure (each holds its unit's flat as a placeholder).
   std::vector<FlatUnit<X>> units;
+  /// FSDP over tensor parallelism (FSDP2's per-parameter sharding): when
+  /// not empty, block l's parameters (named_parameters() order) are shards
+  /// of the fsdp dims, gathered to `gathered_layouts[l]` for the block by
+  /// checkpoint_gathered: one all_gather in the forward, one again in the
+  /// backward, one reduce_scatter of the gradients where they allow.
+  std::vector<std::vector<Layout>> gathered_layouts;
 
   /// Parameters made by `make` in named_parameters() order, with GPT-2's
   /// initialisation (normal(0, 0.02), projections into the residual stream
@@ -210,8 +216,10 @@ struct GPT {
 /// (fully sharding a tensor-parallel model is not supported).
 void fully_shard(GPT<DTensor>& model, const Layout& flat_layout);
 namespace detail {
-/// GPT<DTensor>::logits of a fully sharded model (fully_shard.cpp).
+/// GPT<DTensor>::logits of a fully sharded model (fully_shard.cpp): flat
+/// units, or per-parameter shards gathered per block.
 DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
+DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
 }  // namespace detail
 
 extern template struct GPT<Tensor>;

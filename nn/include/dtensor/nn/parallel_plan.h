@@ -74,8 +74,7 @@ DimPlan plan_named(std::string_view name);
 
 /// ValueError naming the value and the mesh dim unless the model and batch
 /// divide as the plans need on a mesh of `mesh_shape` (heads and vocab by
-/// tp, batch by dp, the sequence by tp_sp), and the plans combine (FSDP
-/// does not combine with tp yet). For callers that check before they have
+/// tp, batch by dp, the sequence by tp_sp). For callers that check before they have
 /// a mesh (a command line); ParallelPlan::check_fits calls it.
 void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, const GPTConfig& config,
                      std::int64_t batch);
@@ -99,10 +98,18 @@ class ParallelPlan {
   /// is replicated where training splits it.
   Layout batch_layout(bool generation = false) const;
   ActivationLayouts activations(bool generation = false) const;
-  /// The flat units' layout where a dim's plan fully shards (S(0) on those
-  /// dims, Replicate elsewhere); none otherwise. ValueError where a fully
-  /// sharding dim meets a dim that shards parameters (tp).
+  /// The flat units' layout where a dim's plan fully shards and no other
+  /// shards parameters (S(0) on those dims, Replicate elsewhere); none
+  /// otherwise.
   std::optional<Layout> flat_layout() const;
+  /// Whether a fully sharding dim meets one that shards parameters (fsdp
+  /// over tp): then each block parameter is its tp layout with S(0) over
+  /// the fsdp dims nested inside (`S(0)[1],S(0)[0]` where both split dim
+  /// 0), gathered per block to gathered_layout(); the root's parameters
+  /// (embeddings, final norm, lm_head) stay replicated over the fsdp dims.
+  bool shards_per_parameter() const;
+  /// A parameter's layout without the fsdp dims' split.
+  Layout gathered_layout(std::string_view name) const;
   /// Makes each parameter in its layout, with the values the plain model's
   /// factory gives (no communication).
   ParameterFactory<DTensor> parameter_factory(DType dtype) const;
