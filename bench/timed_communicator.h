@@ -39,6 +39,7 @@ class TimedCommunicator final : public Communicator {
   Device device() const override { return inner_->device(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   CommStats& stats() override { return inner_->stats(); }
+  const CommStats& own_stats() const override { return inner_->own_stats(); }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     timed([&] { inner_->all_reduce(send, recv, count, dtype, op); });
