@@ -10,16 +10,9 @@
 namespace dtensor {
 namespace {
 
-Layout without_partial(const Layout& layout) {
-  Layout out = layout;
-  for (int m = 0; m < layout.mesh_ndim(); ++m)
-    if (is_partial(layout[m])) out = out.with(m, Replicate{});
-  return out;
-}
-
 class RedistributeNode final : public Node {
  public:
-  explicit RedistributeNode(Layout source) : target_(without_partial(source)) {}
+  explicit RedistributeNode(Layout source) : target_(source.without_partial()) {}
   std::string name() const override { return "redistribute"; }
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     return {AnyTensor(std::get<DTensor>(grad).redistribute(target_))};
@@ -35,7 +28,7 @@ class RedistributeNode final : public Node {
 // Replicate), this rank's part of it.
 class FromLocalNode final : public Node {
  public:
-  FromLocalNode(Layout layout, bool whole) : target_(without_partial(layout)), whole_(whole) {}
+  FromLocalNode(Layout layout, bool whole) : target_(layout.without_partial()), whole_(whole) {}
   std::string name() const override { return whole_ ? "distribute_tensor" : "from_local"; }
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     const DTensor& g = std::get<DTensor>(grad);

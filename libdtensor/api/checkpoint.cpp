@@ -69,13 +69,6 @@ X checkpoint_impl(const std::function<X(std::span<const X>)>& f, std::span<const
 
 using GatheredFn = std::function<DTensor(std::span<const DTensor>, std::span<const DTensor>)>;
 
-Layout without_partial(const Layout& layout) {
-  Layout out = layout;
-  for (int m = 0; m < layout.mesh_ndim(); ++m)
-    if (is_partial(layout[m])) out = out.with(m, Replicate{});
-  return out;
-}
-
 // Edges: the inputs, then the parameters.
 class GatheredCheckpointNode final : public Node {
  public:
@@ -89,7 +82,7 @@ class GatheredCheckpointNode final : public Node {
     for (const DTensor& p : params) {
       params_.push_back(detached(p));
       needs_.push_back(in_graph(p.autograd_meta()));
-      back_.push_back(without_partial(p.placements()));
+      back_.push_back(p.placements().without_partial());
     }
   }
   std::string name() const override { return "checkpoint_gathered"; }

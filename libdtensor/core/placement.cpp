@@ -272,6 +272,13 @@ Layout Layout::resolved(int ndim) const {
   return out;
 }
 
+Layout Layout::without_partial() const {
+  Layout out = *this;
+  for (int m = 0; m < mesh_ndim(); ++m)
+    if (is_partial(placements_[static_cast<std::size_t>(m)])) out = out.with(m, Replicate{});
+  return out;
+}
+
 Layout Layout::with(int mesh_dim, const Placement& p) const {
   Layout out = *this;
   out.placements_.at(mesh_dim) = p;

@@ -15,18 +15,6 @@
 
 namespace dtensor::nn {
 
-const char* point_name(Point p) {
-  switch (p) {
-    case Point::TokenEmbedding: return "token_embedding";
-    case Point::AttentionInput: return "attention_input";
-    case Point::AttentionOutput: return "attention_output";
-    case Point::MlpInput: return "mlp_input";
-    case Point::MlpOutput: return "mlp_output";
-    case Point::HeadInput: return "head_input";
-  }
-  return "?";
-}
-
 Tensor at_point(const Tensor& x, const ActivationLayouts&, Point) { return x; }
 DTensor at_point(const DTensor& x, const ActivationLayouts& layouts, Point p) {
   const auto& want = layouts[p];

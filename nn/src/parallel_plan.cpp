@@ -114,17 +114,6 @@ ParallelPlan::ParallelPlan(const DeviceMesh& mesh, std::vector<DimPlan> per_dim)
                                  per_dim_.size(), mesh_.ndim(), fmt::join(mesh_.shape(), "x")));
 }
 
-std::string ParallelPlan::describe() const {
-  std::vector<std::string> names, dims;
-  for (int m = 0; m < mesh_.ndim(); ++m) {
-    names.push_back(per_dim_[static_cast<std::size_t>(m)].name);
-    const auto& dim_names = mesh_.dim_names();
-    dims.push_back(fmt::format("{}={}", m < static_cast<int>(dim_names.size()) ? dim_names[m] : fmt::format("d{}", m),
-                               mesh_.size(m)));
-  }
-  return fmt::format("{} over {}", fmt::join(names, ","), fmt::join(dims, ","));
-}
-
 Layout ParallelPlan::gathered_layout(std::string_view name) const {
   std::vector<Placement> out;
   for (const DimPlan& plan : per_dim_) {

@@ -75,12 +75,8 @@ X cross_entropy(const X& logits, const X& targets) {
     // With vocab-parallel logits the row max is Partial(max); it is used
     // twice (the shift, and lse for the backward), so it is reduced once
     // here rather than by each use.
-    if constexpr (std::same_as<X, DTensor>) {
-      Layout reduced = m.placements();
-      for (int d = 0; d < reduced.mesh_ndim(); ++d)
-        if (is_partial(reduced[d])) reduced = reduced.with(d, Replicate{});
-      if (reduced != m.placements()) m = m.redistribute(reduced);
-    }
+    if constexpr (std::same_as<X, DTensor>)
+      if (m.placements().has_partial()) m = m.redistribute(m.placements().without_partial());
     const X z = call_op_on(registered_op<"sub">(), {}, logits, m);
     const ReduceAttrs row_sum{.dims = {1}};
     const X lse_z = call_op_on(registered_op<"log">(), {},

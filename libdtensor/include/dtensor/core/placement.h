@@ -112,6 +112,9 @@ class Layout {
   /// This layout with mesh dim m set to p. A new Shard becomes the innermost
   /// split of its tensor dim; levels of the remaining shards are compacted.
   Layout with(int mesh_dim, const Placement& p) const;
+  /// This layout with every Partial mesh dim made Replicate: where a
+  /// Partial value goes once reduced (and a gradient of a Partial input).
+  Layout without_partial() const;
 
   bool operator==(const Layout&) const = default;
   std::size_t hash() const;

@@ -41,7 +41,6 @@ enum class Point : std::uint8_t {
   HeadInput,        // the lm_head's input (after the final layer norm)
 };
 inline constexpr std::size_t kPoints = 6;
-const char* point_name(Point p);
 
 /// The layout asked for at each point (none: propagation's choice). On
 /// Tensors every point is a no-op.

@@ -87,8 +87,6 @@ class ParallelPlan {
 
   const DeviceMesh& mesh() const { return mesh_; }
   const std::vector<DimPlan>& per_dim() const { return per_dim_; }
-  /// "ddp,tp over dp=2,tp=4".
-  std::string describe() const;
 
   Layout parameter_layout(std::string_view name) const;
   /// Where the optimizer keeps `name`'s states (its layout unless a plan
