@@ -88,6 +88,7 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
           {"val_points", r.val_points},
           {"comm", comm},
           {"tokens_per_second", r.tokens_per_second},
+          {"peak_bytes_per_rank", r.peak_bytes},
           {"memory_per_rank",
            {{"parameters", r.parameter_bytes},
             {"gradients", r.gradient_bytes},
@@ -195,6 +196,9 @@ int main(int argc, char** argv) {
           fmt::print("  {:9s} {:15s} over {:8s} x{:<3d} {} bytes\n", c.phase, c.kind,
                      fmt::format("{}", fmt::join(c.mesh_dims, ",")), c.count, c.bytes);
         if (r.comm.empty()) fmt::print("  none\n");
+        fmt::print("memory per rank (the busiest): parameters {}, gradients {}, optimizer states {}; peak of a step {}\n",
+                   human_bytes(static_cast<std::int64_t>(r.parameter_bytes)), human_bytes(static_cast<std::int64_t>(r.gradient_bytes)),
+                   human_bytes(static_cast<std::int64_t>(r.optimizer_state_bytes)), human_bytes(static_cast<std::int64_t>(r.peak_bytes)));
         if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
         if (!json_path.empty()) {
           // A young model's bytes need not be UTF-8: invalid ones become U+FFFD.

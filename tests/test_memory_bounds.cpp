@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "dtensor/core/memory_account.h"
 #include "libdtensor/core/cache_capacity.h"
 #include "libdtensor/core/host_blocks.h"
 #include "support.h"
@@ -193,6 +194,62 @@ BOOST_AUTO_TEST_CASE(blocks_freed_on_other_threads) {
   BOOST_TEST(again.get({(1 << 20) - 1}) == 0.0);
   BOOST_TEST(host_blocks::class_size((4 << 20) + 1) == (4u << 20) + (512u << 10));
   BOOST_TEST(host_blocks::class_size(std::size_t{3} << 20) == std::size_t{3} << 20);
+}
+
+// Thread ranks each see their own bytes: a thread's account is charged what
+// it allocates (small and big, in the bytes asked for) and uncharged when
+// the storage is freed on any thread; views charge nothing; guards nest.
+BOOST_AUTO_TEST_CASE(accounts_charge_their_own_threads) {
+  auto a = std::make_shared<MemoryAccount>(), b = std::make_shared<MemoryAccount>();
+  std::vector<Tensor> kept(2);
+  std::thread ta([&] {
+    const ChargeMemoryTo charge(a);
+    kept[0] = Tensor::zeros({1 << 18}, DType::Float32);  // 1 MiB, a mapped block
+    const Tensor small = Tensor::zeros({10}, DType::Float64);
+    const Tensor piece = kept[0].view({100}, 1000);
+    BOOST_TEST(a->bytes_in_use() == (1u << 20) + 80u);
+    {
+      const ChargeMemoryTo inner(b);
+      kept[1] = Tensor::zeros({3}, DType::Int64);
+    }
+    const Tensor after = Tensor::zeros({2}, DType::Float32);
+    BOOST_TEST(a->bytes_in_use() == (1u << 20) + 88u);
+  });
+  ta.join();
+  BOOST_TEST(a->bytes_in_use() == (1u << 20));
+  BOOST_TEST(a->peak_bytes() == (1u << 20) + 88u);
+  BOOST_TEST(b->bytes_in_use() == 24u);
+  std::thread([&] { kept[0] = Tensor(); }).join();  // freed elsewhere
+  BOOST_TEST(a->bytes_in_use() == 0u);
+  a->reset_peak();
+  BOOST_TEST(a->peak_bytes() == 0u);
+  BOOST_TEST(!charged_account());
+  const Tensor uncharged = Tensor::zeros({4});
+  BOOST_TEST(a->bytes_in_use() == 0u);
+}
+
+// A view from an offset shares the storage, keeps it alive, and is checked.
+BOOST_AUTO_TEST_CASE(views_from_an_offset) {
+  Tensor piece;
+  {
+    const Tensor whole = Tensor::arange({12}, DType::Float64);
+    piece = whole.view({2, 3}, 4);
+  }
+  BOOST_TEST(piece.get({0, 0}) == 4.0);
+  BOOST_TEST(piece.get({1, 2}) == 9.0);
+  const Tensor whole = Tensor::arange({12}, DType::Float64);
+  BOOST_TEST(whole.view({0}, 12).numel() == 0);
+  for (std::int64_t bad : {-1, 11, 13}) {
+    BOOST_TEST_CONTEXT("offset " << bad) {
+      try {
+        (void)whole.view({2}, bad);
+        BOOST_ERROR("no ShapeError");
+      } catch (const ShapeError& e) {
+        BOOST_TEST(std::string(e.what()).find(fmt::format("from element {} of a tensor of 12 elements", bad)) !=
+                   std::string::npos, e.what());
+      }
+    }
+  }
 }
 
 // A limit of 0 caches nothing; out of range is a ValueError naming it.

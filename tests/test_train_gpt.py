@@ -51,8 +51,12 @@ def main() -> int:
         for name, ok, detail in checks:
             print(f"{'ok' if ok else 'FAILED'}: {name}" + ("" if ok else f"\n{detail}"))
         return 1
-    want = {"config", "losses", "val_loss", "comm", "tokens_per_second", "memory_per_rank", "generated"}
+    want = {"config", "losses", "val_loss", "comm", "tokens_per_second", "peak_bytes_per_rank", "memory_per_rank",
+            "generated"}
     checks.append(("--json has " + ", ".join(sorted(want)), want <= set(one), sorted(one)))
+    held = sum(one["memory_per_rank"].values())
+    checks.append(("the peak of a step holds parameters, gradients, states and activations",
+                   one["peak_bytes_per_rank"] > held > 0, (one["peak_bytes_per_rank"], one["memory_per_rank"])))
     checks.append(("the loss goes down", one["losses"][-1] < one["losses"][0], one["losses"]))
     svg = open(os.path.join(tmp, "loss.svg")).read()
     checks.append(("--plot writes an SVG with its title", svg.startswith("<svg") and "plan ddp" in svg, svg[:200]))

@@ -75,7 +75,9 @@ def main(args: list) -> int:
         p, f, s, n = count_build(build_dir, prefix=f"{build_dir}: " if len(dirs) > 1 else "")
         passed, failed, skipped = passed + p, failed + f, skipped + s
         names += n
-    for n in names:
+    # Failures last, beside the count line: a log cut to its tail (CI keeps
+    # only the end) still names them after hundreds of skips.
+    for n in sorted(names, key=lambda n: n.startswith("failed:")):
         print(n)
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0

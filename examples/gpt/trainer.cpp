@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include <dtensor/core/memory_account.h>
 #include <dtensor/nn/optim.h>
 #include <dtensor/nn/parallel_plan.h>
 
@@ -154,6 +155,11 @@ template <class Env>
 TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, const StepCallback& on_step) {
   using X = typename Env::X;
   const std::int64_t seq = o.model.seq;
+  // Everything this rank allocates from here on (parameters, states,
+  // gradients, activations, buffers of collectives) is charged to it.
+  const auto memory = std::make_shared<MemoryAccount>();
+  const ChargeMemoryTo charge(memory);
+  std::size_t step_peak = 0;
   nn::GPT<X> model = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations(false));
   env.prepare(model);
   std::vector<X> params = model.parameters();
@@ -182,6 +188,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const auto start = std::chrono::steady_clock::now();
     std::optional<ExplainScope> explain;
     if (o.explain && step == o.steps - 1 && env.lead()) explain.emplace();
+    memory->reset_peak();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, o.steps, o.lr, o.lr / 10));
     DimsStats forward, backward;
     double loss_sum = 0;
@@ -199,6 +206,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const DimsStats before_update = env.stats();
     if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
     optimizer.step();
+    step_peak = memory->peak_bytes();
     optimizer.zero_grad();
     const DimsStats update = env.stats() - before_update;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -238,6 +246,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   result.parameter_bytes = env.largest(param_bytes);
   result.gradient_bytes = env.largest(grad_bytes);
   result.optimizer_state_bytes = env.largest(state_bytes);
+  result.peak_bytes = env.largest(step_peak);
 
   if (o.generate > 0) {
     const Batch prompt = data.next_batch(Split::Validation, 1, std::max<std::int64_t>(1, seq / 4), 0, o.seed);

@@ -52,6 +52,10 @@ struct TrainResult {
   /// Bytes of this rank's parameters, gradients and optimizer states; the
   /// largest over the ranks.
   std::uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
+  /// The most tensor bytes this rank held at once during the last step:
+  /// the above, activations kept for the backward, temporaries and buffers
+  /// of collectives (MemoryAccount); the largest over the ranks.
+  std::uint64_t peak_bytes = 0;
   std::string generated;
 };
 

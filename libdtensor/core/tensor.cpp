@@ -10,6 +10,7 @@
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/memory_account.h"
 #include "libdtensor/core/combine.h"
 #include "libdtensor/core/host_blocks.h"
 #include "libdtensor/core/strided_copy.h"
@@ -129,6 +130,13 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   t.dtype_ = dtype;
   t.device_ = device;
   t.storage_ = device == Device::CUDA ? cuda::allocate(bytes) : host_blocks::allocate(bytes);
+  if (const auto& account = charged_account()) {
+    // The charged storage owns the allocator's block and gives the bytes
+    // back when the last view lets go, on whichever thread that is.
+    account->charge(bytes);
+    t.storage_ = std::shared_ptr<std::byte[]>(
+        t.storage_.get(), [block = t.storage_, account, bytes](std::byte*) { account->uncharge(bytes); });
+  }
   return t;
 }
 
@@ -245,6 +253,21 @@ Tensor Tensor::clone() const {
     cuda::copy(t.data(), device_, data(), device_, nbytes());
   else
     std::memcpy(t.data(), data(), nbytes());
+  return t;
+}
+
+Tensor Tensor::view(Shape shape, std::int64_t offset) const {
+  check_shape(shape, "tensor");
+  const std::int64_t n = dtensor::numel(shape);
+  if (offset < 0 || offset > numel_ || n > numel_ - offset)
+    throw ShapeError(fmt::format("[tensor] view as {} ({} elements) from element {} of a tensor of {} elements; "
+                                 "expected the view within the tensor",
+                                 fmt::join(shape, "x"), n, offset, numel_));
+  Tensor t = *this;
+  t.storage_ = std::shared_ptr<std::byte[]>(storage_, storage_.get() + offset * static_cast<std::int64_t>(itemsize(dtype_)));
+  t.shape_ = std::move(shape);
+  t.numel_ = n;
+  t.autograd_.reset();
   return t;
 }
 

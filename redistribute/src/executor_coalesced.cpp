@@ -49,13 +49,13 @@ std::vector<Tensor> all_reduce_many(std::span<const Member> ms, Communicator& co
     at += static_cast<std::size_t>(m.local.numel()) * isz;
   }
   comm.all_reduce(buf.data(), buf.data(), total, like.dtype(), op);
+  // The results are pieces of the reduced buffer, not copies of them: a
+  // bucket of gradients costs its bytes once more, not twice.
   std::vector<Tensor> outs;
-  at = 0;
+  std::int64_t offset = 0;
   for (const Member& m : ms) {
-    Tensor out = Tensor::empty(m.local.shape(), like.dtype(), like.device());
-    if (out.numel()) unpack_box(buf.bytes() + at, out, full_box(out.shape()));
-    at += static_cast<std::size_t>(out.numel()) * isz;
-    outs.push_back(std::move(out));
+    outs.push_back(buf.view(m.local.shape(), offset));
+    offset += m.local.numel();
   }
   return outs;
 }
@@ -84,13 +84,11 @@ std::vector<Tensor> reduce_scatter_many(std::span<const Member> ms, Communicator
   const int me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
   Tensor recv = scratch(counts[me] * isz, like);
   comm.reduce_scatter(send.bytes(), recv.bytes(), counts, like.dtype(), op);
-  std::vector<Tensor> outs;
-  at = 0;
+  std::vector<Tensor> outs;  // pieces of the received buffer, as in all_reduce_many
+  std::int64_t offset = 0;
   for (std::size_t t = 0; t < ms.size(); ++t) {
-    Tensor out = Tensor::empty(pieces[t][me].size, like.dtype(), like.device());
-    if (out.numel()) unpack_box(recv.bytes() + at, out, full_box(out.shape()));
-    at += bytes_of(pieces[t][me], isz);
-    outs.push_back(std::move(out));
+    outs.push_back(recv.view(pieces[t][me].size, offset));
+    offset += pieces[t][me].numel();
   }
   return outs;
 }

@@ -84,6 +84,10 @@ class Tensor {
   Tensor to(DType dtype) const;
   /// Same storage, new shape of the same numel.
   Tensor view(Shape shape) const;
+  /// Same storage from element `offset` on, `shape` of at most the elements
+  /// after it (ShapeError otherwise): a contiguous piece of a packed buffer,
+  /// which keeps the whole buffer alive.
+  Tensor view(Shape shape, std::int64_t offset) const;
   void fill(double value);
   void zero_();
 
