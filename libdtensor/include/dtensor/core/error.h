@@ -52,6 +52,14 @@ class MeshError : public ValueError {
   using ValueError::ValueError;
 };
 
+/// A checkpoint that cannot be read as it is: a missing manifest or file, a
+/// truncated file, a checksum that does not match (the message names the
+/// file, tensor and box), or a save that could not finish.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A feature that this build does not have (MPI, CUDA, NCCL).
 class UnsupportedError : public Error {
  public:

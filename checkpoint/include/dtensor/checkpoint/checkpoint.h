@@ -1,0 +1,84 @@
+#pragma once
+// Distributed checkpoints: save DTensors on one mesh and layout, load them
+// on any other (N ranks -> M ranks, uneven and empty shards, nested shard
+// orders), in files the ecosystem reads.
+//
+//   dcp::save("ckpt", {{"w", w}, {"b", b}});              // every rank
+//   auto got = dcp::load("ckpt", {{"w", {mesh, Layout::parse("S(1)")}}});
+//
+// On disk (readable without dtensor; README "Checkpoints"):
+//   ckpt/manifest.json          per tensor: global shape, dtype, the source
+//                               mesh and layout, and its saved boxes: file,
+//                               byte range, offset and size in the global
+//                               tensor, xxHash64 per chunk of the range
+//   ckpt/rank-00003.safetensors the boxes rank 3 wrote, as safetensors
+//                               tensors named "<name>@<offset,...>"
+// Only one rank of each replicated group writes a box (the one at coordinate
+// 0 on every Replicate mesh dim); Partial tensors are reduced first. A save
+// writes into a temporary directory beside `dir`, fsyncs, writes the
+// manifest last and renames (exchanging with an older checkpoint
+// atomically), so a save cut short leaves the previous checkpoint loadable.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <map>
+#include <string>
+
+#include "dtensor/api/dtensor_tensor.h"
+
+namespace dtensor::dcp {
+
+struct SaveOptions {
+  /// Partial tensors are reduced before they are written (one collective
+  /// each); false refuses them with a LayoutError instead.
+  bool allow_communication = true;
+  /// Bytes per checksummed chunk of a saved box: a reader reads whole chunks
+  /// of what it needs and verifies each.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// Called on every rank just before it writes its file, with its rank: a
+  /// test injects a failure there (a save that throws on one rank leaves the
+  /// older checkpoint at `dir` loadable).
+  std::function<void(int rank)> before_writing = {};
+};
+
+/// Collective over the tensors' mesh (every rank passes the same names; all
+/// tensors on one mesh, else ValueError). Replaces `dir` if it exists.
+/// Partial tensors are reduced (SaveOptions). Errors: ValueError for bad
+/// arguments; CheckpointError when a file cannot be written (on every rank,
+/// naming the rank and file), leaving any older checkpoint at `dir` as it was.
+void save(const std::string& dir, const std::map<std::string, DTensor>& tensors, const SaveOptions& options = {});
+
+/// Where a loaded tensor goes.
+struct Target {
+  DeviceMesh mesh;
+  Layout layout;
+  /// When given, the saved tensor must have this shape / dtype (ShapeError /
+  /// DTypeError naming both otherwise), e.g. the parameter it will replace.
+  std::optional<Shape> shape = std::nullopt;
+  std::optional<DType> dtype = std::nullopt;
+};
+
+/// What a load read on this rank.
+struct LoadStats {
+  std::uint64_t bytes_read = 0;    // file bytes read (whole chunks)
+  std::uint64_t bytes_needed = 0;  // bytes of this rank's target boxes
+  std::uint64_t chunks_verified = 0;
+};
+
+/// Collective over the targets' mesh (every rank the same names). Each rank
+/// reads only the chunks of the saved boxes that meet its target boxes and
+/// verifies their checksums. Errors, on every rank, with nothing returned:
+/// ShapeError / DTypeError where the saved tensor is not the Target's;
+/// CheckpointError (no manifest, a missing or truncated file, a checksum
+/// mismatch naming the tensor, box and file), ValueError for a name not in
+/// the checkpoint, LayoutError for a target layout invalid for the shape.
+std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, Target>& targets,
+                                    LoadStats* stats = nullptr);
+
+/// One process, plain tensors: saves as a 1-rank checkpoint.
+void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, const SaveOptions& options = {});
+/// One process: the named tensors whole (all of the checkpoint's when
+/// `names` is empty).
+std::map<std::string, Tensor> load_full(const std::string& dir, const std::vector<std::string>& names = {});
+
+}  // namespace dtensor::dcp

@@ -1,0 +1,198 @@
+// save(): each writing rank writes its boxes into one safetensors file in a
+// temporary directory, rank 0 writes the manifest last and swaps the
+// directory in. Every step that can fail on one rank is followed by an
+// exchange of outcomes, so that all ranks throw together and none waits.
+#include <fcntl.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "dtensor/checkpoint/checkpoint.h"
+#include "dtensor/core/error.h"
+#include "format.h"
+#include "outcome.h"
+
+namespace dtensor::dcp {
+namespace {
+
+namespace fs = std::filesystem;
+using format::SavedBox;
+using format::TensorEntry;
+
+// One box this rank writes.
+struct Piece {
+  std::string name;
+  Tensor local;  // on the CPU, C-order
+  Box box;
+};
+
+fs::path staging_dir(const fs::path& dir) { return fs::path(dir.string() + ".saving"); }
+
+std::string file_name(int rank) { return fmt::format("rank-{:05d}.safetensors", rank); }
+
+// Writes this rank's pieces (if any) into `staging`; their manifest records.
+std::vector<std::pair<std::string, SavedBox>> write_pieces(const fs::path& staging, int rank,
+                                                           const std::vector<Piece>& pieces,
+                                                           std::uint64_t chunk_bytes) {
+  std::vector<std::pair<std::string, SavedBox>> out;
+  if (pieces.empty()) return out;
+  std::vector<format::FileTensor> tensors;
+  for (const Piece& p : pieces)
+    tensors.push_back({format::box_key(p.name, p.box), p.local.dtype(), p.box.size,
+                       std::span<const std::byte>(p.local.bytes(), p.local.nbytes())});
+  const std::string file = file_name(rank);
+  const auto ranges = format::write_safetensors(staging / file, tensors);
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    out.emplace_back(pieces[i].name, SavedBox{file, ranges[i].first, ranges[i].second, pieces[i].box, chunk_bytes,
+                                              format::chunk_checksums(tensors[i].bytes, chunk_bytes)});
+  return out;
+}
+
+std::string records_text(const std::vector<std::pair<std::string, SavedBox>>& records) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [name, box] : records) {
+    j.push_back({name, box.file, box.begin, box.end, box.box.offset, box.box.size, box.chunk_bytes, box.checksums});
+  }
+  return j.dump();
+}
+
+void add_records(format::Manifest& m, const std::string& text) {
+  for (const auto& r : nlohmann::json::parse(text)) {
+    SavedBox b{r[1].get<std::string>(), r[2].get<std::uint64_t>(), r[3].get<std::uint64_t>(),
+               Box{r[4].get<Shape>(), r[5].get<Shape>()}, r[6].get<std::uint64_t>(),
+               r[7].get<std::vector<std::uint64_t>>()};
+    m.tensors.at(r[0].get<std::string>()).boxes.push_back(std::move(b));
+  }
+}
+
+// Rank 0: the manifest, written last inside the staging directory, then the
+// directory swapped in for `dir` (an older checkpoint there is exchanged
+// atomically and then removed).
+void publish(const fs::path& dir, const fs::path& staging, const format::Manifest& m) {
+  const fs::path tmp = staging / "manifest.json.tmp";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    const std::string text = format::manifest_text(m);
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
+      throw CheckpointError(fmt::format("[checkpoint] writing {}: {}", tmp.string(), std::strerror(errno)));
+  }
+  format::sync_path(tmp, false);
+  fs::rename(tmp, staging / format::kManifestName);
+  format::sync_path(staging, true);
+  const fs::path parent = fs::absolute(dir).parent_path();
+  if (fs::exists(dir)) {
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
+      throw CheckpointError(fmt::format("[checkpoint] replacing {} by {}: {}", dir.string(), staging.string(),
+                                        std::strerror(errno)));
+    format::sync_path(parent, true);
+    fs::remove_all(staging);  // the older checkpoint, now under the staging name
+  } else {
+    fs::rename(staging, dir);
+  }
+  format::sync_path(parent, true);
+}
+
+// The entries every rank knows from metadata alone.
+format::Manifest entries(const std::map<std::string, DTensor>& tensors) {
+  format::Manifest m;
+  for (const auto& [name, t] : tensors) {
+    TensorEntry e;
+    e.name = name;
+    e.dtype = t.dtype();
+    e.shape = t.shape();
+    e.mesh_shape = t.mesh().shape();
+    e.mesh_dims = t.mesh().dim_names();
+    e.layout = fmt::format("{}", t.placements());
+    m.tensors.emplace(name, std::move(e));
+  }
+  return m;
+}
+
+// This rank's boxes to write: one rank per replicated group, none empty.
+std::vector<Piece> pieces_of(const std::map<std::string, DTensor>& tensors, const SaveOptions& options) {
+  std::vector<Piece> out;
+  for (const auto& [name, given] : tensors) {
+    DTensor t = given.detach();
+    if (t.placements() != t.placements().without_partial()) {
+      if (!options.allow_communication)
+        throw LayoutError(fmt::format("[checkpoint] tensor {} is {} (Partial): saving it needs a reduction, and "
+                                      "SaveOptions::allow_communication is false",
+                                      name, t.placements()));
+      t = t.redistribute(t.placements().without_partial());
+    }
+    bool writes = true;
+    for (int m = 0; m < t.placements().mesh_ndim(); ++m)
+      writes = writes && (!is_replicate(t.placements()[m]) || t.mesh().coordinate()[m] == 0);
+    const Box box = t.local_box();
+    if (writes && !box.empty()) out.push_back({name, t.to_local().to(Device::CPU), box});
+  }
+  return out;
+}
+
+void check_one_mesh(const std::map<std::string, DTensor>& tensors) {
+  const DTensor* first = nullptr;
+  for (const auto& [name, t] : tensors) {
+    if (!first) first = &t;
+    if (&t.mesh().comm() != &first->mesh().comm() || t.mesh().shape() != first->mesh().shape())
+      throw ValueError(fmt::format("[checkpoint] tensor {} is on mesh [{}], {} on mesh [{}] of another group: one save "
+                                   "takes tensors of one mesh",
+                                   name, fmt::join(t.mesh().shape(), ","), tensors.begin()->first,
+                                   fmt::join(first->mesh().shape(), ",")));
+  }
+}
+
+void save_pieces(const fs::path& dir, format::Manifest manifest, const std::vector<Piece>& pieces,
+                 Communicator* comm, const SaveOptions& options) {
+  const int rank = comm ? comm->rank() : 0;
+  const fs::path staging = staging_dir(dir);
+  agree(comm, "preparing the directory", [&] {
+    if (rank != 0) return;
+    if (dir.has_parent_path()) fs::create_directories(dir.parent_path());
+    fs::remove_all(staging);  // what a save cut short left
+    fs::create_directory(staging);
+  });
+  std::string mine;
+  agree(comm, "writing its boxes", [&] {
+    if (options.before_writing) options.before_writing(rank);
+    mine = records_text(write_pieces(staging, rank, pieces, options.chunk_bytes));
+  });
+  const std::vector<std::string> all = gather_texts(comm, mine);
+  agree(comm, "writing the manifest", [&] {
+    if (rank != 0) return;
+    for (const std::string& text : all) add_records(manifest, text);
+    publish(dir, staging, manifest);
+  });
+}
+
+}  // namespace
+
+void save(const std::string& dir, const std::map<std::string, DTensor>& tensors, const SaveOptions& options) {
+  if (tensors.empty()) throw ValueError("[checkpoint] save of no tensors: expected at least one");
+  if (options.chunk_bytes == 0) throw ValueError("[checkpoint] SaveOptions::chunk_bytes = 0; expected at least 1");
+  check_one_mesh(tensors);
+  std::vector<Piece> pieces;
+  Communicator& comm = tensors.begin()->second.mesh().comm();
+  agree(&comm, "reducing Partial tensors", [&] { pieces = pieces_of(tensors, options); });
+  save_pieces(dir, entries(tensors), pieces, &comm, options);
+}
+
+void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, const SaveOptions& options) {
+  if (tensors.empty()) throw ValueError("[checkpoint] save of no tensors: expected at least one");
+  if (options.chunk_bytes == 0) throw ValueError("[checkpoint] SaveOptions::chunk_bytes = 0; expected at least 1");
+  format::Manifest manifest;
+  std::vector<Piece> pieces;
+  for (const auto& [name, t] : tensors) {
+    TensorEntry e;
+    e.name = name;
+    e.dtype = t.dtype();
+    e.shape = t.shape();
+    manifest.tensors.emplace(name, std::move(e));
+    if (t.numel() > 0) pieces.push_back({name, t.detach().to(Device::CPU), full_box(t.shape())});
+  }
+  save_pieces(dir, std::move(manifest), pieces, nullptr, options);
+}
+
+}  // namespace dtensor::dcp
