@@ -81,4 +81,19 @@ void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, 
 /// `names` is empty).
 std::map<std::string, Tensor> load_full(const std::string& dir, const std::vector<std::string>& names = {});
 
+/// What verify() checked.
+struct VerifyReport {
+  std::uint64_t tensors = 0, boxes = 0, bytes = 0, chunks = 0;
+};
+/// Reads every saved box whole and checks every chunk's checksum, and that
+/// each tensor's boxes are disjoint and cover it. CheckpointError naming the
+/// file, tensor and box of the first problem.
+VerifyReport verify(const std::string& dir);
+
+/// A safetensors file as plain tensors (F32, F64, I64, BF16, F16), e.g. one
+/// written by Python; CheckpointError naming the file when it is not one.
+std::map<std::string, Tensor> read_safetensors(const std::string& path);
+/// Writes plain tensors as one safetensors file (fsynced).
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors);
+
 }  // namespace dtensor::dcp
