@@ -5,6 +5,8 @@
 //   build/examples/train_gpt --ranks 4 --mesh 2x2 --dims dp,tp --plan ddp,tp --steps 20
 //   build/examples/train_gpt --ranks 2 --plan tp_sp --json run.json --plot loss.svg --generate 64
 //   mpirun -np 4 build/examples/train_gpt --mesh 4 --plan ddp
+#include <filesystem>
+
 #include <dtensor/dtensor.h>
 #include <dtensor/nn/parallel_plan.h>
 
@@ -74,6 +76,9 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
             {"batch", o.batch},
             {"micro_batches", o.micro_batches},
             {"steps", o.steps},
+            {"schedule_steps", o.schedule_steps > 0 ? o.schedule_steps : o.steps},
+            {"save", o.save_dir},
+            {"resume", o.resume_dir},
             {"warmup", o.warmup},
             {"lr", o.lr},
             {"weight_decay", o.weight_decay},
@@ -83,6 +88,7 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
             {"val_batches", o.val_batches},
             {"eval_every", o.eval_every},
             {"text", o.text}}},
+          {"first_step", r.first_step},
           {"losses", r.losses},
           {"val_loss", r.val_loss},
           {"val_points", r.val_points},
@@ -117,6 +123,12 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batches", o.micro_batches, "accumulated per optimizer step")->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "warmup steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--schedule-steps", o.schedule_steps,
+                 "the learning-rate schedule's length (default: --steps; a run saved to resume later passes the "
+                 "final step count)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--save", o.save_dir, "save the model and optimizer to this checkpoint directory after the last step");
+  app.add_option("--resume", o.resume_dir, "resume from this checkpoint (any mesh and plan) up to --steps");
   app.add_option("--lr", o.lr, "peak learning rate (AdamW)")->check(CLI::PositiveNumber);
   app.add_option("--weight-decay", o.weight_decay)->check(CLI::NonNegativeNumber);
   app.add_option("--clip", o.clip, "max gradient norm (0: off)")->check(CLI::NonNegativeNumber);
@@ -159,6 +171,8 @@ int main(int argc, char** argv) {
     // 1-D mesh is all the ranks.
     const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{ranks} : Shape{};
     if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
+    if (!o.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(o.resume_dir) / "manifest.json"))
+      throw ValueError(fmt::format("--resume '{}' is not a checkpoint: it has no manifest.json", o.resume_dir));
     o.text = gpt::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
     data.emplace(o.text);
   } catch (const Error& e) {

@@ -17,8 +17,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_mpi import mpi_sanitizer_env  # noqa: E402
 
-SMALL = ["--layers", "2", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--steps", "6",
+SMALL = ["--layers", "2", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4",
          "--dtype", "f64", "--lr", "3e-3", "--generate", "10", "--clip", "0.5"]
+STEPS = ["--steps", "6"]
 
 
 def run(cmd, env):
@@ -41,7 +42,8 @@ def main() -> int:
 
     def train(extra, name, launcher=(), run_env=env):
         path = os.path.join(tmp, name + ".json")
-        rc, out, err = run([*launcher, exe, *SMALL, *extra, "--json", path], run_env)
+        steps = [] if "--steps" in extra else STEPS
+        rc, out, err = run([*launcher, exe, *SMALL, *steps, *extra, "--json", path], run_env)
         result = json.load(open(path)) if rc == 0 and os.path.exists(path) else None
         return rc, out, err, result
 
@@ -81,7 +83,24 @@ def main() -> int:
                        mpi is not None and same_losses(one["losses"], mpi["losses"]) and
                        mpi["generated"] == one["generated"], err + out))
 
+    # Saved after 3 of the 6 steps on 1 rank, resumed on 2x2 under ddp,tp_sp:
+    # steps 4-6 are the uninterrupted run's.
+    ckpt = os.path.join(tmp, "ckpt")
+    rc, out, err, first = train(["--steps", "3", "--schedule-steps", "6", "--save", ckpt], "first")
+    rc, out, err, rest = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
+                                "--resume", ckpt], "rest")
+    checks.append(("--save after 3 steps, --resume on 2x2: steps 4-6 equal the uninterrupted run's",
+                   first is not None and rest is not None and rest["first_step"] == 3 and
+                   same_losses(one["losses"][3:], rest["losses"]) and same_losses(one["losses"][:3], first["losses"]),
+                   err + out))
+    if use_mpi and first is not None:
+        rc, out, err, mpi_rest = train(["--mesh", "4", "--dims", "dp", "--plan", "fsdp", "--resume", ckpt],
+                                       "mpi_rest", (mpirun, "-np", "4"), menv)
+        checks.append(("mpirun -np 4 resumes it under fsdp: the same steps 4-6",
+                       mpi_rest is not None and same_losses(one["losses"][3:], mpi_rest["losses"]), err + out))
+
     for args, needle in [(["--plan", "foo"], "unknown plan 'foo'"),
+                         (["--resume", tmp], "is not a checkpoint: it has no manifest.json"),
                          (["--ranks", "4", "--plan", "tp", "--heads", "6", "--d-model", "48"], "heads = 6"),
                          (["--ranks", "4", "--plan", "tp_sp", "--seq", "6"], "seq = 6"),
                          (["--ranks", "4", "--mesh", "2x3", "--plan", "ddp,ddp"], "--mesh 2x3 has 6 ranks"),

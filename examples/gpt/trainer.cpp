@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include <dtensor/checkpoint/checkpoint.h>
 #include <dtensor/core/memory_account.h>
 #include <dtensor/nn/optim.h>
 #include <dtensor/nn/parallel_plan.h>
@@ -40,6 +41,14 @@ Tensor host_tokens(const std::vector<std::int64_t>& values, std::int64_t rows, s
   return Tensor::from_vector(values, {rows, cols});
 }
 
+// Where a resumed tensor goes: its layout (none: replicated, or a plain
+// tensor) and the shape and dtype it must have.
+struct StateTarget {
+  std::optional<Layout> layout;
+  Shape shape;
+  DType dtype;
+};
+
 // One rank, plain tensors.
 struct PlainEnv {
   using X = Tensor;
@@ -54,6 +63,16 @@ struct PlainEnv {
   std::uint64_t largest(std::uint64_t v) const { return v; }
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
   void prepare(nn::GPT<Tensor>&) const {}
+  void save(const std::string& dir, const std::map<std::string, Tensor>& state) const { dcp::save(dir, state); }
+  // The named tensors whole (plain tensors have no layout).
+  std::map<std::string, Tensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
+    std::vector<std::string> names;
+    for (const auto& [name, target] : want) names.push_back(name);
+    return dcp::load_full(dir, names);
+  }
+  std::optional<Layout> layout_of(const Tensor&) const { return std::nullopt; }
+  std::optional<Layout> state_layout_of(const nn::AdamW<Tensor>&, std::size_t) const { return std::nullopt; }
+  Tensor scalar(std::int64_t v) const { return Tensor::full({}, static_cast<double>(v), DType::Int64); }
 };
 
 // DTensors on a mesh under a plan; every rank builds the same host batch
@@ -98,6 +117,20 @@ struct MeshEnv {
         for (const auto& member : members) gathered.push_back(plan.gathered_layout(member.first));
         model.gathered_layouts.push_back(std::move(gathered));
       }
+  }
+  void save(const std::string& dir, const std::map<std::string, DTensor>& state) const { dcp::save(dir, state); }
+  std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
+    std::map<std::string, dcp::Target> targets;
+    for (const auto& [name, t] : want)
+      targets.emplace(name, dcp::Target{mesh, t.layout.value_or(Layout::replicated(mesh.ndim())), t.shape, t.dtype});
+    return dcp::load(dir, targets);
+  }
+  std::optional<Layout> layout_of(const DTensor& t) const { return t.placements(); }
+  std::optional<Layout> state_layout_of(const nn::AdamW<DTensor>& opt, std::size_t i) const {
+    return opt.state_layout(i);
+  }
+  DTensor scalar(std::int64_t v) const {
+    return from_full(Tensor::full({}, static_cast<double>(v), DType::Int64), mesh, Layout::replicated(mesh.ndim()));
   }
   std::uint64_t largest(std::uint64_t v) const {
     double x = static_cast<double>(v);
@@ -151,6 +184,104 @@ std::string generate(nn::GPT<typename Env::X>& model, const Env& env, std::vecto
   return out;
 }
 
+// ---- Checkpoints: any mesh and plan resumes from any other -------------------
+
+constexpr const char* kStepsDone = "train.steps_done";
+
+// The model's parameters and AdamW's moments ("exp_avg.<name>",
+// "exp_avg_sq.<name>") under the plain model's names, and the steps done.
+// FSDP's flat units are gathered and cut into their members, so that the
+// checkpoint does not depend on the plan that wrote it.
+template <class Env>
+std::map<std::string, typename Env::X> training_state(nn::GPT<typename Env::X>& model,
+                                                      const nn::AdamW<typename Env::X>& opt, std::int64_t steps_done,
+                                                      const Env& env) {
+  using X = typename Env::X;
+  NoGradGuard no_grad;
+  std::map<std::string, X> out{{kStepsDone, env.scalar(steps_done)}};
+  const std::vector<X>& params = opt.params();
+  if constexpr (std::is_same_v<X, DTensor>) {
+    if (!model.units.empty()) {
+      for (std::size_t u = 0; u < model.units.size(); ++u) {
+        const nn::FlatUnit<DTensor>& unit = model.units[u];
+        auto put = [&](const std::string& prefix, const DTensor& flat) {
+          const std::vector<DTensor> members = unit.unflatten(flat.redistribute(unit.gathered));
+          for (std::size_t k = 0; k < members.size(); ++k) out.emplace(prefix + unit.names[k], members[k]);
+        };
+        put("", params[u]);
+        if (opt.exp_avg(u)) {
+          put("exp_avg.", *opt.exp_avg(u));
+          put("exp_avg_sq.", *opt.exp_avg_sq(u));
+        }
+      }
+      return out;
+    }
+  }
+  std::size_t i = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    out.emplace(name, params[i]);
+    if (opt.exp_avg(i)) {
+      out.emplace("exp_avg." + name, *opt.exp_avg(i));
+      out.emplace("exp_avg_sq." + name, *opt.exp_avg_sq(i));
+    }
+    ++i;
+  }
+  return out;
+}
+
+// Before the plan's preparation (FSDP's flattening): the parameters from
+// the checkpoint, in the layouts the plan gives them. Returns the steps done.
+template <class Env>
+std::int64_t load_parameters(const std::string& dir, nn::GPT<typename Env::X>& model, const Env& env) {
+  std::map<std::string, StateTarget> want{{kStepsDone, {std::nullopt, {}, DType::Int64}}};
+  auto named = model.named_parameters();
+  for (const auto& [name, p] : named) want.emplace(name, StateTarget{env.layout_of(*p), p->shape(), p->dtype()});
+  auto got = env.load(dir, want);
+  for (auto& [name, p] : named) {
+    *p = got.at(name).detach();
+    p->requires_grad_();
+  }
+  return static_cast<std::int64_t>(env.value(got.at(kStepsDone)));
+}
+
+// After the optimizer is made: its moments from the checkpoint, in its state
+// layouts (a flat FSDP unit's from its members, concatenated).
+template <class Env>
+void load_moments(const std::string& dir, nn::GPT<typename Env::X>& model, nn::AdamW<typename Env::X>& opt,
+                  std::int64_t updates, const Env& env) {
+  using X = typename Env::X;
+  if constexpr (std::is_same_v<X, DTensor>) {
+    if (!model.units.empty()) {
+      for (std::size_t u = 0; u < model.units.size(); ++u) {
+        const nn::FlatUnit<DTensor>& unit = model.units[u];
+        std::map<std::string, StateTarget> want;
+        for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+          for (std::size_t k = 0; k < unit.names.size(); ++k)
+            want.emplace(prefix + unit.names[k], StateTarget{std::nullopt, unit.shapes[k], unit.flat.dtype()});
+        const auto got = env.load(dir, want);
+        auto flat = [&](const std::string& prefix) {
+          std::vector<Tensor> pieces;
+          for (std::size_t k = 0; k < unit.names.size(); ++k)
+            pieces.push_back(reshape(got.at(prefix + unit.names[k]).to_local(), {numel(unit.shapes[k])}));
+          return from_full(cat(std::span<const Tensor>(pieces), 0), env.mesh, opt.state_layout(u));
+        };
+        opt.load_state(u, flat("exp_avg."), flat("exp_avg_sq."), updates);
+      }
+      return;
+    }
+  }
+  std::map<std::string, StateTarget> want;
+  const auto named = model.named_parameters();
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+      want.emplace(prefix + named[i].first,
+                   StateTarget{env.state_layout_of(opt, i), named[i].second->shape(), named[i].second->dtype()});
+  }
+  const auto got = env.load(dir, want);
+  for (std::size_t i = 0; i < named.size(); ++i)
+    opt.load_state(i, got.at("exp_avg." + named[i].first), got.at("exp_avg_sq." + named[i].first), updates);
+}
+
 template <class Env>
 TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, const StepCallback& on_step) {
   using X = typename Env::X;
@@ -161,11 +292,17 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   const ChargeMemoryTo charge(memory);
   std::size_t step_peak = 0;
   nn::GPT<X> model = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations(false));
+  const std::int64_t first_step = o.resume_dir.empty() ? 0 : load_parameters(o.resume_dir, model, env);
+  if (first_step > o.steps)
+    throw ValueError(fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step,
+                                 o.steps));
   env.prepare(model);
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
                                   .sharding = {.state_layouts = env.state_layouts(model.named_parameters())}});
+  if (first_step > 0) load_moments(o.resume_dir, model, optimizer, first_step, env);
+  const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
   auto batch_of = [&](Split split, std::uint64_t draw) {
     const Batch b = data.next_batch(split, o.batch, seq, draw, o.seed);
     return std::pair{env.input(host_tokens(b.inputs, o.batch, seq), false),
@@ -183,13 +320,14 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   };
 
   TrainResult result;
+  result.first_step = first_step;
   double seconds = 0;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     std::optional<ExplainScope> explain;
     if (o.explain && step == o.steps - 1 && env.lead()) explain.emplace();
     memory->reset_peak();
-    optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, o.steps, o.lr, o.lr / 10));
+    optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
     DimsStats forward, backward;
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
@@ -212,7 +350,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The first step builds the caches (propagation, plans, memory): the
     // rate is the steady one after it, when there is an after.
-    if (step > 0 || o.steps == 1) seconds += took;
+    if (step > first_step || o.steps - first_step == 1) seconds += took;
     result.losses.push_back(loss_sum / static_cast<double>(o.micro_batches));
     if (step == o.steps - 1) {
       result.comm.clear();
@@ -224,10 +362,11 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps)
       result.val_points.emplace_back(step, validation_loss());
   }
-  const std::int64_t timed_steps = o.steps > 1 ? o.steps - 1 : o.steps;
+  const std::int64_t ran = o.steps - first_step, timed_steps = ran > 1 ? ran - 1 : ran;
   result.tokens_per_second =
       seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * seq) / seconds : 0;
 
+  if (!o.save_dir.empty()) env.save(o.save_dir, training_state(model, optimizer, o.steps, env));
   result.val_loss = validation_loss();
   result.val_points.emplace_back(o.steps - 1, result.val_loss);
 

@@ -23,6 +23,13 @@ struct TrainOptions {
   std::int64_t micro_batches = 1;  // gradients accumulated, one optimizer step
   std::int64_t steps = 20;
   std::int64_t warmup = 0;  // steps of linear warmup before the cosine
+  std::int64_t schedule_steps = 0;  // the learning-rate schedule's length (0: steps)
+  /// Saves the model and optimizer here after the last step (a checkpoint
+  /// any mesh and plan can resume from).
+  std::string save_dir;
+  /// Resumes from this checkpoint: its parameters, moments and step count;
+  /// the run continues from the saved step up to `steps`.
+  std::string resume_dir;
   double lr = 1e-3;
   double weight_decay = 0.0;
   double clip = 0.0;  // max gradient norm; 0: no clipping
@@ -44,7 +51,8 @@ struct PhaseComm {
 };
 
 struct TrainResult {
-  std::vector<double> losses;  // one per step (the mean over its micro-batches)
+  std::int64_t first_step = 0;  // the step losses[0] belongs to (after a resume: the saved step)
+  std::vector<double> losses;   // one per step run (the mean over its micro-batches)
   double val_loss = 0;
   std::vector<std::pair<std::int64_t, double>> val_points;  // (step, validation loss), the last at the end
   std::vector<PhaseComm> comm;                              // the last step's

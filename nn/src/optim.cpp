@@ -337,6 +337,28 @@ AdamW<X>::AdamW(std::vector<X> params, AdamWOptions options)
 }
 
 template <Parameter X>
+void AdamW<X>::load_state(std::size_t i, X exp_avg, X exp_avg_sq, std::int64_t updates) {
+  const X& p = this->params_.at(i);
+  for (const X* m : {&exp_avg, &exp_avg_sq}) {
+    if (m->shape() != p.shape())
+      throw ShapeError(fmt::format("[AdamW] load_state: a moment of shape [{}] for parameter {} of shape [{}]",
+                                   fmt::join(m->shape(), ","), i, fmt::join(p.shape(), ",")));
+    if (m->dtype() != p.dtype())
+      throw DTypeError(fmt::format("[AdamW] load_state: a {} moment for parameter {} of {}", m->dtype(), i, p.dtype()));
+    if constexpr (std::same_as<X, DTensor>)
+      if (m->placements() != this->state_layout(i))
+        throw LayoutError(fmt::format("[AdamW] load_state: a moment laid out {} for parameter {}, whose state layout "
+                                      "is {}",
+                                      m->placements(), i, this->state_layout(i)));
+  }
+  if (updates < 0) throw ValueError(fmt::format("[AdamW] load_state: updates = {}; expected >= 0", updates));
+  exp_avg_[i] = exp_avg.detach();
+  exp_avg_sq_[i] = exp_avg_sq.detach();
+  param_steps_[i] = updates;
+  this->steps_ = std::max(this->steps_, updates);
+}
+
+template <Parameter X>
 void AdamW<X>::step() {
   NoGradGuard no_grad;
   const AdamWOptions& o = options_;

@@ -153,6 +153,14 @@ class AdamW : public Optimizer<X> {
   /// before its first update).
   const std::optional<X>& exp_avg(std::size_t i) const { return exp_avg_.at(i); }
   const std::optional<X>& exp_avg_sq(std::size_t i) const { return exp_avg_sq_.at(i); }
+  /// Updates parameter i has had (its bias correction's step count).
+  std::int64_t updates(std::size_t i) const { return param_steps_.at(i); }
+  /// Parameter i's state as a checkpoint had it (PyTorch's
+  /// load_state_dict): its moments, in its state layout on DTensors (else
+  /// LayoutError naming both), of its shape and dtype (else ShapeError /
+  /// DTypeError), and the updates it had. The optimizer's steps() becomes
+  /// the largest updates() of its parameters.
+  void load_state(std::size_t i, X exp_avg, X exp_avg_sq, std::int64_t updates);
 
  private:
   AdamWOptions options_;
