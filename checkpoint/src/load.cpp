@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,17 +35,13 @@ class Files {
   Files(const Files&) = delete;
   Files& operator=(const Files&) = delete;
 
-  // Bytes [from, to) of the box's range, as whole chunks, each verified.
-  // Returns the bytes and the offset of their first byte in the box.
-  std::pair<std::vector<std::byte>, std::uint64_t> read(const TensorEntry& t, const SavedBox& b, std::uint64_t from,
-                                                        std::uint64_t to) {
-    const std::uint64_t first = from / b.chunk_bytes, last = (to - 1) / b.chunk_bytes;
-    const std::uint64_t begin = first * b.chunk_bytes, end = std::min(b.end - b.begin, (last + 1) * b.chunk_bytes);
-    std::vector<std::byte> bytes(end - begin);
+  // Bytes [begin, end) of the box's range (whole chunks: begin on a chunk
+  // boundary, end on one or at the box's end) into `dest`, each chunk
+  // verified there.
+  void read(const TensorEntry& t, const SavedBox& b, std::uint64_t begin, std::uint64_t end, std::byte* dest) {
     const int fd = open(b.file);
-    std::uint64_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(b.begin + begin + done));
+    for (std::uint64_t done = 0; done < end - begin;) {
+      const ssize_t n = ::pread(fd, dest + done, end - begin - done, static_cast<off_t>(b.begin + begin + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
         throw CheckpointError(fmt::format("[checkpoint] {}: tensor {} box {}: the file ends before byte {} ({})",
@@ -52,18 +49,15 @@ class Files {
                                           n < 0 ? std::strerror(errno) : "truncated"));
       done += static_cast<std::uint64_t>(n);
     }
-    for (std::uint64_t c = first; c <= last; ++c) {
-      const std::uint64_t at = c * b.chunk_bytes - begin;
-      const auto span = std::span<const std::byte>(bytes).subspan(at, std::min<std::uint64_t>(b.chunk_bytes, bytes.size() - at));
-      if (format::checksum(span) != b.checksums[c])
+    for (std::uint64_t at = begin; at < end; at += b.chunk_bytes) {
+      const std::uint64_t c = at / b.chunk_bytes, n = std::min(b.chunk_bytes, end - at);
+      if (format::checksum(std::span<const std::byte>(dest + (at - begin), n)) != b.checksums[c])
         throw CheckpointError(fmt::format("[checkpoint] {}: tensor {} box {}: chunk {} (bytes {}..{}) does not match "
                                           "its checksum: the file is corrupt",
-                                          (dir_ / b.file).string(), t.name, b.box, c, b.begin + c * b.chunk_bytes,
-                                          b.begin + c * b.chunk_bytes + span.size()));
+                                          (dir_ / b.file).string(), t.name, b.box, c, b.begin + at, b.begin + at + n));
       ++stats.chunks_verified;
     }
-    stats.bytes_read += bytes.size();
-    return {std::move(bytes), begin};
+    stats.bytes_read += end - begin;
   }
 
   LoadStats stats;
@@ -125,22 +119,33 @@ std::vector<Run> runs_of(const Box& saved, const Box& cut, const Box& mine) {
 }
 
 // Reads the chunks of `b` that hold `cut` (whole chunks, merged where they
-// touch) and copies the cut into `out`.
+// touch) and copies the cut into `out`. A run that starts and ends on chunk
+// boundaries (a whole saved box, the common case) is read straight into
+// `out` and verified there, without a copy.
 void read_cut(Files& files, const TensorEntry& t, const SavedBox& b, const Box& cut, Tensor& out, const Box& mine) {
   const std::vector<Run> runs = runs_of(b.box, cut, mine);
-  const auto isz = static_cast<std::int64_t>(itemsize(t.dtype));
-  const auto cb = static_cast<std::int64_t>(b.chunk_bytes);
-  auto first_chunk = [&](const Run& r) { return r.from * isz / cb; };
-  auto last_chunk = [&](const Run& r) { return ((r.from + r.length) * isz - 1) / cb; };
+  const auto isz = static_cast<std::uint64_t>(itemsize(t.dtype));
+  const std::uint64_t cb = b.chunk_bytes, box_bytes = b.end - b.begin;
+  auto byte_begin = [&](const Run& r) { return static_cast<std::uint64_t>(r.from) * isz; };
+  auto byte_end = [&](const Run& r) { return static_cast<std::uint64_t>(r.from + r.length) * isz; };
+  auto chunk_end = [&](std::uint64_t byte) { return std::min(box_bytes, (byte + cb - 1) / cb * cb); };
+  std::unique_ptr<std::byte[]> buffer;
   for (std::size_t i = 0; i < runs.size();) {
-    std::int64_t last = last_chunk(runs[i]);
+    const std::uint64_t begin = byte_begin(runs[i]) / cb * cb;
+    std::uint64_t end = chunk_end(byte_end(runs[i]));
     std::size_t j = i + 1;
-    for (; j < runs.size() && first_chunk(runs[j]) <= last + 1; ++j) last = std::max(last, last_chunk(runs[j]));
-    const auto [bytes, begin] =
-        files.read(t, b, static_cast<std::uint64_t>(runs[i].from * isz), static_cast<std::uint64_t>((last + 1) * cb));
+    for (; j < runs.size() && byte_begin(runs[j]) / cb * cb <= end; ++j) end = std::max(end, chunk_end(byte_end(runs[j])));
+    std::byte* into = out.bytes() + static_cast<std::uint64_t>(runs[i].to) * isz;
+    if (j == i + 1 && begin == byte_begin(runs[i]) && end == byte_end(runs[i])) {
+      files.read(t, b, begin, end, into);
+      ++i;
+      continue;
+    }
+    buffer.reset(new std::byte[end - begin]);  // uninitialised: read() fills it
+    files.read(t, b, begin, end, buffer.get());
     for (; i < j; ++i)
-      std::memcpy(out.bytes() + runs[i].to * isz, bytes.data() + runs[i].from * isz - static_cast<std::int64_t>(begin),
-                  static_cast<std::size_t>(runs[i].length * isz));
+      std::memcpy(out.bytes() + static_cast<std::uint64_t>(runs[i].to) * isz, buffer.get() + (byte_begin(runs[i]) - begin),
+                  static_cast<std::size_t>(byte_end(runs[i]) - byte_begin(runs[i])));
   }
 }
 
@@ -233,6 +238,19 @@ std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::
   });
   if (stats) *stats = files.stats;
   return out;
+}
+
+void load_into(const std::string& dir, const std::vector<std::pair<std::string, DTensor*>>& named, LoadStats* stats) {
+  if (named.empty()) throw ValueError("[checkpoint] load_into no tensors: expected at least one");
+  std::map<std::string, Target> targets;
+  for (const auto& [name, t] : named)
+    targets.emplace(name, Target{t->mesh(), t->placements().without_partial(), t->shape(), t->dtype()});
+  auto got = load(dir, targets, stats);
+  for (const auto& [name, t] : named) {
+    const bool grad = t->requires_grad();
+    *t = got.at(name);
+    if (grad) t->requires_grad_();
+  }
 }
 
 std::map<std::string, Tensor> load_full(const std::string& dir, const std::vector<std::string>& names) {

@@ -179,6 +179,15 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
   save_pieces(dir, entries(tensors), pieces, &comm, options);
 }
 
+void save(const std::string& dir, const std::vector<std::pair<std::string, DTensor*>>& named,
+          const SaveOptions& options) {
+  std::map<std::string, DTensor> tensors;
+  for (const auto& [name, t] : named)
+    if (!tensors.emplace(name, *t).second)
+      throw ValueError(fmt::format("[checkpoint] the name {} is given twice: expected each once", name));
+  save(dir, tensors, options);
+}
+
 void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, const SaveOptions& options) {
   if (tensors.empty()) throw ValueError("[checkpoint] save of no tensors: expected at least one");
   if (options.chunk_bytes == 0) throw ValueError("[checkpoint] SaveOptions::chunk_bytes = 0; expected at least 1");

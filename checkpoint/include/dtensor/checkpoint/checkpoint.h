@@ -75,6 +75,17 @@ struct LoadStats {
 std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, Target>& targets,
                                     LoadStats* stats = nullptr);
 
+/// A model's named_parameters() (nn::NamedParameters<DTensor>, pairs of
+/// name and pointer): saved as the map above.
+void save(const std::string& dir, const std::vector<std::pair<std::string, DTensor*>>& named,
+          const SaveOptions& options = {});
+/// Loads each named tensor into its own mesh and layout, checked against its
+/// shape and dtype, and replaces it in place (keeping requires_grad): a
+/// model's parameters resumed from a checkpoint saved on any mesh. Nothing
+/// is replaced when anything fails.
+void load_into(const std::string& dir, const std::vector<std::pair<std::string, DTensor*>>& named,
+               LoadStats* stats = nullptr);
+
 /// One process, plain tensors: saves as a 1-rank checkpoint.
 void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, const SaveOptions& options = {});
 /// One process: the named tensors whole (all of the checkpoint's when
