@@ -94,6 +94,10 @@ struct FailureLog {
     std::lock_guard lock(mutex);
     failures.push_back(std::move(message));
   }
+  /// On the main thread: each failure as a Boost.Test error after `context`.
+  void report(std::string_view context) const {
+    for (const auto& f : failures) BOOST_ERROR(context << ": " << f);
+  }
 };
 
 }  // namespace dtensor::testing

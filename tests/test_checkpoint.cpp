@@ -67,18 +67,7 @@ Shape random_shape(std::mt19937_64& rng) {
   return s;
 }
 
-// Every rank's failure (threads: collected and reported on the main thread).
-struct Failures {
-  std::mutex mu;
-  std::vector<std::string> messages;
-  void add(std::string m) {
-    std::lock_guard lock(mu);
-    messages.push_back(std::move(m));
-  }
-  void report(const std::string& context) {
-    for (const auto& m : messages) BOOST_ERROR(context << ": " << m);
-  }
-};
+using Failures = testing::FailureLog;
 
 // Saves `full` from `mesh_from` laid out `from` (Partial mesh dims hold
 // addends), loads it onto `mesh_to` as `to`; each rank's shard must equal
@@ -269,10 +258,12 @@ BOOST_AUTO_TEST_CASE(corrupt_truncated_and_missing_pieces_are_named,
       world.barrier();
     });
   };
-  auto load_on_4 = [&](std::optional<Shape> shape = std::nullopt, std::optional<DType> dtype = std::nullopt) {
-    return [&, shape, dtype](Communicator& world) {
+  // Loads `name` onto 4 ranks as `layout` (replicated), expecting shape and dtype.
+  auto load_on_4 = [&](std::optional<Shape> shape = std::nullopt, std::optional<DType> dtype = std::nullopt,
+                       std::string name = "w", std::string layout = "R") {
+    return [&, shape, dtype, name, layout](Communicator& world) {
       const DeviceMesh mesh(world, {4});
-      (void)ckpt::load(dir.string(), {{"w", {mesh, Layout::parse("R"), shape, dtype}}});
+      (void)ckpt::load(dir.string(), {{name, {mesh, Layout::parse(layout), shape, dtype}}});
     };
   };
   const fs::path file = dir / "rank-00001.safetensors";
@@ -301,22 +292,10 @@ BOOST_AUTO_TEST_CASE(corrupt_truncated_and_missing_pieces_are_named,
   BOOST_TEST(m.find("tensor w was saved with shape [64]; the target expects [65]") != std::string::npos, m);
   m = error_on_every_rank(4, load_on_4(std::nullopt, DType::Float32), &type);
   BOOST_TEST(m.find("tensor w was saved as f64; the target expects f32") != std::string::npos, m);
-  m = error_on_every_rank(
-      4,
-      [&](Communicator& world) {
-        const DeviceMesh mesh(world, {4});
-        (void)ckpt::load(dir.string(), {{"v", {mesh, Layout::parse("R")}}});
-      },
-      &type);
+  m = error_on_every_rank(4, load_on_4(std::nullopt, std::nullopt, "v"), &type);
   BOOST_TEST(type == "ValueError");
   BOOST_TEST(m.find("has no tensor 'v'; it has: w") != std::string::npos, m);
-  m = error_on_every_rank(
-      4,
-      [&](Communicator& world) {
-        const DeviceMesh mesh(world, {4});
-        (void)ckpt::load(dir.string(), {{"w", {mesh, Layout::parse("S(1)")}}});
-      },
-      &type);
+  m = error_on_every_rank(4, load_on_4(std::nullopt, std::nullopt, "w", "S(1)"), &type);
   BOOST_TEST(type == "ValueError");  // a LayoutError
 
   save_then([&] { fs::remove(dir / "manifest.json"); });

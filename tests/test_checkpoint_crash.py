@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_report import report  # noqa: E402
 from run_mpi import mpi_sanitizer_env  # noqa: E402
 
 LIMIT_S = 120
@@ -59,11 +60,7 @@ def main() -> int:
             rc2, out2 = run([program, "check", ckpt, "3"], env)
             checks.append((f"{name}: the next save replaces it", rc == 0 and rc2 == 0 and
                            not os.path.exists(ckpt + ".saving"), out + out2))
-    failed = 0
-    for name, ok, detail in checks:
-        print(f"{'ok' if ok else 'FAILED'}: {name}" + ("" if ok else f"\n  {detail}"))
-        failed += not ok
-    return 1 if failed else 0
+    return report(checks)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_report import report  # noqa: E402
+
 try:
     import numpy as np
     from safetensors.numpy import load_file, save_file
@@ -98,12 +101,7 @@ def main():
         checks.append(("a bad --layout exits 2 naming it", rc == 2 and "--layout 'wte'" in err, err))
         rc, out, err = run(tool, "verify", os.path.join(tmp, "nowhere"))
         checks.append(("verify of a directory without a manifest exits 1", rc == 1 and "manifest.json" in err, err))
-    failed = 0
-    for name, ok, detail in checks:
-        print(f"{'ok' if ok else 'FAILED'}: {name}" + ("" if ok else f"\n{detail}"))
-        failed += not ok
-    print(f"{len(checks) - failed} of {len(checks)} checks passed")
-    return 1 if failed else 0
+    return report(checks)
 
 
 if __name__ == "__main__":

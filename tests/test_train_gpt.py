@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_report import report  # noqa: E402
 from run_mpi import mpi_sanitizer_env  # noqa: E402
 
 SMALL = ["--layers", "2", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4",
@@ -50,9 +51,7 @@ def main() -> int:
     rc, out, err, one = train(["--plot", os.path.join(tmp, "loss.svg")], "one")
     checks.append(("1 rank trains and writes --json", one is not None, err))
     if one is None:
-        for name, ok, detail in checks:
-            print(f"{'ok' if ok else 'FAILED'}: {name}" + ("" if ok else f"\n{detail}"))
-        return 1
+        return report(checks)
     want = {"config", "losses", "val_loss", "comm", "tokens_per_second", "peak_bytes_per_rank", "memory_per_rank",
             "generated"}
     checks.append(("--json has " + ", ".join(sorted(want)), want <= set(one), sorted(one)))
@@ -111,11 +110,7 @@ def main() -> int:
         checks.append((f"{' '.join(args)} exits 2 naming the value", rc == 2 and len(lines) == 1 and needle in err,
                        f"rc {rc}: {err}"))
 
-    failed = 0
-    for name, ok, detail in checks:
-        print(f"{'ok' if ok else 'FAILED'}: {name}" + ("" if ok else f"\n  {detail}"))
-        failed += not ok
-    return 1 if failed else 0
+    return report(checks)
 
 
 if __name__ == "__main__":
