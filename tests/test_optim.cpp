@@ -113,6 +113,40 @@ BOOST_AUTO_TEST_CASE(sgd_and_adamw_follow_their_formulas) {
   }
 }
 
+// state_dict / load_state_dict: a second optimizer given the first's state
+// after 2 steps takes the same third step; a missing entry or a moment of
+// the wrong shape is refused before anything changes.
+BOOST_AUTO_TEST_CASE(adamw_state_round_trips) {
+  const nn::AdamWOptions o{.lr = 0.01, .weight_decay = 0.1};
+  Tensor a = leaf(Tensor::full({3}, 0.5, DType::Float64)), b = leaf(Tensor::full({2, 2}, -1.0, DType::Float64));
+  nn::AdamW<Tensor> first({a, b}, o);
+  auto step = [](nn::AdamW<Tensor>& opt, Tensor& x, Tensor& y, double g) {
+    x.set_grad(Tensor::full({3}, g, DType::Float64));
+    y.set_grad(Tensor::full({2, 2}, -g, DType::Float64));
+    opt.step();
+  };
+  step(first, a, b, 0.25);
+  step(first, a, b, -1.5);
+  const std::vector<std::string> names{"a", "b"};
+  const auto state = first.state_dict(names);
+  BOOST_TEST(state.size() == 4u);
+  Tensor a2 = leaf(a.detach().clone()), b2 = leaf(b.detach().clone());
+  nn::AdamW<Tensor> second({a2, b2}, o);
+  auto missing = state;
+  missing.erase("exp_avg_sq.b");
+  BOOST_CHECK_THROW(second.load_state_dict(missing, names, 2), ValueError);
+  auto wrong = state;
+  wrong["exp_avg.b"] = Tensor::zeros({4}, DType::Float64);
+  BOOST_CHECK_THROW(second.load_state_dict(wrong, names, 2), ShapeError);
+  BOOST_TEST(!second.exp_avg(0).has_value());  // nothing was changed
+  second.load_state_dict(state, names, 2);
+  BOOST_TEST(second.updates(1) == 2);
+  step(first, a, b, 0.75);
+  step(second, a2, b2, 0.75);
+  BOOST_TEST(equal(a.detach(), a2.detach()));
+  BOOST_TEST(equal(b.detach(), b2.detach()));
+}
+
 // A parameter without a gradient is left alone (and gets no state).
 BOOST_AUTO_TEST_CASE(a_parameter_without_a_gradient_is_skipped) {
   Tensor a = leaf(values({3}, 1)), b = leaf(values({2}, 2));

@@ -217,15 +217,12 @@ std::map<std::string, typename Env::X> training_state(nn::GPT<typename Env::X>& 
       return out;
     }
   }
-  std::size_t i = 0;
+  std::vector<std::string> names;
   for (const auto& [name, p] : model.named_parameters()) {
-    out.emplace(name, params[i]);
-    if (opt.exp_avg(i)) {
-      out.emplace("exp_avg." + name, *opt.exp_avg(i));
-      out.emplace("exp_avg_sq." + name, *opt.exp_avg_sq(i));
-    }
-    ++i;
+    out.emplace(name, params[names.size()]);
+    names.push_back(name);
   }
+  out.merge(opt.state_dict(names));
   return out;
 }
 
@@ -271,15 +268,13 @@ void load_moments(const std::string& dir, nn::GPT<typename Env::X>& model, nn::A
     }
   }
   std::map<std::string, StateTarget> want;
-  const auto named = model.named_parameters();
-  for (std::size_t i = 0; i < named.size(); ++i) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) {
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
-      want.emplace(prefix + named[i].first,
-                   StateTarget{env.state_layout_of(opt, i), named[i].second->shape(), named[i].second->dtype()});
+      want.emplace(prefix + name, StateTarget{env.state_layout_of(opt, names.size()), p->shape(), p->dtype()});
+    names.push_back(name);
   }
-  const auto got = env.load(dir, want);
-  for (std::size_t i = 0; i < named.size(); ++i)
-    opt.load_state(i, got.at("exp_avg." + named[i].first), got.at("exp_avg_sq." + named[i].first), updates);
+  opt.load_state_dict(env.load(dir, want), names, updates);
 }
 
 template <class Env>

@@ -18,6 +18,20 @@
 namespace dtensor::nn {
 namespace {
 
+// A copy with storage of its own, cut from the graph.
+Tensor owned_copy(const Tensor& t) { return t.detach().clone(); }
+DTensor owned_copy(const DTensor& t) {
+  const DTensor d = t.detach();
+  return DTensor::from_local(d.to_local().clone(), d.mesh(), d.placements(), d.shape(), FromLocalCheck::Trust);
+}
+
+// One name per parameter, or a ValueError naming both counts.
+void check_names(const std::vector<std::string>& names, std::size_t params, const char* where) {
+  if (names.size() != params)
+    throw ValueError(fmt::format("[AdamW] {}: {} names for {} parameters; expected one each", where, names.size(),
+                                 params));
+}
+
 // The shard an update writes into (shares the parameter's storage).
 Tensor local_of(const Tensor& t) { return t; }
 Tensor local_of(const DTensor& t) { return t.to_local(); }
@@ -337,7 +351,7 @@ AdamW<X>::AdamW(std::vector<X> params, AdamWOptions options)
 }
 
 template <Parameter X>
-void AdamW<X>::load_state(std::size_t i, X exp_avg, X exp_avg_sq, std::int64_t updates) {
+void AdamW<X>::check_state(std::size_t i, const X& exp_avg, const X& exp_avg_sq, std::int64_t updates) const {
   const X& p = this->params_.at(i);
   for (const X* m : {&exp_avg, &exp_avg_sq}) {
     if (m->shape() != p.shape())
@@ -352,10 +366,43 @@ void AdamW<X>::load_state(std::size_t i, X exp_avg, X exp_avg_sq, std::int64_t u
                                       m->placements(), i, this->state_layout(i)));
   }
   if (updates < 0) throw ValueError(fmt::format("[AdamW] load_state: updates = {}; expected >= 0", updates));
-  exp_avg_[i] = exp_avg.detach();
-  exp_avg_sq_[i] = exp_avg_sq.detach();
+}
+
+template <Parameter X>
+void AdamW<X>::load_state(std::size_t i, X exp_avg, X exp_avg_sq, std::int64_t updates) {
+  check_state(i, exp_avg, exp_avg_sq, updates);
+  // Copies: the step updates its moments in place, and the caller's tensors
+  // (another optimizer's state_dict, say) must not change with them.
+  exp_avg_[i] = owned_copy(exp_avg);
+  exp_avg_sq_[i] = owned_copy(exp_avg_sq);
   param_steps_[i] = updates;
   this->steps_ = std::max(this->steps_, updates);
+}
+
+template <Parameter X>
+std::map<std::string, X> AdamW<X>::state_dict(const std::vector<std::string>& names) const {
+  check_names(names, this->params_.size(), "state_dict");
+  std::map<std::string, X> out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (!exp_avg_[i]) continue;
+    out.emplace("exp_avg." + names[i], *exp_avg_[i]);
+    out.emplace("exp_avg_sq." + names[i], *exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+template <Parameter X>
+void AdamW<X>::load_state_dict(const std::map<std::string, X>& state, const std::vector<std::string>& names,
+                               std::int64_t updates) {
+  check_names(names, this->params_.size(), "load_state_dict");
+  for (const std::string& name : names)
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+      if (!state.contains(prefix + name))
+        throw ValueError(fmt::format("[AdamW] load_state_dict: no entry {}{} in the state given", prefix, name));
+  for (std::size_t i = 0; i < names.size(); ++i)  // all checked before any is changed
+    check_state(i, state.at("exp_avg." + names[i]), state.at("exp_avg_sq." + names[i]), updates);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    load_state(i, state.at("exp_avg." + names[i]), state.at("exp_avg_sq." + names[i]), updates);
 }
 
 template <Parameter X>

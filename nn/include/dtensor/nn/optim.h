@@ -30,6 +30,7 @@
 // (torch.optim.SGD, torch.optim.AdamW), computed in f64 for f64 parameters
 // and in f32 otherwise, the same elementwise whatever the layouts.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <vector>
@@ -158,11 +159,24 @@ class AdamW : public Optimizer<X> {
   /// Parameter i's state as a checkpoint had it (PyTorch's
   /// load_state_dict): its moments, in its state layout on DTensors (else
   /// LayoutError naming both), of its shape and dtype (else ShapeError /
-  /// DTypeError), and the updates it had. The optimizer's steps() becomes
+  /// DTypeError), and the updates it had. The moments are copied (the step
+  /// updates its own in place). The optimizer's steps() becomes
   /// the largest updates() of its parameters.
   void load_state(std::size_t i, X exp_avg, X exp_avg_sq, std::int64_t updates);
+  /// The moments by name (sharing storage with the optimizer's), for a
+  /// checkpoint (dcp::save takes the map as it is): "exp_avg.<name>" and "exp_avg_sq.<name>", names[i] naming
+  /// parameter i; parameters without moments yet are left out.
+  std::map<std::string, X> state_dict(const std::vector<std::string>& names) const;
+  /// The inverse (PyTorch's load_state_dict): every parameter's moments from
+  /// `state` (as dcp::load gave them, in the state layouts), and `updates`
+  /// updates each. ValueError naming a missing entry; nothing is changed then.
+  void load_state_dict(const std::map<std::string, X>& state, const std::vector<std::string>& names,
+                       std::int64_t updates);
 
  private:
+  // load_state's checks (shape, dtype, state layout, updates >= 0).
+  void check_state(std::size_t i, const X& exp_avg, const X& exp_avg_sq, std::int64_t updates) const;
+
   AdamWOptions options_;
   std::vector<std::optional<X>> exp_avg_, exp_avg_sq_;
   std::vector<std::int64_t> param_steps_;  // per parameter: bias correction counts its own updates
