@@ -303,6 +303,40 @@ BOOST_AUTO_TEST_CASE(corrupt_truncated_and_missing_pieces_are_named,
   BOOST_TEST(m.find("has no manifest.json") != std::string::npos, m);
 }
 
+// A model's named_parameters(): saved from one layout, loaded back into
+// parameters laid out otherwise on another mesh, in place, still requiring
+// gradients; a parameter of another shape is refused and nothing replaced.
+BOOST_AUTO_TEST_CASE(named_parameters_load_into_their_own_layouts,
+                     *boost::unit_test::precondition(ranks_available{4})) {
+  const TempDir tmp("named");
+  const std::string dir = (tmp.path / "c").string();
+  const Tensor w = Tensor::arange({6, 4}, DType::Float64), b = Tensor::arange({4}, DType::Float64);
+  testing::run_ranks(4, [&](Communicator& world) {
+    const DeviceMesh mesh(world, {2, 2});
+    DTensor pw = from_full(w, mesh, Layout::parse("S(0),S(1)")), pb = from_full(b, mesh, Layout::parse("R,R"));
+    ckpt::save(dir, std::vector<std::pair<std::string, DTensor*>>{{"w", &pw}, {"b", &pb}});
+  });
+  Failures failures;
+  testing::run_ranks(4, [&](Communicator& world) {
+    const DeviceMesh mesh(world, {4});
+    DTensor pw = DTensor::from_local(Tensor::zeros({6, 1}, DType::Float64), mesh, Layout::parse("S(1)"), Shape{6, 4});
+    DTensor pb = DTensor::from_local(Tensor::zeros({1}, DType::Float64), mesh, Layout::parse("S(0)"), Shape{4});
+    pw.requires_grad_();
+    DTensor wrong = DTensor::from_local(Tensor::zeros({5}, DType::Float64), mesh, Layout::parse("R"), Shape{5});
+    try {
+      ckpt::load_into(dir, {{"w", &pw}, {"b", &wrong}});
+      failures.add("a parameter of shape [5] took b's [4] values");
+    } catch (const ShapeError&) {
+    }
+    if (!equal(pw.to_local(), Tensor::zeros({6, 1}, DType::Float64))) failures.add("w was replaced by a failed load");
+    ckpt::load_into(dir, {{"w", &pw}, {"b", &pb}});
+    if (pw.placements() != Layout::parse("S(1)") || !pw.requires_grad())
+      failures.add(fmt::format("w is {} (requires_grad {})", pw.placements(), pw.requires_grad()));
+    if (!equal(pw.full_tensor(), w) || !equal(pb.full_tensor(), b)) failures.add("the loaded values differ");
+  });
+  failures.report("load_into");
+}
+
 // Plain tensors in one process: a 1-rank checkpoint, read whole.
 BOOST_AUTO_TEST_CASE(plain_tensors_round_trip) {
   const TempDir tmp("plain", /*shared=*/false);
