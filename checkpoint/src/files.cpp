@@ -18,19 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// pread of exactly `bytes` at `at`; CheckpointError naming `what` otherwise.
-void read_exactly(int fd, std::byte* out, std::uint64_t bytes, std::uint64_t at, const std::string& what) {
-  std::uint64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, out + done, bytes - done, static_cast<off_t>(at + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      throw CheckpointError(fmt::format("[checkpoint] {}: the file ends before byte {} ({})", what, at + done,
-                                        n < 0 ? std::strerror(errno) : "truncated"));
-    done += static_cast<std::uint64_t>(n);
-  }
-}
-
 struct Fd {
   int fd;
   explicit Fd(const fs::path& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
@@ -80,7 +67,7 @@ VerifyReport verify(const std::string& dir_text) {
       for (std::uint64_t c = 0; c < b.checksums.size(); ++c) {
         const std::uint64_t at = c * b.chunk_bytes, n = std::min(b.chunk_bytes, b.end - b.begin - at);
         chunk.resize(n);
-        read_exactly(file.fd, chunk.data(), n, b.begin + at, what);
+        format::read_at(file.fd, chunk.data(), n, b.begin + at, what);
         if (format::checksum(chunk) != b.checksums[c])
           throw CheckpointError(fmt::format("[checkpoint] {}: chunk {} (bytes {}..{}) does not match its checksum",
                                             what, c, b.begin + at, b.begin + at + n));
@@ -99,7 +86,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   std::map<std::string, Tensor> out;
   for (const auto& [key, e] : header) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
-    read_exactly(file.fd, t.bytes(), e.end - e.begin, e.begin, fmt::format("{}: tensor {}", path, key));
+    format::read_at(file.fd, t.bytes(), e.end - e.begin, e.begin, fmt::format("{}: tensor {}", path, key));
     out.emplace(key, std::move(t));
   }
   return out;

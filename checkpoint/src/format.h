@@ -79,6 +79,10 @@ struct FileEntry {
 };
 std::map<std::string, FileEntry> read_safetensors_header(const std::filesystem::path& path);
 
+/// pread of exactly `bytes` at `offset` of `fd` into `dest`; a CheckpointError
+/// "<what>: the file ends before byte N" when it cannot.
+void read_at(int fd, std::byte* dest, std::uint64_t bytes, std::uint64_t offset, const std::string& what);
+
 /// fsync of a file or directory; CheckpointError naming it on failure.
 void sync_path(const std::filesystem::path& path, bool directory);
 

@@ -39,16 +39,8 @@ class Files {
   // boundary, end on one or at the box's end) into `dest`, each chunk
   // verified there.
   void read(const TensorEntry& t, const SavedBox& b, std::uint64_t begin, std::uint64_t end, std::byte* dest) {
-    const int fd = open(b.file);
-    for (std::uint64_t done = 0; done < end - begin;) {
-      const ssize_t n = ::pread(fd, dest + done, end - begin - done, static_cast<off_t>(b.begin + begin + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        throw CheckpointError(fmt::format("[checkpoint] {}: tensor {} box {}: the file ends before byte {} ({})",
-                                          (dir_ / b.file).string(), t.name, b.box, b.begin + begin + done,
-                                          n < 0 ? std::strerror(errno) : "truncated"));
-      done += static_cast<std::uint64_t>(n);
-    }
+    format::read_at(open(b.file), dest, end - begin, b.begin + begin,
+                    fmt::format("{}: tensor {} box {}", (dir_ / b.file).string(), t.name, b.box));
     for (std::uint64_t at = begin; at < end; at += b.chunk_bytes) {
       const std::uint64_t c = at / b.chunk_bytes, n = std::min(b.chunk_bytes, end - at);
       if (format::checksum(std::span<const std::byte>(dest + (at - begin), n)) != b.checksums[c])

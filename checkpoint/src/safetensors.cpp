@@ -130,6 +130,17 @@ std::map<std::string, FileEntry> read_safetensors_header(const std::filesystem::
   return out;
 }
 
+void read_at(int fd, std::byte* dest, std::uint64_t bytes, std::uint64_t offset, const std::string& what) {
+  for (std::uint64_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(fd, dest + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw CheckpointError(fmt::format("[checkpoint] {}: the file ends before byte {} ({})", what, offset + done,
+                                        n < 0 ? std::strerror(errno) : "truncated"));
+    done += static_cast<std::uint64_t>(n);
+  }
+}
+
 void sync_path(const std::filesystem::path& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
   if (fd < 0 || ::fsync(fd) != 0) {
