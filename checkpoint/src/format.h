@@ -50,6 +50,12 @@ std::string box_key(const std::string& tensor, const Box& box);
 std::string manifest_text(const Manifest& m);
 /// Parses a manifest; CheckpointError naming `where` when it is not one.
 Manifest parse_manifest(std::string_view text, const std::string& where);
+/// One rank's saved boxes (tensor name, box) as text, in the manifest's box
+/// form, for rank 0 to gather; add_saved_boxes files them under their
+/// tensors in `m`, checked as the manifest's are.
+std::string saved_boxes_text(const std::vector<std::pair<std::string, SavedBox>>& boxes);
+void add_saved_boxes(Manifest& m, std::string_view text, const std::string& where);
+
 /// Reads dir/manifest.json; CheckpointError when it is missing or bad.
 Manifest read_manifest(const std::filesystem::path& dir);
 

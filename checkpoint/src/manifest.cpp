@@ -103,6 +103,25 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
   return m;
 }
 
+std::string saved_boxes_text(const std::vector<std::pair<std::string, SavedBox>>& boxes) {
+  json out = json::array();
+  for (const auto& [name, box] : boxes) out.push_back({name, box_json(box)});
+  return out.dump();
+}
+
+void add_saved_boxes(Manifest& m, std::string_view text, const std::string& where) {
+  try {
+    for (const auto& [name, box] : json::parse(text).get<std::vector<std::pair<std::string, json>>>()) {
+      TensorEntry& t = m.tensors.at(name);
+      t.boxes.push_back(parse_box(box, t, where));
+    }
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("[checkpoint] {}: not a list of saved boxes: {}", where, e.what()));
+  } catch (const std::out_of_range&) {
+    throw CheckpointError(fmt::format("[checkpoint] {}: a saved box of a tensor not being saved", where));
+  }
+}
+
 Manifest read_manifest(const std::filesystem::path& dir) {
   const auto path = dir / kManifestName;
   std::ifstream in(path, std::ios::binary);

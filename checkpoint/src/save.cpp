@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/core/error.h"
@@ -49,23 +48,6 @@ std::vector<std::pair<std::string, SavedBox>> write_pieces(const fs::path& stagi
     out.emplace_back(pieces[i].name, SavedBox{file, ranges[i].first, ranges[i].second, pieces[i].box, chunk_bytes,
                                               format::chunk_checksums(tensors[i].bytes, chunk_bytes)});
   return out;
-}
-
-std::string records_text(const std::vector<std::pair<std::string, SavedBox>>& records) {
-  nlohmann::json j = nlohmann::json::array();
-  for (const auto& [name, box] : records) {
-    j.push_back({name, box.file, box.begin, box.end, box.box.offset, box.box.size, box.chunk_bytes, box.checksums});
-  }
-  return j.dump();
-}
-
-void add_records(format::Manifest& m, const std::string& text) {
-  for (const auto& r : nlohmann::json::parse(text)) {
-    SavedBox b{r[1].get<std::string>(), r[2].get<std::uint64_t>(), r[3].get<std::uint64_t>(),
-               Box{r[4].get<Shape>(), r[5].get<Shape>()}, r[6].get<std::uint64_t>(),
-               r[7].get<std::vector<std::uint64_t>>()};
-    m.tensors.at(r[0].get<std::string>()).boxes.push_back(std::move(b));
-  }
 }
 
 // Rank 0: the manifest, written last inside the staging directory, then the
@@ -157,12 +139,13 @@ void save_pieces(const fs::path& dir, format::Manifest manifest, const std::vect
   std::string mine;
   agree(comm, "writing its boxes", [&] {
     if (options.before_writing) options.before_writing(rank);
-    mine = records_text(write_pieces(staging, rank, pieces, options.chunk_bytes));
+    mine = format::saved_boxes_text(write_pieces(staging, rank, pieces, options.chunk_bytes));
   });
   const std::vector<std::string> all = gather_texts(comm, mine);
   agree(comm, "writing the manifest", [&] {
     if (rank != 0) return;
-    for (const std::string& text : all) add_records(manifest, text);
+    for (std::size_t r = 0; r < all.size(); ++r)
+      format::add_saved_boxes(manifest, all[r], fmt::format("the boxes rank {} wrote", r));
     publish(dir, staging, manifest);
   });
 }
