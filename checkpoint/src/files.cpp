@@ -11,6 +11,7 @@
 
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/core/error.h"
+#include "chunk_reader.h"
 #include "format.h"
 
 namespace dtensor::dcp {
@@ -57,26 +58,22 @@ VerifyReport verify(const std::string& dir_text) {
   const fs::path dir(dir_text);
   const format::Manifest m = format::read_manifest(dir);
   VerifyReport report;
+  ChunkReader reader(dir);
   std::vector<std::byte> chunk;
   for (const auto& [name, t] : m.tensors) {
     check_disjoint(t, dir);
     ++report.tensors;
     for (const format::SavedBox& b : t.boxes) {
-      const Fd file(dir / b.file);
-      const std::string what = fmt::format("{}: tensor {} box {}", (dir / b.file).string(), name, b.box);
-      for (std::uint64_t c = 0; c < b.checksums.size(); ++c) {
-        const std::uint64_t at = c * b.chunk_bytes, n = std::min(b.chunk_bytes, b.end - b.begin - at);
-        chunk.resize(n);
-        format::read_at(file.fd, chunk.data(), n, b.begin + at, what);
-        if (format::checksum(chunk) != b.checksums[c])
-          throw CheckpointError(fmt::format("[checkpoint] {}: chunk {} (bytes {}..{}) does not match its checksum",
-                                            what, c, b.begin + at, b.begin + at + n));
-        ++report.chunks;
-        report.bytes += n;
+      for (std::uint64_t at = 0; at < b.end - b.begin; at += b.chunk_bytes) {
+        const std::uint64_t end = std::min(b.end - b.begin, at + b.chunk_bytes);
+        chunk.resize(end - at);
+        reader.read(t, b, at, end, chunk.data());
       }
       ++report.boxes;
     }
   }
+  report.chunks = reader.stats.chunks_verified;
+  report.bytes = reader.stats.bytes_read;
   return report;
 }
 

@@ -2,11 +2,8 @@
 // by their offset on dim 0 and swept, not scanned whole), reads only the
 // checksummed chunks that hold what it needs, verifies them, and copies the
 // intersections into its shard.
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <memory>
 
@@ -15,6 +12,7 @@
 
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/core/error.h"
+#include "chunk_reader.h"
 #include "format.h"
 #include "outcome.h"
 
@@ -24,51 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using format::SavedBox;
 using format::TensorEntry;
-
-// The checkpoint's files, each opened once, and what was read.
-class Files {
- public:
-  explicit Files(fs::path dir) : dir_(std::move(dir)) {}
-  ~Files() {
-    for (auto& [name, fd] : open_) ::close(fd);
-  }
-  Files(const Files&) = delete;
-  Files& operator=(const Files&) = delete;
-
-  // Bytes [begin, end) of the box's range (whole chunks: begin on a chunk
-  // boundary, end on one or at the box's end) into `dest`, each chunk
-  // verified there.
-  void read(const TensorEntry& t, const SavedBox& b, std::uint64_t begin, std::uint64_t end, std::byte* dest) {
-    format::read_at(open(b.file), dest, end - begin, b.begin + begin,
-                    fmt::format("{}: tensor {} box {}", (dir_ / b.file).string(), t.name, b.box));
-    for (std::uint64_t at = begin; at < end; at += b.chunk_bytes) {
-      const std::uint64_t c = at / b.chunk_bytes, n = std::min(b.chunk_bytes, end - at);
-      if (format::checksum(std::span<const std::byte>(dest + (at - begin), n)) != b.checksums[c])
-        throw CheckpointError(fmt::format("[checkpoint] {}: tensor {} box {}: chunk {} (bytes {}..{}) does not match "
-                                          "its checksum: the file is corrupt",
-                                          (dir_ / b.file).string(), t.name, b.box, c, b.begin + at, b.begin + at + n));
-      ++stats.chunks_verified;
-    }
-    stats.bytes_read += end - begin;
-  }
-
-  LoadStats stats;
-
- private:
-  int open(const std::string& file) {
-    if (auto it = open_.find(file); it != open_.end()) return it->second;
-    const fs::path path = dir_ / file;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw CheckpointError(fmt::format("[checkpoint] {} named by the manifest cannot be opened: {}", path.string(),
-                                        std::strerror(errno)));
-    open_.emplace(file, fd);
-    return fd;
-  }
-
-  fs::path dir_;
-  std::map<std::string, int> open_;
-};
 
 Shape strides_of(const Shape& size) {
   Shape s(size.size(), 1);
@@ -114,7 +67,7 @@ std::vector<Run> runs_of(const Box& saved, const Box& cut, const Box& mine) {
 // touch) and copies the cut into `out`. A run that starts and ends on chunk
 // boundaries (a whole saved box, the common case) is read straight into
 // `out` and verified there, without a copy.
-void read_cut(Files& files, const TensorEntry& t, const SavedBox& b, const Box& cut, Tensor& out, const Box& mine) {
+void read_cut(ChunkReader& files, const TensorEntry& t, const SavedBox& b, const Box& cut, Tensor& out, const Box& mine) {
   const std::vector<Run> runs = runs_of(b.box, cut, mine);
   const auto isz = static_cast<std::uint64_t>(itemsize(t.dtype));
   const std::uint64_t cb = b.chunk_bytes, box_bytes = b.end - b.begin;
@@ -160,7 +113,7 @@ std::vector<const SavedBox*> meeting(const TensorEntry& t, const std::vector<con
 }
 
 // This rank's box `mine` of `t`, read from the files.
-Tensor read_box(Files& files, const TensorEntry& t, const Box& mine) {
+Tensor read_box(ChunkReader& files, const TensorEntry& t, const Box& mine) {
   Tensor out = Tensor::empty(mine.size, t.dtype);
   std::vector<const SavedBox*> by_start;
   std::int64_t longest = 0;
@@ -207,7 +160,7 @@ std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::
                                    "one mesh",
                                    name, targets.begin()->first));
   std::map<std::string, DTensor> out;
-  Files files(dir);
+  ChunkReader files(dir);
   agree(&comm, "loading", [&] {
     const format::Manifest manifest = format::read_manifest(dir);
     for (const auto& [name, target] : targets) {
@@ -250,7 +203,7 @@ std::map<std::string, Tensor> load_full(const std::string& dir, const std::vecto
   std::vector<std::string> wanted = names;
   if (wanted.empty())
     for (const auto& [name, t] : manifest.tensors) wanted.push_back(name);
-  Files files(dir);
+  ChunkReader files(dir);
   std::map<std::string, Tensor> out;
   for (const std::string& name : wanted) {
     const TensorEntry& t = entry(manifest, name, dir);
