@@ -68,7 +68,13 @@ struct PlainEnv {
   std::map<std::string, Tensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
     std::vector<std::string> names;
     for (const auto& [name, target] : want) names.push_back(name);
-    return dcp::load_full(dir, names);
+    auto got = dcp::load_full(dir, names);
+    for (const auto& [name, target] : want)  // what dcp::load checks for DTensor targets
+      if (got.at(name).shape() != target.shape || got.at(name).dtype() != target.dtype)
+        throw ShapeError(fmt::format("[train] {} in {} is {} [{}]; the model expects {} [{}]", name, dir,
+                                     got.at(name).dtype(), fmt::join(got.at(name).shape(), ","), target.dtype,
+                                     fmt::join(target.shape, ",")));
+    return got;
   }
   std::optional<Layout> layout_of(const Tensor&) const { return std::nullopt; }
   std::optional<Layout> state_layout_of(const nn::AdamW<Tensor>&, std::size_t) const { return std::nullopt; }
