@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
+import xml.etree.ElementTree as ET
 
 BINARY = None
 EXAMPLE = ["--mesh", "2x4", "--shape", "64,128", "--dtype", "f32", "--from", "S(0),S(1)", "--to", "R,R"]
@@ -199,6 +201,63 @@ BAD_ARGUMENTS = [
     (["--seed", "abc"], "--seed"),
     (["--bogus"], "--bogus"),
 ]
+
+
+class Pictures(unittest.TestCase):
+    SVG_NS = "{http://www.w3.org/2000/svg}"
+
+    def draw(self, *args):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.svg")
+            proc = run(*args, "--svg", path)
+            self.assertEqual(proc.returncode, 0, f"{args}: stderr: {proc.stderr}")
+            return ET.parse(path).getroot()
+
+    def groups(self, root, cls):
+        return [g for g in root.iter(self.SVG_NS + "g") if g.get("class") == cls]
+
+    def test_one_panel_per_step_and_one_before(self):
+        out = run_json(self, *EXAMPLE)
+        root = self.draw(*EXAMPLE)
+        self.assertEqual(len(self.groups(root, "plan-panel")), len(out["steps"]) + 1)
+        self.assertEqual(len(self.groups(root, "step")), len(out["steps"]))
+        texts = [t.text or "" for t in root.iter(self.SVG_NS + "text")]
+        self.assertTrue(any(t.startswith("step 1: " + out["steps"][0]["op"]) for t in texts), texts)
+
+    def test_partial_source_is_hatched_and_named_dims_are_used(self):
+        root = self.draw("--mesh", "2x2", "--dims", "dp,tp", "--shape", "8,6", "--from", "S(0),P(sum)", "--to",
+                         "R,S(1)")
+        first = self.groups(root, "plan-panel")[0]
+        hatched = [r for r in first.iter(self.SVG_NS + "rect") if r.get("class") == "partial"]
+        self.assertEqual(len(hatched), 2)  # two row blocks, each a pending sum over tp
+        texts = [t.text or "" for t in root.iter(self.SVG_NS + "text")]
+        self.assertTrue(any("sum over tp" in t for t in texts), texts)
+
+    def test_html_page_is_self_contained(self):
+        out = run_json(self, *EXAMPLE)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.html")
+            proc = run(*EXAMPLE, "--html", path)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            with open(path, encoding="utf-8") as f:
+                page = f.read()
+        self.assertTrue(page.startswith("<!DOCTYPE html>"))
+        # Nothing is fetched: no src or href attributes, no stylesheet links.
+        self.assertNotRegex(page, r"\b(src|href)\s*=")
+        self.assertNotIn("<link", page)
+        self.assertIn("<svg", page)
+        self.assertIn("mouseenter", page)  # the hover
+        self.assertEqual(page.count("<li>"), len(out["steps"]))
+
+    def test_dims_that_do_not_fit_the_mesh_exit_2(self):
+        proc = run(*EXAMPLE, "--dims", "dp", "--svg", os.devnull)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--dims 'dp' names 1 mesh dims, but --mesh '2x4' has 2", proc.stderr)
+
+    def test_unwritable_file_exits_2(self):
+        proc = run(*EXAMPLE, "--svg", "/nonexistent-dir/plan.svg")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("/nonexistent-dir/plan.svg", proc.stderr)
 
 
 class BadArguments(unittest.TestCase):

@@ -8,7 +8,9 @@ Each Boost.Test suite writes an XML report (tests/meson.build passes
 without a report (a script, or a suite that crashed before writing one) counts
 as one case, passed, failed or skipped as meson saw it. An MPI job writes one
 report per rank (NAME.xml for rank 0, NAME.rank<r>.xml for the others): a case
-counts once, failed if it failed on any rank. Prints one line,
+counts once, failed if it failed on any rank. Prints the skipped and failed
+cases by name, each failure followed by the error lines its suite logged for
+it (a CI log cut to its tail must say why, not only what), then one line,
 "N passed, N failed, N skipped", and exits 1 if anything failed.
 """
 import json
@@ -60,6 +62,16 @@ def merged_results(reports: pathlib.Path, name: str):
     return merged
 
 
+def error_lines(output: str, case: str, limit: int = 4) -> list:
+    """The lines of a suite's Boost log that report errors in CASE (its leaf
+    name), at most LIMIT, each cut to 400 characters; any error lines at all
+    where none names the case (a crash, a fatal error outside a case)."""
+    leaf = case.rsplit("/", 1)[-1]
+    errors = [l for l in output.splitlines() if "error" in l.lower()]
+    named = [l for l in errors if f'/{leaf}"' in l or f'"{leaf}"' in l]
+    return [l.strip()[:400] for l in (named or errors)[:limit]]
+
+
 def main(args: list) -> int:
     passed = failed = skipped = 0
     names = []
@@ -81,6 +93,12 @@ def main(args: list) -> int:
         print(n)
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
+
+
+def why(entry: dict, case: str) -> str:
+    """Indented error lines of a meson test log entry for CASE."""
+    output = (entry.get("stdout") or "") + "\n" + (entry.get("stderr") or "")
+    return "".join("\n    " + l for l in error_lines(output, case))
 
 
 def count_build(build_dir: str, prefix: str):
@@ -109,13 +127,13 @@ def count_build(build_dir: str, prefix: str):
                     names.append(f"skipped: {prefix}{name}/{case}")
                 else:
                     failed += 1
-                    names.append(f"failed: {prefix}{name}/{case}")
+                    names.append(f"failed: {prefix}{name}/{case}" + why(entry, case))
             counted = True
             # A suite that reported only passes but still failed (a crash
             # after the report, a sanitizer error at exit) is a failure.
             if result not in ("OK", "EXPECTEDFAIL") and all(r in ("passed", "skipped") for r in cases.values()):
                 failed += 1
-                names.append(f"failed: {prefix}{name} (exited {result} after its cases passed)")
+                names.append(f"failed: {prefix}{name} (exited {result} after its cases passed)" + why(entry, ""))
         if not counted:
             if result in ("OK", "EXPECTEDFAIL"):
                 passed += 1
@@ -124,7 +142,7 @@ def count_build(build_dir: str, prefix: str):
                 names.append(f"skipped: {prefix}{name}")
             else:
                 failed += 1
-                names.append(f"failed: {prefix}{name} ({result})")
+                names.append(f"failed: {prefix}{name} ({result})" + why(entry, ""))
     return passed, failed, skipped, names
 
 

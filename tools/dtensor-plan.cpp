@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <atomic>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <new>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtensor/dtensor.h"
+#include "dtensor/pictures/svg.h"
 #include "plan_picture.h"
 #include "plan_run.h"
 
@@ -48,6 +50,9 @@ struct UsageError : std::runtime_error {
 
 struct Options {
   std::string mesh, shape, dtype = "f32", from, to, slow_dims;
+  std::string svg;                      // --svg FILE: the plan's picture
+  std::string html;                     // --html FILE: the page with the picture, the steps and a hover
+  std::vector<std::string> dim_names;  // --dims dp,tp: the mesh dims' names in pictures
   // As typed: the argument parser would clamp or wrap values out of range.
   std::optional<std::string> ranks_text;
   std::string seed_text = "0";
@@ -352,6 +357,24 @@ int report(const Options& o, const Plan& plan, const CostModel& cost, const std:
   return run && !run->verified ? kExitVerifyFailed : 0;
 }
 
+// Writes the plan's picture (--svg) and page (--html).
+void write_pictures(const Options& o, const Plan& plan) {
+  if (!o.dim_names.empty() && o.dim_names.size() != plan.mesh_shape.size())
+    throw UsageError(fmt::format("--dims '{}' names {} mesh dims, but --mesh '{}' has {}", fmt::join(o.dim_names, ","),
+                                 o.dim_names.size(), o.mesh, plan.mesh_shape.size()));
+  pictures::PictureOptions options;
+  options.mesh_dim_names = o.dim_names;
+  options.itemsize = itemsize(plan.dtype);
+  auto write = [](const std::string& option, const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+    out.close();
+    if (!out) throw UsageError(fmt::format("{} '{}': the file could not be written", option, path));
+  };
+  if (!o.svg.empty()) write("--svg", o.svg, pictures::plan_svg(plan, options));
+  if (!o.html.empty()) write("--html", o.html, pictures::plan_html(plan, options));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -369,10 +392,14 @@ int main(int argc, char** argv) {
   app.add_option("--slow-dims", o.slow_dims, "comma list of mesh dims whose links are inter-node, e.g. 0");
   app.add_option("--ranks", o.ranks_text, "check that the mesh multiplies out to this many ranks");
   app.add_flag("--json", o.json, "print one JSON object instead of the explanation");
+  app.add_option("--svg", o.svg, "also draw the plan as an SVG picture: the layout before and after each step");
+  app.add_option("--html", o.html, "also write one self-contained HTML page: the picture, the steps, a hover");
+  app.add_option("--dims", o.dim_names, "names of the mesh dims for pictures, e.g. dp,tp")->delimiter(',');
   app.add_flag("--run", o.run, "also run the plan on threads with random data and check the result");
   app.add_option("--seed", o.seed_text, "seed of the random data for --run")->capture_default_str();
   app.footer(
       "Example: dtensor-plan --mesh 2x4 --shape 64,128 --from 'S(0),S(1)' --to 'R,R'\n"
+      "Picture: dtensor-plan --mesh 2x2 --dims dp,tp --shape 8,6 --from 'S(0),P(sum)' --to 'R,S(1)' --svg plan.svg\n"
       "Exit status: 0 ok, 1 --run found a wrong result, 2 bad arguments (--run: shards beyond 1 GiB), 3 --run "
       "ran out of memory.");
   try {
@@ -388,6 +415,7 @@ int main(int argc, char** argv) {
   try {
     parse_numbers(o);
     const Prepared p = prepare(o);
+    if (!o.svg.empty() || !o.html.empty()) write_pictures(o, p.plan);
     if (!o.run) return report(o, p.plan, p.cost, std::nullopt, "");
     // One rank per mesh rank: threads unless started by mpirun.
     std::atomic<int> status{0};

@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "dtensor/api/comm_tree.h"
 #include "dtensor/api/functional.h"
 #include "dtensor/core/error.h"
 #include "libdtensor/api/autograd_engine.h"
@@ -120,6 +121,7 @@ struct Later {
 
 // Runs the graph below `root` with `grad` as its output's gradient.
 void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& grad, bool retain_graph) {
+  CommScope phase("backward");  // a CommTree recording counts the backward on its own
   if (!in_graph(root))
     throw AutogradError(
         "[backward] the tensor does not require a gradient: none of the inputs of the ops that made it requires one "

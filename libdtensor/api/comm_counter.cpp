@@ -3,26 +3,25 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm_stats.h"
 #include "dtensor/api/functional.h"
 #include "dtensor/core/units.h"
 
 namespace dtensor {
 
-std::vector<GroupStats> CommCounterByDims::since_start() const {
-  std::vector<GroupStats> now = mesh_.group_stats();
-  // Both lists are sorted by dims; groups made after construction started at zero.
-  auto start = start_.begin();
+std::vector<GroupStats> detail::stats_since(std::vector<GroupStats> now, const std::vector<GroupStats>& start) {
+  auto from = start.begin();
   for (auto& group : now) {
-    while (start != start_.end() && start->mesh_dims < group.mesh_dims) ++start;
-    if (start != start_.end() && start->mesh_dims == group.mesh_dims) group.stats = group.stats - start->stats;
+    while (from != start.end() && from->mesh_dims < group.mesh_dims) ++from;
+    if (from != start.end() && from->mesh_dims == group.mesh_dims) group.stats = group.stats - from->stats;
   }
   return now;
 }
 
-std::vector<DimsCount> CommCounterByDims::counts() const {
+std::vector<DimsCount> detail::dims_counts(const std::vector<GroupStats>& groups,
+                                           const std::vector<std::string>& names) {
   std::vector<DimsCount> out;
-  const auto& names = mesh_.dim_names();
-  for (const auto& group : since_start()) {
+  for (const auto& group : groups) {
     for (int k = 0; k < kNumCollectiveKinds; ++k) {
       if (group.stats.calls[k] == 0) continue;
       DimsCount c{group.mesh_dims, {}, static_cast<CollectiveKind>(k), group.stats.calls[k],
@@ -33,6 +32,14 @@ std::vector<DimsCount> CommCounterByDims::counts() const {
     }
   }
   return out;
+}
+
+std::vector<GroupStats> CommCounterByDims::since_start() const {
+  return detail::stats_since(mesh_.group_stats(), start_);
+}
+
+std::vector<DimsCount> CommCounterByDims::counts() const {
+  return detail::dims_counts(since_start(), mesh_.dim_names());
 }
 
 std::uint64_t CommCounterByDims::count(std::span<const int> mesh_dims, CollectiveKind kind) const {

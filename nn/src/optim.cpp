@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/api/autograd.h"
+#include "dtensor/api/comm_tree.h"
 #include "dtensor/api/pointwise.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/half.h"
@@ -301,6 +302,7 @@ SGD<X>::SGD(std::vector<X> params, SGDOptions options)
 template <Parameter X>
 void SGD<X>::step() {
   NoGradGuard no_grad;
+  CommScope phase("optimizer");
   const SGDOptions& o = options_;
   const std::vector<std::optional<X>> grads = this->gradients_for_update();
   std::vector<Tensor> shards(this->params_.size());
@@ -408,6 +410,7 @@ void AdamW<X>::load_state_dict(const std::map<std::string, X>& state, const std:
 template <Parameter X>
 void AdamW<X>::step() {
   NoGradGuard no_grad;
+  CommScope phase("optimizer");
   const AdamWOptions& o = options_;
   const std::vector<std::optional<X>> grads = this->gradients_for_update();
   std::vector<Tensor> shards(this->params_.size());
@@ -477,6 +480,7 @@ std::vector<std::optional<X>> gradients_without_partial(std::span<const X> param
 
 template <Parameter X>
 double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type, CoalesceOptions coalesce) {
+  CommScope phase("optimizer");  // its one all_reduce belongs to the update
   check_finite_non_negative(max_norm, "max_norm", "clip_grad_norm");
   if (!(norm_type > 0))
     throw ValueError(fmt::format("[clip_grad_norm] norm_type = {}; expected > 0 (or infinity)", norm_type));

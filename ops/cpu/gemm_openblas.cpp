@@ -42,9 +42,14 @@ bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_sup
 
 /// OPENBLAS_CORETYPE for this CPU, from its features; null where OpenBLAS's
 /// own choice by model is as good (CPUs without AVX2, which it knows).
+/// Every AVX-512 CPU gets SkylakeX, never Cooperlake: the two share their
+/// sgemm/dgemm kernels (Cooperlake adds only bf16 ones, which nothing here
+/// calls), and 0.3.21 takes a forced Cooperlake only where its own bf16
+/// check passes, falling back to Haswell's AVX2 kernels where it does not
+/// (seen here: forced Cooperlake on an AVX2 CPU runs "Haswell").
 const char* core_for_this_cpu() {
   __builtin_cpu_init();
-  if (has_avx512_for_skylakex()) return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+  if (has_avx512_for_skylakex()) return "SkylakeX";
   if (has_avx2_fma()) return __builtin_cpu_is("amd") ? "Zen" : "Haswell";
   return nullptr;
 }

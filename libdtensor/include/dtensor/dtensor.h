@@ -23,6 +23,7 @@
 #include "dtensor/api/dtensor_tensor.h"       // IWYU pragma: export
 #include "dtensor/api/autograd.h"             // IWYU pragma: export
 #include "dtensor/api/functional.h"           // IWYU pragma: export
+#include "dtensor/api/comm_tree.h"            // IWYU pragma: export
 #include "dtensor/api/coalesced.h"            // IWYU pragma: export
 #include "dtensor/api/linalg.h"               // IWYU pragma: export
 #include "dtensor/api/nn.h"                   // IWYU pragma: export

@@ -1,0 +1,61 @@
+#pragma once
+// Pictures of layouts and of layout changes, as SVG a person looks at: which
+// rank holds which box of a tensor, with Replicate drawn as stacked copies
+// and Partial as hatched tiles marked with their reduction.
+//
+// The pictures are computed from metadata only (mesh shape, global shape,
+// layout, plan): drawing a DTensor communicates nothing.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "dtensor/api/dtensor_tensor.h"
+#include "dtensor/core/placement.h"
+#include "dtensor/core/shape.h"
+#include "dtensor/redistribute/plan.h"
+
+namespace dtensor::pictures {
+
+struct PictureOptions {
+  /// Tensor dims drawn as the grid's rows and columns; -1 picks the last two
+  /// (a 1-D tensor is one row). The other dims become small multiples: one
+  /// panel per stretch of them that the same ranks hold.
+  int row_dim = -1;
+  int col_dim = -1;
+  /// Names of the mesh dims for labels ("dp", "tp"); empty: "d0", "d1", ...
+  std::vector<std::string> mesh_dim_names;
+  /// Bytes per element, for the byte counts in hovers (default f32's).
+  std::size_t itemsize = 4;
+  /// Replaces the generated title where not empty.
+  std::string title;
+};
+
+/// The layout of a tensor of `global_shape` on a mesh of `mesh_shape`: one
+/// rectangle per distinct box, sized in proportion to its elements, coloured
+/// by the holder's coordinate (hue along the first sharding mesh dim,
+/// lightness along the second), labelled with rank and coordinate; copies
+/// on Replicate mesh dims stacked with a count, Partial boxes hatched and
+/// marked with the reduction and the mesh dims it is pending over, empty
+/// shards listed as such, nested shard orders spelled out. LayoutError where
+/// the layout does not fit the mesh and shape; ValueError for bad options.
+std::string layout_svg(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
+                       const PictureOptions& options = {});
+
+/// The layout of `tensor`, with its dtype's size and, unless the options
+/// name them, its mesh's dim names.
+std::string to_svg(const DTensor& tensor, PictureOptions options = {});
+
+/// A layout change step by step: the source layout, then one panel per step
+/// with the layout after it, joined by arrows labelled with the collective,
+/// its mesh dims and the bytes the busiest rank receives; the caption gives
+/// the number of steps and collectives, the busiest rank's bytes and the
+/// planner's estimated time.
+std::string plan_svg(const Plan& plan, const PictureOptions& options = {});
+
+/// One self-contained HTML page (nothing fetched: styles, script and
+/// pictures inline) of a layout change: the plan picture, each step with
+/// the planner's reason, and a hover over any tile that shows its ranks,
+/// mesh coordinates, offsets, sizes and bytes beside the picture.
+std::string plan_html(const Plan& plan, const PictureOptions& options = {});
+
+}  // namespace dtensor::pictures

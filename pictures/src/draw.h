@@ -1,0 +1,34 @@
+#pragma once
+// The pieces the layout and plan pictures share: a drawing is an SVG
+// fragment with its size, placed into a document (or another drawing) with
+// a translate.
+#include <string>
+#include <string_view>
+
+#include "dtensor/pictures/svg.h"
+
+namespace dtensor::pictures::detail {
+
+struct Drawing {
+  std::string body;  // SVG elements, coordinates from (0, 0)
+  double width = 0;
+  double height = 0;
+};
+
+/// `text` with &, <, > and quotes escaped for SVG text and attributes.
+std::string escape(std::string_view text);
+
+/// The layout picture as a fragment; `title` heads it (the layout's text
+/// form where empty). Validates the layout and options (LayoutError,
+/// ValueError).
+Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
+                    const PictureOptions& options);
+
+/// A whole SVG document around `drawing`, with the hatch patterns Partial
+/// tiles fill with (url(#hatch-sum), ...) and a white background.
+std::string svg_document(const Drawing& drawing);
+
+/// "d1" or the mesh dim's name.
+std::string mesh_dim_label(int mesh_dim, const PictureOptions& options);
+
+}  // namespace dtensor::pictures::detail

@@ -1,0 +1,314 @@
+// Layout and plan pictures, read back as a person's SVG viewer would: the
+// SVG is parsed as XML and its tiles are checked against the boxes
+// local_box gives each rank, over random meshes, shapes and layouts
+// (uneven, empty, nested, Partial, 1-4 dims).
+#include <boost/property_tree/ptree.hpp>
+#include <boost/property_tree/xml_parser.hpp>
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include <dtensor/dtensor.h>
+#include <dtensor/pictures/svg.h>
+#include <dtensor/redistribute/planner.h>
+
+#include "support.h"
+
+namespace pictures_suite {
+using namespace dtensor;
+namespace pt = boost::property_tree;
+
+/// What a parsed picture holds, element by element.
+struct TileSeen {
+  std::size_t panel = 0;
+  std::vector<int> ranks;
+  Shape offset, size;
+  double width = -1, height = -1;  // the rect.box
+  int hatched = 0;                 // rect.partial children
+  std::string op;                  // their data-op
+  std::vector<std::string> labels;
+};
+
+struct PictureSeen {
+  std::vector<TileSeen> tiles;
+  std::vector<std::string> texts;  // every <text>, in order
+  int hatch_patterns = 0;
+  int steps = 0;        // g.step (plan pictures)
+  int plan_panels = 0;  // g.plan-panel
+};
+
+Shape numbers(const std::string& text) {
+  Shape out;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) out.push_back(std::stoll(part));
+  return out;
+}
+
+std::string attr(const pt::ptree& node, const std::string& name) {
+  return node.get<std::string>("<xmlattr>." + name, "");
+}
+
+void walk(const pt::ptree& node, PictureSeen& seen, TileSeen* tile) {
+  for (const auto& [tag, child] : node) {
+    if (tag == "<xmlattr>" || tag == "<xmlcomment>") continue;
+    const std::string cls = attr(child, "class");
+    if (tag == "pattern" && attr(child, "id").rfind("hatch-", 0) == 0) ++seen.hatch_patterns;
+    if (tag == "text") {
+      seen.texts.push_back(child.data());
+      if (tile && cls == "label") tile->labels.push_back(child.data());
+    }
+    if (tag == "g" && cls == "step") ++seen.steps;
+    if (tag == "g" && cls == "plan-panel") ++seen.plan_panels;
+    if (tag == "g" && cls == "tile") {
+      TileSeen t;
+      t.panel = std::stoul(attr(child, "data-panel"));
+      std::stringstream ranks(attr(child, "data-ranks"));
+      for (int r; ranks >> r;) t.ranks.push_back(r);
+      t.offset = numbers(attr(child, "data-offset"));
+      t.size = numbers(attr(child, "data-size"));
+      walk(child, seen, &t);
+      seen.tiles.push_back(t);
+      continue;
+    }
+    if (tile && tag == "rect" && cls == "box") {
+      tile->width = child.get<double>("<xmlattr>.width");
+      tile->height = child.get<double>("<xmlattr>.height");
+    }
+    if (tile && tag == "rect" && cls == "partial") {
+      ++tile->hatched;
+      tile->op = attr(child, "data-op");
+    }
+    walk(child, seen, tile);
+  }
+}
+
+PictureSeen parse(const std::string& svg) {
+  std::stringstream in(svg);
+  pt::ptree tree;
+  pt::read_xml(in, tree);  // throws on anything that is not well-formed XML
+  PictureSeen seen;
+  walk(tree, seen, nullptr);
+  return seen;
+}
+
+pictures::PictureOptions named() {
+  pictures::PictureOptions o;
+  o.mesh_dim_names = {"dp", "tp"};
+  return o;
+}
+
+bool any_text_contains(const PictureSeen& p, const std::string& what) {
+  for (const auto& t : p.texts)
+    if (t.find(what) != std::string::npos) return true;
+  return false;
+}
+
+/// Checks one layout picture against the boxes; returns what is wrong.
+std::string check_layout_picture(const Shape& mesh_shape, const Shape& shape, const Layout& layout, int row_dim,
+                                 int col_dim) {
+  pictures::PictureOptions options;
+  options.row_dim = row_dim;
+  options.col_dim = col_dim;
+  const PictureSeen p = parse(pictures::layout_svg(mesh_shape, shape, layout, options));
+  const Layout v = validate_layout(layout, mesh_shape, shape);
+  const std::int64_t ranks = numel(mesh_shape);
+  std::int64_t holders_per_box = 1;
+  bool partial = false;
+  for (int m = 0; m < v.mesh_ndim(); ++m) {
+    if (!is_shard(v[m])) holders_per_box *= mesh_shape[m];
+    partial = partial || is_partial(v[m]);
+  }
+  std::set<int> drawn, empty;
+  for (std::int64_t r = 0; r < ranks; ++r)
+    if (local_box(mesh_shape, shape, v, unravel_index(r, mesh_shape)).empty()) empty.insert(static_cast<int>(r));
+  std::map<std::size_t, std::int64_t> area;  // per panel, grid elements covered
+  double sx = -1, sy = -1;
+  const int nd = static_cast<int>(shape.size());
+  const int col = nd == 0 ? -1 : (col_dim >= 0 ? col_dim : (row_dim == nd - 1 ? nd - 2 : nd - 1));
+  const int row = nd < 2 ? -1 : (row_dim >= 0 ? row_dim : (col == nd - 1 ? nd - 2 : nd - 1));
+  for (const TileSeen& t : p.tiles) {
+    if (static_cast<std::int64_t>(t.ranks.size()) != holders_per_box)
+      return fmt::format("a tile has ranks {} where each box has {} holders", fmt::join(t.ranks, " "),
+                         holders_per_box);
+    for (int r : t.ranks) {
+      const Box b = local_box(mesh_shape, shape, v, unravel_index(r, mesh_shape));
+      if (b.offset != t.offset || b.size != t.size)
+        return fmt::format("rank {} is drawn at offset [{}] size [{}] but holds offset [{}] size [{}]", r,
+                           fmt::join(t.offset, ","), fmt::join(t.size, ","), fmt::join(b.offset, ","),
+                           fmt::join(b.size, ","));
+      if (empty.count(r)) return fmt::format("rank {} holds nothing but is drawn", r);
+      drawn.insert(r);
+    }
+    const std::int64_t cols = col >= 0 ? t.size[col] : 1, rows = row >= 0 ? t.size[row] : 1;
+    area[t.panel] += cols * rows;
+    // One scale per axis for the whole picture: sizes in proportion.
+    if (col >= 0) {
+      const double s = t.width / static_cast<double>(cols);
+      if (sx < 0) sx = s;
+      if (std::abs(s - sx) > 0.02) return fmt::format("tile widths are not in proportion: {} vs {} per column", s, sx);
+    }
+    if (row >= 0) {
+      const double s = t.height / static_cast<double>(rows);
+      if (sy < 0) sy = s;
+      if (std::abs(s - sy) > 0.02) return fmt::format("tile heights are not in proportion: {} vs {} per row", s, sy);
+    }
+    if (t.hatched != (partial ? 1 : 0))
+      return fmt::format("a tile has {} hatchings for a layout {} Partial", t.hatched, partial ? "with" : "without");
+    if (!t.labels.empty() && t.labels[0].rfind(fmt::format("r{}", t.ranks[0]), 0) != 0)
+      return fmt::format("a tile of ranks {} is labelled '{}'", fmt::join(t.ranks, " "), t.labels[0]);
+  }
+  // The boxes of the distinct tiles cover each panel's grid exactly.
+  const std::int64_t grid = (col >= 0 ? shape[col] : 1) * (row >= 0 ? shape[row] : 1);
+  for (const auto& [panel, covered] : area)
+    if (covered != grid) return fmt::format("panel {} is covered by {} of {} elements", panel, covered, grid);
+  if (static_cast<std::int64_t>(drawn.size() + empty.size()) != ranks)
+    return fmt::format("{} ranks drawn and {} empty of {}", drawn.size(), empty.size(), ranks);
+  if (!empty.empty() && !any_text_contains(p, "empty shards")) return "empty shards are not named";
+  if (!any_text_contains(p, fmt::format("{}", v))) return "the title does not give the layout";
+  bool nested = false;
+  for (int d = 0; d < nd; ++d) nested = nested || v.split_order(d).size() > 1;
+  if (nested != any_text_contains(p, "is split by")) return "the nesting caption is wrong";
+  if (p.hatch_patterns != 4) return fmt::format("{} hatch patterns defined, expected 4", p.hatch_patterns);
+  return {};
+}
+
+}  // namespace pictures_suite
+using namespace pictures_suite;
+
+BOOST_AUTO_TEST_SUITE(layout_pictures)
+
+BOOST_AUTO_TEST_CASE(a_2x2_mesh_of_an_8x6_tensor_is_four_equal_tiles) {
+  const PictureSeen p = parse(pictures::layout_svg({2, 2}, {8, 6}, Layout::parse("S(0),S(1)")));
+  BOOST_TEST_REQUIRE(p.tiles.size() == 4u);
+  for (const TileSeen& t : p.tiles) {
+    BOOST_TEST(t.ranks.size() == 1u);
+    BOOST_TEST(t.width == p.tiles[0].width);
+    BOOST_TEST(t.height / t.width == 4.0 / 3.0, boost::test_tools::tolerance(1e-9));  // 4x3 elements, square
+    BOOST_TEST(t.hatched == 0);
+    BOOST_TEST_REQUIRE(!t.labels.empty());
+  }
+  BOOST_TEST(p.tiles[3].labels[0] == "r3 (1,1)");
+  BOOST_TEST(p.tiles[3].offset == (Shape{4, 3}));
+}
+
+BOOST_AUTO_TEST_CASE(uneven_and_empty_shards_are_drawn_as_they_are) {
+  // 5 rows over 4 ranks: torch.chunk gives 2, 2, 1 and an empty fourth.
+  const PictureSeen p = parse(pictures::layout_svg({4}, {5, 4}, Layout::parse("S(0)")));
+  BOOST_TEST_REQUIRE(p.tiles.size() == 3u);
+  BOOST_TEST(p.tiles[0].height == 2 * p.tiles[2].height);
+  BOOST_TEST(any_text_contains(p, "empty shards (0 elements): r3 (3)"));
+}
+
+BOOST_AUTO_TEST_CASE(replicate_stacks_copies_and_partial_is_hatched_with_its_reduction) {
+  const PictureSeen p = parse(pictures::layout_svg({2, 3}, {4, 6}, Layout::parse("R,P(max)"), named()));
+  BOOST_TEST_REQUIRE(p.tiles.size() == 1u);
+  BOOST_TEST(p.tiles[0].ranks.size() == 6u);
+  BOOST_TEST(p.tiles[0].hatched == 1);
+  BOOST_TEST(p.tiles[0].op == "max");
+  const auto& labels = p.tiles[0].labels;
+  BOOST_TEST_REQUIRE(labels.size() == 3u);
+  BOOST_TEST(labels[1] == "x2 copies");
+  BOOST_TEST(labels[2] == "3 parts: max over tp");
+  const PictureSeen plain = parse(pictures::layout_svg({2, 3}, {4, 6}, Layout::parse("R,S(1)")));
+  for (const TileSeen& t : plain.tiles) BOOST_TEST(t.hatched == 0);
+}
+
+BOOST_AUTO_TEST_CASE(nested_orders_are_spelled_out) {
+  const PictureSeen p =
+      parse(pictures::layout_svg({2, 2}, {8, 2}, Layout::parse("S(0)[1],S(0)[0]"), named()));
+  BOOST_TEST(any_text_contains(p, "tensor dim 0 is split by tp then dp (outermost first)"));
+  // tp splits first: rank 1 (dp 0, tp 1) holds rows 4-5.
+  for (const TileSeen& t : p.tiles)
+    if (t.ranks == std::vector<int>{1}) BOOST_TEST(t.offset == (Shape{4, 0}));
+}
+
+BOOST_AUTO_TEST_CASE(other_dims_become_small_multiples) {
+  // 3-D: dim 0 split over 2 ranks draws two panels of dims 1 and 2.
+  const PictureSeen p = parse(pictures::layout_svg({2}, {4, 3, 5}, Layout::parse("S(0)")));
+  BOOST_TEST(p.tiles.size() == 2u);
+  std::set<std::size_t> panels;
+  for (const TileSeen& t : p.tiles) panels.insert(t.panel);
+  BOOST_TEST(panels.size() == 2u);
+  BOOST_TEST(any_text_contains(p, "dim 0 [2:4)"));
+}
+
+BOOST_AUTO_TEST_CASE(random_layouts_match_their_boxes) {
+  std::mt19937_64 rng(2026);
+  const std::size_t cases = testing::scaled_cases(300, 40);
+  for (std::size_t i = 0; i < cases; ++i) {
+    const int mesh_nd = 1 + static_cast<int>(rng() % 4);
+    Shape mesh_shape;
+    for (int m = 0; m < mesh_nd; ++m) mesh_shape.push_back(1 + static_cast<std::int64_t>(rng() % (mesh_nd > 2 ? 2 : 4)));
+    const int nd = 1 + static_cast<int>(rng() % 4);
+    Shape shape;
+    for (int d = 0; d < nd; ++d) shape.push_back(static_cast<std::int64_t>(rng() % (nd > 2 ? 5 : 11)));
+    const ReduceOp op = static_cast<ReduceOp>(rng() % 4);
+    const Layout layout = testing::random_layout(rng, mesh_nd, nd, op, 2);
+    int row_dim = -1, col_dim = -1;
+    if (nd >= 2 && rng() % 3 == 0) {
+      col_dim = static_cast<int>(rng() % nd);
+      row_dim = static_cast<int>((col_dim + 1 + static_cast<int>(rng() % (nd - 1))) % nd);
+    }
+    std::string why;
+    try {
+      why = check_layout_picture(mesh_shape, shape, layout, row_dim, col_dim);
+    } catch (const std::exception& e) {
+      why = std::string("threw: ") + e.what();
+    }
+    BOOST_TEST(why.empty(), fmt::format("seed 2026 case {}: {} of {} on mesh {} rows {} cols {}: {}", i, layout,
+                                        fmt::join(shape, "x"), fmt::join(mesh_shape, "x"), row_dim, col_dim, why));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_layouts_and_options_are_typed_errors) {
+  BOOST_CHECK_THROW(pictures::layout_svg({2}, {4}, Layout::parse("S(1)")), LayoutError);
+  BOOST_CHECK_THROW(pictures::layout_svg({2, 2}, {4}, Layout::parse("S(0)")), LayoutError);
+  pictures::PictureOptions bad;
+  bad.row_dim = 2;
+  BOOST_CHECK_THROW(pictures::layout_svg({2}, {4, 4}, Layout::parse("S(0)"), bad), ValueError);
+  bad.row_dim = bad.col_dim = 1;
+  BOOST_CHECK_THROW(pictures::layout_svg({2}, {4, 4}, Layout::parse("S(0)"), bad), ValueError);
+}
+
+BOOST_AUTO_TEST_CASE(a_dtensor_draws_with_its_mesh_names_and_dtype) {
+  testing::FailureLog log;
+  std::vector<std::string> pictures_per_rank(4);
+  run_threads(4, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2, 2}, {"dp", "tp"});
+    DTensor t = DTensor::from_local(Tensor::zeros({3, 2}, DType::Float64), mesh, Layout::parse("S(0),S(1)"));
+    pictures_per_rank[static_cast<std::size_t>(comm.rank())] = pictures::to_svg(t);
+  });
+  // The same picture on every rank, without any communication.
+  for (const auto& svg : pictures_per_rank) BOOST_TEST(svg == pictures_per_rank[0]);
+  const PictureSeen p = parse(pictures_per_rank[0]);
+  BOOST_TEST(any_text_contains(p, "mesh dim 1 tp of 2: S(1) (lightness)"));
+  BOOST_TEST(pictures_per_rank[0].find("48 B per rank") != std::string::npos);  // 3x2 f64
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(plan_pictures)
+
+BOOST_AUTO_TEST_CASE(one_panel_per_step_and_an_arrow_between) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 20; ++i) {
+    const Shape mesh_shape{2, 2};
+    const Shape shape{8, 6};
+    const Layout from = testing::random_layout(rng, 2, 2, ReduceOp::Sum, 2);
+    const Layout to = testing::random_layout(rng, 2, 2, ReduceOp::Sum, 0);
+    const Plan& plan = cached_plan(PlanRequest{mesh_shape, shape, DType::Float32, from, to});
+    const std::string svg = pictures::plan_svg(plan, named());
+    const PictureSeen p = parse(svg);
+    BOOST_TEST(p.plan_panels == static_cast<int>(plan.steps.size()) + 1, fmt::format("{} -> {}", from, to));
+    BOOST_TEST(p.steps == static_cast<int>(plan.steps.size()));
+    for (std::size_t s = 0; s < plan.steps.size(); ++s)
+      BOOST_TEST(any_text_contains(p, fmt::format("step {}: {}", s + 1, step_name(plan.steps[s].kind))),
+                 fmt::format("{} -> {} step {}", from, to, s + 1));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Pictures as a browser draws them: `test_render.py PATH_TO_DTENSOR_PLAN`.
+
+Renders a layout picture, a plan picture and the plan's HTML page with
+headless Chromium (Debian's chromium-headless-shell, which the README's test
+command installs) to PNG, and checks what a person would see: the render is
+not blank, and each rank's colour from the SVG covers a visible area, with no
+other strong colour as large. Exits 77 (meson's skip, counted and named as
+skipped) only where no Chromium can be found.
+
+Standard library only: the PNG is decoded here (zlib and the five filters).
+"""
+import colorsys
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+import zlib
+
+PLAN = None
+CHROMIUM = None
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def find_chromium():
+    for name in ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def decode_png(path):
+    """(width, height, rows of (r, g, b) tuples) of an 8-bit RGB or RGBA PNG."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path} is not a PNG")
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    if depth != 8 or colour not in (2, 6) or interlace:
+        raise ValueError(f"{path}: PNG of depth {depth}, colour type {colour}, interlace {interlace} not handled")
+    channels = 3 if colour == 2 else 4
+    stride = width * channels
+    raw = zlib.decompress(idat)
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b = prev[i]
+            c = prev[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * channels:x * channels + 3]) for x in range(width)])
+        prev = line
+    return width, height, rows
+
+
+def hsl_rgb(text):
+    """'hsl(210,62%,58%)' -> (r, g, b) in 0..255."""
+    h, s, l = (float(v) for v in re.match(r"hsl\(([\d.]+),([\d.]+)%,([\d.]+)%\)", text).groups())
+    r, g, b = colorsys.hls_to_rgb(h / 360, l / 100, s / 100)
+    return tuple(round(v * 255) for v in (r, g, b))
+
+
+def strong_colours(rows, share):
+    """Saturated colours covering at least `share` of the pixels: {rgb: count}."""
+    counts = {}
+    for row in rows:
+        for px in row:
+            if max(px) - min(px) > 40:
+                counts[px] = counts.get(px, 0) + 1
+    total = sum(len(r) for r in rows)
+    return {c: n for c, n in counts.items() if n >= share * total}
+
+
+def near(a, b, tolerance=3):
+    return all(abs(x - y) <= tolerance for x, y in zip(a, b))
+
+
+class Render(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def plan(self, *args):
+        proc = subprocess.run([PLAN, *args], capture_output=True, text=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+
+    def render(self, source, width, height):
+        png = os.path.join(self.tmp.name, os.path.basename(source) + ".png")
+        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               f"--window-size={width},{height}", f"--screenshot={png}", "file://" + source]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertTrue(os.path.exists(png), f"{' '.join(cmd)} wrote no PNG: {proc.stderr[-2000:]}")
+        return decode_png(png)
+
+    def svg_size_and_fills(self, path):
+        root = ET.parse(path).getroot()
+        fills = {r.get("fill") for r in root.iter(SVG_NS + "rect") if r.get("class") == "box"}
+        return int(float(root.get("width"))), int(float(root.get("height"))), fills
+
+    def check_not_blank(self, rows, what):
+        pixels = [px for row in rows for px in row]
+        drawn = sum(1 for px in pixels if px != (255, 255, 255))
+        self.assertGreater(drawn, 0.05 * len(pixels), f"{what}: only {drawn} of {len(pixels)} pixels drawn")
+
+    def test_layout_picture_shows_each_rank_colour(self):
+        svg = os.path.join(self.tmp.name, "layout.svg")
+        # No steps: the picture is the layout alone. 2x3 mesh, both dims sharding: 6 colours.
+        self.plan("--mesh", "2x3", "--shape", "8,9", "--from", "S(0),S(1)", "--to", "S(0),S(1)", "--svg", svg)
+        width, height, fills = self.svg_size_and_fills(svg)
+        self.assertEqual(len(fills), 6)
+        _, _, rows = self.render(svg, width, height)
+        self.check_not_blank(rows, "layout picture")
+        big = strong_colours(rows, 0.01)
+        for fill in fills:
+            want = hsl_rgb(fill)
+            self.assertTrue(any(near(c, want) for c in big), f"{fill} = {want} not seen; big colours {sorted(big)}")
+        self.assertEqual(len(big), len(fills), f"expected {len(fills)} rank colours, saw {sorted(big)}")
+
+    def test_plan_picture_and_page_render(self):
+        svg = os.path.join(self.tmp.name, "plan.svg")
+        html = os.path.join(self.tmp.name, "plan.html")
+        self.plan("--mesh", "2x2", "--dims", "dp,tp", "--shape", "8,6", "--from", "S(0),P(sum)", "--to", "R,S(1)",
+                  "--svg", svg, "--html", html)
+        width, height, fills = self.svg_size_and_fills(svg)
+        _, _, rows = self.render(svg, width, height)
+        self.check_not_blank(rows, "plan picture")
+        self.assertGreaterEqual(len(strong_colours(rows, 0.002)), 2)
+        _, _, rows = self.render(html, 1280, 900)
+        self.check_not_blank(rows, "plan page")
+        self.assertGreaterEqual(len(strong_colours(rows, 0.002)), 2)
+
+
+def main():
+    global PLAN, CHROMIUM
+    PLAN = os.path.abspath(sys.argv[1])
+    CHROMIUM = find_chromium()
+    if CHROMIUM is None:
+        print("SKIP: no Chromium (chromium-headless-shell) on PATH: the render tests did not run")
+        return 77
+    result = unittest.main(argv=sys.argv[:1], verbosity=2, exit=False).result
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
