@@ -291,6 +291,51 @@ BOOST_AUTO_TEST_CASE(a_dtensor_draws_with_its_mesh_names_and_dtype) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(decision_pictures)
+
+BOOST_AUTO_TEST_CASE(explain_pictures_draws_each_op_as_it_was_decided) {
+  testing::FailureLog log;
+  std::vector<std::string> drawn;
+  std::vector<std::string> lines;
+  run_threads(2, [&](Communicator& comm) {
+    DeviceMesh mesh(comm, {2}, {"tp"});
+    // Both operands split on their columns: the matmul cannot take them as
+    // they are, so one of them moves.
+    const DTensor a = distribute_tensor(testing::integer_tensor({4, 6}, DType::Float64, 1), mesh, Layout::parse("S(1)"));
+    const DTensor b = distribute_tensor(testing::integer_tensor({6, 4}, DType::Float64, 2), mesh, Layout::parse("S(1)"));
+    std::vector<std::string> mine, text;
+    {
+      pictures::ExplainPictures pictures({}, [&](const std::string& line) { text.push_back(line); });
+      (void)matmul(a, b);
+      mine = pictures.svgs();
+    }
+    if (mine.size() != 1) log.add(fmt::format("rank {}: {} pictures for one op", comm.rank(), mine.size()));
+    if (comm.rank() == 0) drawn = mine, lines = text;
+  });
+  testing::check_no_failures(log.failures);
+  BOOST_TEST_REQUIRE(drawn.size() == 1u);
+  const std::string& svg = drawn[0];
+  std::stringstream in(svg);
+  pt::ptree tree;
+  BOOST_REQUIRE_NO_THROW(pt::read_xml(in, tree));
+  const PictureSeen p = parse(svg);
+  BOOST_TEST(any_text_contains(p, "matmul: chose ["));
+  // Each input is drawn as called, and again where it moved; then the output.
+  const auto count = [&](const std::string& needle) {
+    std::size_t n = 0;
+    for (auto at = svg.find(needle); at != std::string::npos; at = svg.find(needle, at + 1)) ++n;
+    return n;
+  };
+  const std::size_t moves = count(R"(<g class="move">)"), stays = count(R"(class="stays")");
+  BOOST_TEST(moves + stays == 2u);
+  BOOST_TEST(moves >= 1u);
+  BOOST_TEST(count(R"(class="decision-panel")") == 2u + moves + 1u);
+  BOOST_TEST_REQUIRE(!lines.empty());
+  BOOST_TEST(lines.back().find("matmul: inputs") != std::string::npos, lines.back());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(plan_pictures)
 
 BOOST_AUTO_TEST_CASE(one_panel_per_step_and_an_arrow_between) {

@@ -14,6 +14,7 @@ it (a CI log cut to its tail must say why, not only what), then one line,
 "N passed, N failed, N skipped", and exits 1 if anything failed.
 """
 import json
+import re
 import pathlib
 import sys
 import xml.etree.ElementTree as ET
@@ -64,12 +65,16 @@ def merged_results(reports: pathlib.Path, name: str):
 
 def error_lines(output: str, case: str, limit: int = 4) -> list:
     """The lines of a suite's Boost log that report errors in CASE (its leaf
-    name), at most LIMIT, each cut to 400 characters; any error lines at all
-    where none names the case (a crash, a fatal error outside a case)."""
+    name), at most LIMIT, each cut to 400 characters, colour codes removed;
+    any error lines at all where none names the case (a fatal error outside
+    a case); the last lines where there are none (a crash)."""
     leaf = case.rsplit("/", 1)[-1]
-    errors = [l for l in output.splitlines() if "error" in l.lower()]
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", l).strip() for l in output.splitlines()]
+    errors = [l for l in lines if "error" in l.lower()]
     named = [l for l in errors if f'/{leaf}"' in l or f'"{leaf}"' in l]
-    return [l.strip()[:400] for l in (named or errors)[:limit]]
+    # No error line at all (a crash, a sanitizer report): the output's end.
+    chosen = named or errors or [l for l in lines if l][-limit:]
+    return [l[:400] for l in chosen[:limit]]
 
 
 def main(args: list) -> int:

@@ -96,6 +96,7 @@ struct Cache {
 };
 thread_local Cache cache;
 thread_local std::function<void(const std::string&)> explain_sink;
+thread_local std::function<void(const ExplainedOp&)> explain_on_op;
 thread_local std::string explain_tag;  // ExplainTag's, e.g. "backward of linear"
 
 // A call's inputs as the cache key reads them, in the two forms calls come
@@ -416,7 +417,10 @@ Entry& decide_entry(const OpDef& op, const Shape& mesh_shape, std::span<const Te
   return *bucket.back();
 }
 
-void explain(const OpDef& op, const OpDecision& d, std::span<const Layout> layouts, const CommStats& moved) {
+void explain(const Entry& e, const CommStats& moved) {
+  const OpDef& op = *e.op;
+  const OpDecision& d = e.decision;
+  const std::span<const Layout> layouts = e.layouts;
   const std::string tag = explain_tag.empty() ? std::string() : fmt::format("[{}] ", explain_tag);
   if (!d.chosen.note.empty()) explain_sink(fmt::format("{}{}: {}", tag, op.name, d.chosen.note));
   std::string line = fmt::format("{}{}: inputs {}; chose {} -> {} at {}", tag, op.name, layouts_text(layouts),
@@ -428,6 +432,7 @@ void explain(const OpDef& op, const OpDecision& d, std::span<const Layout> layou
                         d.runner_up.output, human_seconds(d.runner_up_cost), d.candidates);
   line += fmt::format("; issued {}", moved);
   explain_sink(line);
+  if (explain_on_op) explain_on_op(ExplainedOp{op, e.mesh_shape, e.inputs, e.layouts, d, moved, explain_tag});
 }
 
 }  // namespace
@@ -525,7 +530,7 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
   if (out.shape() != e.output_box.size)
     throw Error(fmt::format("[{}] internal: the kernel returned a {} shard where {} gives {}", op.name,
                             fmt::join(out.shape(), "x"), d.chosen.output, fmt::join(e.output_box.size, "x")));
-  if (explaining) explain(op, d, e.layouts, mesh.comm().stats() - before);
+  if (explaining) explain(e, mesh.comm().stats() - before);
   return ShardedTensor{std::move(out), e.output_meta};
 }
 
@@ -557,10 +562,18 @@ PropagationCacheStats propagation_cache_stats() {
 void clear_propagation_cache() { cache = Cache{}; }
 void set_propagation_cache_capacity(std::size_t entries) { capacity().set(entries); }
 
-ExplainScope::ExplainScope(std::function<void(const std::string&)> sink) : previous_(explain_sink) {
+ExplainScope::ExplainScope(std::function<void(const std::string&)> sink)
+    : previous_(explain_sink), previous_on_op_(explain_on_op) {
   explain_sink = sink ? std::move(sink) : [](const std::string& line) { fmt::print("[explain] {}\n", line); };
 }
-ExplainScope::~ExplainScope() { explain_sink = std::move(previous_); }
+ExplainScope::ExplainScope(std::function<void(const std::string&)> sink, std::function<void(const ExplainedOp&)> on_op)
+    : ExplainScope(std::move(sink)) {
+  explain_on_op = std::move(on_op);
+}
+ExplainScope::~ExplainScope() {
+  explain_sink = std::move(previous_);
+  explain_on_op = std::move(previous_on_op_);
+}
 
 ExplainTag::ExplainTag(std::string tag) : previous_(std::exchange(explain_tag, std::move(tag))) {}
 ExplainTag::~ExplainTag() { explain_tag = std::move(previous_); }

@@ -102,18 +102,34 @@ void clear_propagation_cache();
 /// miss.
 void set_propagation_cache_capacity(std::size_t entries);
 
+/// One dispatched op as explain mode saw it, for callers that show
+/// decisions in their own form (pictures::decision_svg draws one). Valid
+/// only during the callback.
+struct ExplainedOp {
+  const OpDef& op;
+  const Shape& mesh_shape;
+  std::span<const TensorMeta> inputs;
+  std::span<const Layout> layouts;  // the inputs' layouts as called
+  const OpDecision& decision;
+  CommStats moved;       // what this rank's collectives did for the op
+  std::string_view tag;  // ExplainTag's, e.g. "backward of linear"
+};
+
 /// While alive on this thread, every dispatched op prints what it did: the
 /// layouts in, the strategy chosen, its cost against the runner-up and the
-/// collectives it issued. Lines go to `sink` (stdout by default).
+/// collectives it issued. Lines go to `sink` (stdout by default); with
+/// `on_op`, each op's decision is also handed over whole.
 class ExplainScope {
  public:
   explicit ExplainScope(std::function<void(const std::string&)> sink = {});
+  ExplainScope(std::function<void(const std::string&)> sink, std::function<void(const ExplainedOp&)> on_op);
   ~ExplainScope();
   ExplainScope(const ExplainScope&) = delete;
   ExplainScope& operator=(const ExplainScope&) = delete;
 
  private:
   std::function<void(const std::string&)> previous_;
+  std::function<void(const ExplainedOp&)> previous_on_op_;
 };
 
 /// While alive on this thread, explain lines start with `tag` (autograd

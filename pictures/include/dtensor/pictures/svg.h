@@ -6,12 +6,14 @@
 // The pictures are computed from metadata only (mesh shape, global shape,
 // layout, plan): drawing a DTensor communicates nothing.
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "dtensor/api/dtensor_tensor.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/shape.h"
+#include "dtensor/ops/dispatch.h"
 #include "dtensor/redistribute/plan.h"
 
 namespace dtensor::pictures {
@@ -51,6 +53,26 @@ std::string to_svg(const DTensor& tensor, PictureOptions options = {});
 /// the number of steps and collectives, the busiest rank's bytes and the
 /// planner's estimated time.
 std::string plan_svg(const Plan& plan, const PictureOptions& options = {});
+
+/// An op's decision as explain mode saw it: each input as called, the
+/// layout the chosen strategy needs it in (with the plan's collectives on
+/// the arrow between), and the output; the caption gives the chosen cost
+/// against the runner-up's.
+std::string decision_svg(const ExplainedOp& op, const PictureOptions& options = {});
+
+/// While alive on this thread, every dispatched op's decision is drawn with
+/// decision_svg and kept in call order (explain mode's text lines go to
+/// `sink`, nowhere by default). Nested ExplainScopes still see the text.
+class ExplainPictures {
+ public:
+  explicit ExplainPictures(PictureOptions options = {}, std::function<void(const std::string&)> sink = {});
+  const std::vector<std::string>& svgs() const { return svgs_; }
+
+ private:
+  PictureOptions options_;
+  std::vector<std::string> svgs_;
+  ExplainScope scope_;
+};
 
 /// One self-contained HTML page (nothing fetched: styles, script and
 /// pictures inline) of a layout change: the plan picture, each step with
