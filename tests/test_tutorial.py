@@ -24,6 +24,8 @@ import tempfile
 OUTPUT_BLOCK = re.compile(r"<!-- output: (?P<name>[\w-]+) -->\n```text\n(?P<text>.*?)^```$", re.S | re.M)
 # A command line of the document that asks a program for its pictures.
 DRAWS = re.compile(r"(?P<name>tutorial_\w+) --pictures ")
+# An image the document shows, relative to the document.
+IMAGE = re.compile(r"!\[[^\]]*\]\((?P<path>pictures/tutorial/[^)]+\.svg)\)")
 TIMEOUT_SECONDS = 120
 
 
@@ -66,10 +68,12 @@ def check(doc_path, pictures_dir, programs):
     by_name = {os.path.basename(p): p for p in programs}
     failures = [f"{name}: documented but not built" for name in sorted(set(outputs) - set(by_name))]
     failures += [f"{name}: built but its output is not in {doc_path}" for name in sorted(set(by_name) - set(outputs))]
+    all_drawn = set()
     for name in sorted(set(by_name) & set(outputs)):
         with tempfile.TemporaryDirectory() as drawn:
             args = ["--pictures", drawn] if name in drawing else []
             got = run(by_name[name], *args)
+            all_drawn |= set(os.listdir(drawn))
             if got != outputs[name]:
                 diff = difflib.unified_diff(outputs[name].splitlines(keepends=True), got.splitlines(keepends=True),
                                             f"{doc_path} ({name})", f"{name}'s stdout")
@@ -77,6 +81,12 @@ def check(doc_path, pictures_dir, programs):
             if name in drawing:
                 failures += compare_pictures(name, drawn, pictures_dir)
         print(f"{name}: checked{' (with pictures)' if name in drawing else ''}")
+    # Every picture committed is drawn by some program (none left over from an
+    # old version), and every picture the document shows is committed.
+    committed = set(p for p in os.listdir(pictures_dir) if p.endswith(".svg")) if os.path.isdir(pictures_dir) else set()
+    failures += [f"{p}: in {pictures_dir} but no program draws it" for p in sorted(committed - all_drawn)]
+    shown = set(os.path.basename(m["path"]) for m in IMAGE.finditer(doc_text))
+    failures += [f"{p}: shown by {doc_path} but not in {pictures_dir}" for p in sorted(shown - committed)]
     for failure in failures:
         print(f"FAIL {failure}", file=sys.stderr)
     return 1 if failures else 0
