@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The tutorial (docs/tutorial.md) against its programs. Standard library only.
+
+    test_tutorial.py DOC PICTURES_DIR PROGRAM...
+        Runs each program (examples/tutorial/) and checks that its stdout is
+        exactly the block the document shows after `<!-- output: NAME -->`,
+        that every program has such a block and every block a program, and
+        that the programs the document runs with `--pictures` draw exactly
+        the SVG files committed in PICTURES_DIR. Prints a diff on mismatch;
+        exits non-zero if anything differs.
+
+    test_tutorial.py --write DOC PICTURES_DIR PROGRAM...
+        Regenerates the pictures into PICTURES_DIR (meson's `docs` target).
+"""
+import difflib
+import filecmp
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# `<!-- output: tutorial_01_mesh -->` followed by a ```text fenced block.
+OUTPUT_BLOCK = re.compile(r"<!-- output: (?P<name>[\w-]+) -->\n```text\n(?P<text>.*?)^```$", re.S | re.M)
+# A command line of the document that asks a program for its pictures.
+DRAWS = re.compile(r"(?P<name>tutorial_\w+) --pictures ")
+# An image the document shows, relative to the document.
+IMAGE = re.compile(r"!\[[^\]]*\]\((?P<path>pictures/tutorial/[^)]+\.svg)\)")
+TIMEOUT_SECONDS = 120
+
+
+def documented_outputs(doc_text):
+    outputs = {}
+    for match in OUTPUT_BLOCK.finditer(doc_text):
+        name = match["name"]
+        if name in outputs:
+            raise SystemExit(f"[test_tutorial] two output blocks for {name}")
+        outputs[name] = match["text"]
+    return outputs
+
+
+def run(program, *args):
+    # OpenBLAS picks its kernels by CPU: a forced core type is not what a student has.
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    proc = subprocess.run([program, *args], capture_output=True, text=True, timeout=TIMEOUT_SECONDS, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{program} {' '.join(args)} exited with {proc.returncode}: {proc.stderr}")
+    return proc.stdout
+
+
+def compare_pictures(name, drawn_dir, committed_dir):
+    """Failures, one line each, where a program's pictures differ from the committed ones."""
+    failures = []
+    for picture in sorted(os.listdir(drawn_dir)):
+        committed = os.path.join(committed_dir, picture)
+        if not os.path.exists(committed):
+            failures.append(f"{name}: draws {picture}, which is not in {committed_dir} (run `ninja docs`)")
+        elif not filecmp.cmp(os.path.join(drawn_dir, picture), committed, shallow=False):
+            failures.append(f"{name}: {picture} differs from the committed one (run `ninja docs`)")
+    return failures
+
+
+def check(doc_path, pictures_dir, programs):
+    with open(doc_path, encoding="utf-8") as f:
+        doc_text = f.read()
+    outputs = documented_outputs(doc_text)
+    drawing = set(m["name"] for m in DRAWS.finditer(doc_text))
+    by_name = {os.path.basename(p): p for p in programs}
+    failures = [f"{name}: documented but not built" for name in sorted(set(outputs) - set(by_name))]
+    failures += [f"{name}: built but its output is not in {doc_path}" for name in sorted(set(by_name) - set(outputs))]
+    all_drawn = set()
+    for name in sorted(set(by_name) & set(outputs)):
+        with tempfile.TemporaryDirectory() as drawn:
+            args = ["--pictures", drawn] if name in drawing else []
+            got = run(by_name[name], *args)
+            all_drawn |= set(os.listdir(drawn))
+            if got != outputs[name]:
+                diff = difflib.unified_diff(outputs[name].splitlines(keepends=True), got.splitlines(keepends=True),
+                                            f"{doc_path} ({name})", f"{name}'s stdout")
+                failures.append(f"{name}: output differs from the document:\n{''.join(diff)}")
+            if name in drawing:
+                failures += compare_pictures(name, drawn, pictures_dir)
+        print(f"{name}: checked{' (with pictures)' if name in drawing else ''}")
+    # Every picture committed is drawn by some program (none left over from an
+    # old version), and every picture the document shows is committed.
+    committed = set(p for p in os.listdir(pictures_dir) if p.endswith(".svg")) if os.path.isdir(pictures_dir) else set()
+    failures += [f"{p}: in {pictures_dir} but no program draws it" for p in sorted(committed - all_drawn)]
+    shown = set(os.path.basename(m["path"]) for m in IMAGE.finditer(doc_text))
+    failures += [f"{p}: shown by {doc_path} but not in {pictures_dir}" for p in sorted(shown - committed)]
+    for failure in failures:
+        print(f"FAIL {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def write_pictures(doc_path, pictures_dir, programs):
+    with open(doc_path, encoding="utf-8") as f:
+        drawing = set(m["name"] for m in DRAWS.finditer(f.read()))
+    os.makedirs(pictures_dir, exist_ok=True)
+    for program in programs:
+        if os.path.basename(program) in drawing:
+            run(program, "--pictures", pictures_dir)
+            print(f"{os.path.basename(program)}: pictures written to {pictures_dir}")
+    return 0
+
+
+def main(argv):
+    write = argv[:1] == ["--write"]
+    args = argv[1:] if write else argv
+    if len(args) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    doc_path, pictures_dir, programs = args[0], args[1], args[2:]
+    return (write_pictures if write else check)(doc_path, pictures_dir, programs)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
