@@ -113,13 +113,26 @@ std::map<std::string, std::uint64_t> events_by_name(const json& trace, int rank,
   return out;
 }
 
+// Skips (and counts) a case where the backend cannot run it here.
+struct mesh_runs {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    return testing::can_run(numel(kMesh));
+  }
+};
+struct on_threads {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    boost::test_tools::assertion_result runs(testing::test_backend() == "threads");
+    runs.message() << "launch() inside an MPI job would start MPI a second time";
+    return runs;
+  }
+};
+
 BOOST_AUTO_TEST_SUITE(timelines)
 
 // The acceptance test of the format and of the counts: the trace agrees
 // with CommCounter kind by kind on every rank, names the ops, and labels
 // redistribution collectives with their plan step.
-BOOST_AUTO_TEST_CASE(trace_matches_comm_counter) {
-  if (!testing::can_run(numel(kMesh))) return;
+BOOST_AUTO_TEST_CASE(trace_matches_comm_counter, *boost::unit_test::precondition(mesh_runs{})) {
   testing::FailureLog log;
   testing::run_ranks(static_cast<int>(numel(kMesh)), [&](Communicator& world) {
     const DeviceMesh mesh(world, kMesh);
@@ -160,8 +173,7 @@ BOOST_AUTO_TEST_CASE(trace_matches_comm_counter) {
 
 // No scope, no recording: the thread-local stays null, and a finished scope
 // gains no events from what runs after it.
-BOOST_AUTO_TEST_CASE(nothing_recorded_without_a_scope) {
-  if (!testing::can_run(numel(kMesh))) return;
+BOOST_AUTO_TEST_CASE(nothing_recorded_without_a_scope, *boost::unit_test::precondition(mesh_runs{})) {
   testing::FailureLog log;
   testing::run_ranks(static_cast<int>(numel(kMesh)), [&](Communicator& world) {
     const DeviceMesh mesh(world, kMesh);
@@ -186,8 +198,7 @@ BOOST_AUTO_TEST_CASE(nothing_recorded_without_a_scope) {
 
 // Errors name what was wrong: an empty path at once, an unwritable one on
 // every rank at finish().
-BOOST_AUTO_TEST_CASE(bad_paths_are_named) {
-  if (!testing::can_run(numel(kMesh))) return;
+BOOST_AUTO_TEST_CASE(bad_paths_are_named, *boost::unit_test::precondition(mesh_runs{})) {
   testing::FailureLog log;
   testing::run_ranks(static_cast<int>(numel(kMesh)), [&](Communicator& world) {
     const DeviceMesh mesh(world, kMesh);
@@ -211,10 +222,8 @@ BOOST_AUTO_TEST_CASE(bad_paths_are_named) {
 }
 
 // DTENSOR_TRACE=FILE: launch() records every rank's whole run into FILE,
-// naming each rank by the mesh its program builds. Threads only: launch()
-// under an MPI job would start MPI a second time.
-BOOST_AUTO_TEST_CASE(dtensor_trace_records_a_launch) {
-  if (testing::test_backend() != "threads") return;
+// naming each rank by the mesh its program builds. Threads only.
+BOOST_AUTO_TEST_CASE(dtensor_trace_records_a_launch, *boost::unit_test::precondition(on_threads{})) {
   const auto path = (std::filesystem::temp_directory_path() / fmt::format("dtensor_launch_{}.json", ::getpid())).string();
   ::setenv("DTENSOR_TRACE", path.c_str(), 1);
   std::string program = "trace_test", ranks_flag = "--ranks", ranks = "4";
