@@ -43,8 +43,9 @@ std::string shared_temp_path(Communicator& world, std::string_view stem) {
   return std::string(buf.data());
 }
 
-// A matmul of sharded operands (which moves data or leaves a Partial) and a
-// redistribution to replicated (a plan of steps with collectives).
+// A matmul of sharded operands (which moves data or leaves a Partial), a
+// redistribution to replicated (a plan of steps with collectives) and a
+// coalesced one (two plans, one collective).
 void sharded_program(const DeviceMesh& mesh) {
   const Tensor a_full = testing::integer_tensor({8, 6}, DType::Float32, 11);
   const Tensor b_full = testing::integer_tensor({6, 4}, DType::Float32, 12);
@@ -56,7 +57,14 @@ void sharded_program(const DeviceMesh& mesh) {
                                         mesh, b_layout, b_full.shape());
   const DTensor c = matmul(a, b);
   const DTensor replicated = c.redistribute(Layout::parse("R,R"));
-  (void)replicated.to_local();
+  const Layout partial = Layout::parse("P(sum),R");
+  const std::vector<DTensor> grads{
+      DTensor::from_local(testing::source_shard(b_full, mesh.shape(), partial, mesh.coordinate(), 3), mesh, partial,
+                          b_full.shape()),
+      DTensor::from_local(testing::source_shard(a_full, mesh.shape(), partial, mesh.coordinate(), 4), mesh, partial,
+                          a_full.shape())};
+  const std::vector<Layout> targets(grads.size(), Layout::parse("R,R"));
+  (void)redistribute_all(grads, targets);
 }
 
 json read_json(const std::string& path) {
@@ -165,6 +173,12 @@ BOOST_AUTO_TEST_CASE(trace_matches_comm_counter, *boost::unit_test::precondition
           e["args"].contains("bytes") && e["args"].contains("group"))
         labelled_step = true;
     if (!labelled_step) log.add(fmt::format("rank {}: no collective event names its plan step", rank));
+    bool labelled_coalesced = false;
+    for (const json& e : trace["traceEvents"])
+      if (e["pid"] == rank && e.value("cat", "") == "collective" &&
+          e["args"].value("plan_step", "").find("2 plans coalesced") != std::string::npos)
+        labelled_coalesced = true;
+    if (!labelled_coalesced) log.add(fmt::format("rank {}: no collective event names the coalesced plans", rank));
     world.barrier();  // every rank has read the file
     if (world.rank() == 0) std::filesystem::remove(path);
   });
