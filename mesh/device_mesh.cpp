@@ -9,11 +9,17 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
+#include "mesh/timeline.h"
 
 namespace dtensor {
 namespace {
 
 std::string shape_text(std::span<const std::int64_t> shape) { return fmt::format("{}", fmt::join(shape, "x")); }
+
+// How a timeline labels the collectives of one group: "mesh 2x2 dims [1]".
+std::string group_label(std::span<const std::int64_t> shape, std::span<const int> dims) {
+  return fmt::format("mesh {} dims [{}]", shape_text(shape), fmt::join(dims, ","));
+}
 
 // The communicators of one mesh as built on one rank, shared by the mesh, its
 // copies and its submeshes (a submesh's groups are groups of the root mesh).
@@ -45,7 +51,10 @@ struct MeshRoot {
     std::lock_guard lock(mu);
     std::vector<int> key(dims.begin(), dims.end());
     auto it = groups.find(key);
-    if (it == groups.end()) it = groups.emplace(std::move(key), make_group(dims)).first;
+    if (it == groups.end()) {
+      it = groups.emplace(std::move(key), make_group(dims)).first;
+      if (timeline::current != nullptr) timeline::current->name_group(&it->second->own_stats(), group_label(shape, dims));
+    }
     return *it->second;
   }
 
@@ -156,6 +165,7 @@ DeviceMesh::DeviceMesh(Communicator& world, Shape shape, std::vector<std::string
   state->rank = world.rank();
   state->coord = root->coord;
   state_ = std::move(state);
+  if (timeline::current != nullptr) timeline::name_mesh(*timeline::current, *this, /*replace=*/false);
 }
 
 const Shape& DeviceMesh::shape() const { return state_->shape; }
@@ -268,3 +278,20 @@ fmt::format_context::iterator fmt::formatter<dtensor::DeviceMesh>::format(const 
   if (m.dim_names().empty()) return fmt::format_to(ctx.out(), "DeviceMesh({})", fmt::join(m.shape(), "x"));
   return fmt::format_to(ctx.out(), "DeviceMesh({}, dims={})", fmt::join(m.shape(), "x"), fmt::join(m.dim_names(), ","));
 }
+
+namespace dtensor::timeline {
+
+void name_mesh(Recorder& recorder, const DeviceMesh& mesh, bool replace) {
+  const auto& shape = mesh.shape();
+  std::vector<int> all(shape.size());
+  for (std::size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int>(d);
+  // The mesh's own communicator counts under all its dims, as in group_stats.
+  recorder.name_group(&mesh.comm().own_stats(), group_label(shape, all));
+  for (int d = 0; d < mesh.ndim(); ++d)
+    recorder.name_group(&mesh.dim_comm(d).own_stats(), group_label(shape, std::span<const int>(&d, 1)));
+  recorder.name_process(
+      fmt::format("rank {} at [{}] of mesh {}", mesh.rank(), fmt::join(mesh.coordinate(), ","), shape_text(shape)),
+      replace);
+}
+
+}  // namespace dtensor::timeline

@@ -13,6 +13,7 @@
 #include "dtensor/core/error.h"
 #include "dtensor/mesh/backends.h"
 #include "dtensor/mesh/threads.h"
+#include "mesh/timeline.h"
 
 namespace dtensor {
 namespace {
@@ -150,6 +151,20 @@ int run_mpi(std::optional<std::string> ranks_flag, Device device, const std::fun
   return 0;
 }
 
+// DTENSOR_TRACE=FILE: fn's whole run on every rank, recorded as one timeline
+// in FILE (written by rank 0 once every rank's fn has returned). A rank that
+// throws stops recording and writes nothing: its peers fail too.
+std::function<void(Communicator&)> traced(const std::function<void(Communicator&)>& fn) {
+  const char* path = env("DTENSOR_TRACE");
+  if (!path) return fn;
+  return [&fn, file = std::string(path)](Communicator& world) {
+    timeline::Recorder recorder(world);
+    recorder.name_group(&world.own_stats(), "world");
+    fn(world);
+    recorder.finish(file);
+  };
+}
+
 }  // namespace
 
 bool launched_under_mpi() {
@@ -174,12 +189,13 @@ int launch(int& argc, char** argv, const std::function<void(Communicator& world)
     const Device device = launch_device(take_flag(argc, argv, "--device", "--device cpu|cuda"));
     if (const char* b = env("DTENSOR_BACKEND"); b && std::strcmp(b, "mpi") != 0 && std::strcmp(b, "threads") != 0)
       throw ValueError(fmt::format("DTENSOR_BACKEND='{}': expected 'threads' or 'mpi'", b));
-    if (launch_backend() == "mpi") return run_mpi(ranks_flag, device, fn, options);
+    const auto body = traced(fn);
+    if (launch_backend() == "mpi") return run_mpi(ranks_flag, device, body, options);
 
     const long ranks = thread_ranks(ranks_flag, options);
     ThreadsOptions threads_options{timeout_of(options)};
     threads_options.device = device;  // CUDA: simulated GPU ranks on one device
-    run_threads(static_cast<int>(ranks), fn, threads_options);
+    run_threads(static_cast<int>(ranks), body, threads_options);
     return 0;
   } catch (const RankStalled& e) {
     exit_with_stalled_ranks(e);

@@ -620,6 +620,7 @@ class MpiCommunicator final : public Communicator {
     if (broken_)
       throw CommTimeout(fmt::format("[mpi] {} on rank {} of {}: the communicator is unusable: {}",
                                     collective_name(kind), rank_, size_, broken_msg_));
+    stats_.begin();
   }
 
   // Completes `req`, polling MPI (which drives its progress engine) until

@@ -529,6 +529,7 @@ class NcclCommunicator final : public Communicator {
       throw CommError(fmt::format("[nccl] {} on rank {} of {}: the communicator is unusable: {}", collective_name(kind),
                                   rank_, size_, broken_msg_));
     if (cuda::current_device() != device_) cuda::set_device(device_);
+    stats_.begin();
     return cuda::stream();
   }
 

@@ -468,6 +468,7 @@ class ThreadsCommunicator final : public Communicator {
     a.kind.store(static_cast<int>(kind), std::memory_order_relaxed);
     a.calls.store(a.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     a.inside.store(true, std::memory_order_relaxed);
+    stats_.begin();
     return Call(a, Clock::now() + timeout());  // guaranteed elision: one Call, one reset
   }
 

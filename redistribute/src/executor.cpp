@@ -11,6 +11,7 @@
 
 #include "dtensor/core/compact_layout.h"
 #include "dtensor/core/error.h"
+#include "mesh/timeline.h"
 #include "step_context.h"
 
 namespace dtensor {
@@ -181,7 +182,11 @@ Tensor execute_plan(const Plan& plan, const DeviceMesh& mesh, const Tensor& loca
   check_shard(plan, mesh, local);
   Ctx cx{plan, mesh, mesh.coordinate(), itemsize(plan.dtype)};
   Tensor cur = local;
-  for (const PlanStep& s : plan.steps) cur = run_step(cx, s, cur);
+  for (const PlanStep& s : plan.steps) {
+    // A timeline names the step behind each collective (formatted only when recording).
+    const timeline::PlanStepLabel label([&] { return fmt::format("{}", s); });
+    cur = run_step(cx, s, cur);
+  }
   return cur;
 }
 

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
+#include "mesh/timeline.h"
 #include "step_context.h"
 
 namespace dtensor {
@@ -178,6 +179,8 @@ std::vector<Tensor> execute_coalesced(std::span<const Plan* const> plans, const 
         Member{Ctx{*plans[i], mesh, mesh.coordinate(), itemsize(first->dtype)}, plans[i]->steps.front(), locals[i]});
   }
   Communicator& comm = mesh.group_comm(first->mesh_dims);
+  // A timeline names the one collective that stands for every plan's step.
+  const timeline::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), *first); });
   switch (first->kind) {
     case StepKind::AllReduce: return all_reduce_many(members, comm, *first->op);
     case StepKind::ReduceScatter: return reduce_scatter_many(members, comm, *first->op);

@@ -30,3 +30,4 @@
 #include "dtensor/api/pointwise.h"            // IWYU pragma: export
 #include "dtensor/api/reduction.h"            // IWYU pragma: export
 #include "dtensor/api/shape.h"                // IWYU pragma: export
+#include "dtensor/api/trace.h"                // IWYU pragma: export

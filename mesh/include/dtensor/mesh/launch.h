@@ -60,6 +60,9 @@ std::string_view launch_backend();
 /// Under MPI a process also ends the job (exit code 1, naming its rank) when
 /// it calls exit() inside fn, and when fn returns while a peer still waits
 /// for it in a collective or a receive (that peer fails at once naming it).
+/// With $DTENSOR_TRACE=FILE, every rank's ops and collectives during fn are
+/// recorded and rank 0 writes them to FILE as one Chrome trace (see
+/// dtensor/api/trace.h; open it in https://ui.perfetto.dev).
 /// After fn returns, each process waits for the others to return theirs, up
 /// to the timeout: ranks that finish further apart than that fail.
 int launch(int& argc, char** argv, const std::function<void(Communicator& world)>& fn, LaunchOptions options = {});

@@ -1,0 +1,68 @@
+#pragma once
+// Timelines: what each rank did, when, as a Chrome trace (open the file in
+// https://ui.perfetto.dev or chrome://tracing).
+//
+//   {
+//     dtensor::TraceScope trace(mesh, "step.json");   // on every rank
+//     auto y = dtensor::matmul(x, w);
+//     y = y.redistribute({dtensor::Replicate()});
+//   }  // rank 0 writes step.json with every rank's events
+//
+// One process per rank (named by its mesh coordinate), each with an "ops"
+// track (one event per dispatched DTensor op, with the layouts it ran on)
+// and a "collectives" track (one event per collective this rank called,
+// named as collective_name() prints its kind, with the bytes it received
+// as CommStats counts them, the mesh dims of its group and, inside a
+// redistribution, the plan step it runs for). The trace has as many
+// collective events of each kind as CommCounter counts over the same scope.
+// No flow arrows: the library's ops and plans issue no point-to-point
+// send/recv to pair.
+//
+// Without a TraceScope nothing is recorded, at the cost of one thread-local
+// test per op and per collective. Setting DTENSOR_TRACE=FILE records the
+// whole run of a program started by launch().
+#include <memory>
+#include <string>
+
+#include "dtensor/mesh/device_mesh.h"
+
+namespace dtensor {
+
+namespace timeline {
+class Recorder;
+}
+
+class TraceScope {
+ public:
+  /// Starts recording this rank's ops and collectives. A collective scope:
+  /// every rank of `mesh` makes one, and finish() gathers their events on
+  /// rank 0, which writes `path`. Scopes nest (the events go to both).
+  /// ValueError for an empty path.
+  TraceScope(const DeviceMesh& mesh, std::string path);
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+  /// finish() unless it ran, swallowing its errors (call finish() to see
+  /// them); while an exception unwinds, only stops recording, since the
+  /// other ranks may never reach their finish().
+  ~TraceScope();
+
+  /// Collective over the mesh: stops recording and writes the file; returns
+  /// when it is complete, on every rank. Error naming the path when rank 0
+  /// cannot write it. A second call does nothing.
+  void finish();
+  /// Events recorded so far on this rank (ops and collectives, not the
+  /// metadata naming processes and tracks).
+  std::size_t recorded_events() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  DeviceMesh mesh_;
+  std::string path_;
+  int exceptions_at_start_;
+  std::unique_ptr<timeline::Recorder> recorder_;
+};
+
+/// Whether a TraceScope (or DTENSOR_TRACE) is recording on this thread.
+bool trace_recording();
+
+}  // namespace dtensor

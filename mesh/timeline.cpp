@@ -1,0 +1,213 @@
+// Chrome trace event JSON ("JSON object format"): {"traceEvents": [...]},
+// each op or collective one complete event ("ph": "X", ts and dur in
+// microseconds), each rank one process (pid = its rank in the world given),
+// named by a metadata event, with one thread per track. Perfetto and
+// chrome://tracing open it as it is.
+#include "mesh/timeline.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "dtensor/core/error.h"
+
+namespace dtensor::timeline {
+
+constinit thread_local Recorder* current = nullptr;
+
+namespace {
+
+std::int64_t nanoseconds(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Microseconds with nanosecond digits, as the format's "ts" and "dur" take.
+std::string microseconds(std::int64_t ns) { return fmt::format("{:.3f}", static_cast<double>(ns) / 1000.0); }
+
+std::string_view track_name(Track track) { return track == Track::Ops ? "ops" : "collectives"; }
+
+// Every rank's text gathered on every rank, through the host-buffer
+// collectives (which stage through device memory on GPU communicators), as
+// equal-size blocks padded to the longest.
+std::vector<std::string> gather_texts(Communicator& world, const std::string& text) {
+  const auto n = static_cast<std::size_t>(world.size());
+  const std::uint64_t mine = text.size();
+  std::vector<std::uint64_t> lengths(n);
+  world.all_gather_host(&mine, lengths.data(), sizeof(mine));
+  const std::size_t block = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  std::string padded = text;
+  padded.resize(block);
+  std::string all(block * n, '\0');
+  if (block > 0) world.all_gather_host(padded.data(), all.data(), block);
+  std::vector<std::string> out;
+  out.reserve(n);
+  for (std::size_t r = 0; r < n; ++r) out.push_back(all.substr(r * block, static_cast<std::size_t>(lengths[r])));
+  return out;
+}
+
+// Rank 0's part of finish(): the merged file. Returns an empty string on
+// success, else why it failed.
+std::string write_trace(const std::string& path, const std::vector<std::string>& rank_texts) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return fmt::format("cannot open it for writing: {}", std::strerror(errno));
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  for (const auto& text : rank_texts) {
+    if (text.empty()) continue;
+    if (!first) out << ",\n";
+    out << text;
+    first = false;
+  }
+  out << "\n]}\n";
+  out.close();
+  if (!out) return fmt::format("writing it failed: {}", std::strerror(errno));
+  return {};
+}
+
+}  // namespace
+
+std::string json_quote(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  out += '"';
+  for (const char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        else
+          out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+Recorder::Recorder(Communicator& world) : world_(&world), outer_(current), started_(Clock::now()) {
+  current = this;
+}
+
+Recorder::~Recorder() { stop(); }
+
+void Recorder::stop() {
+  if (!recording_) return;
+  recording_ = false;
+  // Scopes end in reverse order of their start; should one outlive an inner
+  // one anyway, the thread still ends up recording into what remains.
+  if (current == this) current = outer_;
+}
+
+void Recorder::abandon() {
+  stop();
+  finished_ = true;
+}
+
+void Recorder::add(const Event& event) {
+  for (Recorder* r = this; r != nullptr; r = r->outer_)
+    if (r->recording_) r->events_.push_back(event);
+}
+
+void Recorder::name_group(const CommStats* group, std::string label) { group_labels_[group] = std::move(label); }
+
+void Recorder::name_process(std::string name, bool replace) {
+  for (Recorder* r = this; r != nullptr; r = r->outer_)
+    if (replace || r->process_name_.empty()) r->process_name_ = name;
+}
+
+std::string Recorder::group_label(const CommStats* group) const {
+  for (const Recorder* r = this; r != nullptr; r = r->outer_) {
+    const auto it = r->group_labels_.find(group);
+    if (it != r->group_labels_.end()) return it->second;
+  }
+  return "a communicator outside the traced meshes";
+}
+
+std::string Recorder::rank_text(std::int64_t origin_ns) const {
+  const int rank = world_->rank();
+  const std::string name = process_name_.empty() ? fmt::format("rank {}", rank) : process_name_;
+  std::string out = fmt::format(
+      "{{\"name\": \"process_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, \"args\": {{\"name\": {1}}}}},\n"
+      "{{\"name\": \"process_sort_index\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, "
+      "\"args\": {{\"sort_index\": {0}}}}}",
+      rank, json_quote(name));
+  for (const Track track : {Track::Ops, Track::Collectives})
+    out += fmt::format(
+        ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": "
+        "\"{}\"}}}}",
+        rank, static_cast<int>(track), track_name(track));
+  for (const Event& e : events_) {
+    const std::int64_t dur_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.duration).count();
+    out += fmt::format(
+        ",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {}, \"pid\": {}, \"tid\": {}, "
+        "\"args\": {{{}}}}}",
+        json_quote(e.name), e.track == Track::Ops ? "op" : "collective",
+        microseconds(nanoseconds(e.start) - origin_ns), microseconds(std::max<std::int64_t>(dur_ns, 0)), rank,
+        static_cast<int>(e.track), e.args);
+  }
+  return out;
+}
+
+void Recorder::finish(const std::string& path) {
+  stop();
+  if (finished_) return;
+  finished_ = true;
+  // One origin for all ranks: the earliest start. steady_clock is one clock
+  // for the threads of a process and for the processes of one machine.
+  const std::int64_t mine = nanoseconds(started_);
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(world_->size()));
+  world_->all_gather_host(&mine, starts.data(), sizeof(mine));
+  const std::int64_t origin = *std::min_element(starts.begin(), starts.end());
+  const auto texts = gather_texts(*world_, rank_text(origin));
+  std::string failure;
+  if (world_->rank() == 0) failure = write_trace(path, texts);
+  // Every rank learns whether the file is there, so none returns before it
+  // is complete and all fail together when it is not.
+  std::uint8_t failed = failure.empty() ? 0 : 1;
+  world_->broadcast_host(&failed, sizeof(failed), 0);
+  if (failed)
+    throw Error(fmt::format("[trace] rank 0 could not write the timeline to '{}'{}", path,
+                            failure.empty() ? std::string() : ": " + failure));
+}
+
+void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start) {
+  Recorder* r = current;
+  const auto end = Clock::now();
+  if (start == Clock::time_point{}) start = end;
+  std::string args = fmt::format("\"bytes\": {}, \"group\": {}", bytes, json_quote(r->group_label(group)));
+  if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
+  r->add(Event{std::string(collective_name(kind)), Track::Collectives, start, end - start, std::move(args)});
+}
+
+void OpSpan::begin(std::string_view name) {
+  recorder_ = current;
+  name_ = name;
+  start_ = Clock::now();
+}
+
+void OpSpan::note(std::string_view key, std::string_view json_value) {
+  if (!args_.empty()) args_ += ", ";
+  args_ += json_quote(key);
+  args_ += ": ";
+  args_ += json_value;
+}
+
+void OpSpan::end() noexcept {
+  try {
+    recorder_->add(Event{std::string(name_), Track::Ops, start_, Clock::now() - start_, std::move(args_)});
+  } catch (...) {
+    // Out of memory while recording: the timeline loses this op rather than
+    // the op failing (a destructor must not throw).
+  }
+}
+
+void PlanStepLabel::restore() noexcept { recorder_->set_plan_step(std::move(previous_)); }
+
+}  // namespace dtensor::timeline

@@ -1,0 +1,160 @@
+#pragma once
+// The recorder behind TraceScope (dtensor/api/trace.h) and DTENSOR_TRACE:
+// a per-rank timeline of ops and collectives, written as Chrome trace event
+// JSON. Not installed: the layers that produce events (the backends' stats
+// recorders, DeviceMesh, the op dispatcher, the plan executor) include it
+// by path.
+//
+// Cost when nothing records: every hook first reads one thread-local
+// pointer, `current`, which is null unless a recording is active on this
+// thread (ranks are threads, or the one thread of an MPI process). It is
+// constinit, so reading it calls no initialisation wrapper; the rest of each
+// hook sits out of line behind that test. No allocation and no lock happen
+// while it is null.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/mesh/communicator.h"
+
+namespace dtensor {
+class DeviceMesh;
+}
+
+namespace dtensor::timeline {
+
+using Clock = std::chrono::steady_clock;
+
+/// The track (Chrome trace "tid") of each event on its rank's process.
+enum class Track : std::uint8_t { Ops = 1, Collectives = 2 };
+
+struct Event {
+  std::string name;
+  Track track = Track::Ops;
+  Clock::time_point start;
+  Clock::duration duration{};
+  /// Members of the event's "args" object, already JSON ("\"bytes\": 12").
+  std::string args;
+};
+
+/// One rank's recording. Only the rank's own thread touches it.
+class Recorder {
+ public:
+  /// Starts recording on this thread; recordings nest (events go to every
+  /// recorder active on the thread). `world` is the communicator whose
+  /// ranks the trace shows as processes; it must outlive finish().
+  explicit Recorder(Communicator& world);
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+  /// Stops recording if finish() did not; writes nothing.
+  ~Recorder();
+
+  /// Collective over world: stops recording, merges every rank's events and
+  /// rank 0 writes them to `path` as one Chrome trace JSON object; returns
+  /// once the file is complete on every rank. Error naming the path when
+  /// rank 0 cannot write it (on every rank). A second call does nothing.
+  void finish(const std::string& path);
+  /// Stops recording without writing anything or talking to other ranks
+  /// (when the rank is failing and its peers may never call finish).
+  void abandon();
+  /// This rank's events so far, in the order they ended.
+  const std::vector<Event>& events() const { return events_; }
+
+  void add(const Event& event);
+  /// How collectives on the communicator whose own_stats() is `group` are
+  /// labelled ("mesh 2x2 dims [1]"); the latest label given wins.
+  void name_group(const CommStats* group, std::string label);
+  /// The process name shown for this rank ("rank 3 at [1,1] of mesh 2x2");
+  /// the first one given stays unless `replace`.
+  void name_process(std::string name, bool replace);
+  /// The plan step a collective runs for (empty outside a redistribution).
+  void set_plan_step(std::string step) { plan_step_ = std::move(step); }
+  const std::string& plan_step() const { return plan_step_; }
+  std::string group_label(const CommStats* group) const;
+
+ private:
+  void stop();
+  std::string rank_text(std::int64_t origin_ns) const;
+
+  Communicator* world_;
+  Recorder* outer_;  // the recording this one nests in, or null
+  bool recording_ = true;
+  bool finished_ = false;
+  Clock::time_point started_;
+  std::vector<Event> events_;
+  std::map<const CommStats*, std::string> group_labels_;
+  std::string process_name_;
+  std::string plan_step_;
+};
+
+/// The innermost recording on this thread, or null.
+extern constinit thread_local Recorder* current;
+
+/// Labels the collectives on `mesh`'s communicators with its shape and dims
+/// and names the rank by its coordinate (keeping an earlier name unless
+/// `replace`). DeviceMesh's constructor calls it while recording.
+void name_mesh(Recorder& recorder, const DeviceMesh& mesh, bool replace);
+
+/// "\"text\"" with JSON escapes.
+std::string json_quote(std::string_view text);
+
+/// Called by a backend's StatsRecorder when a call ends while recording:
+/// one event on the collectives track. `start` is the epoch when the
+/// backend did not note the start (the event then has zero duration).
+void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start);
+
+/// One op on the ops track, from construction to destruction.
+class OpSpan {
+ public:
+  explicit OpSpan(std::string_view name) {
+    if (current != nullptr) [[unlikely]]
+      begin(name);
+  }
+  OpSpan(const OpSpan&) = delete;
+  OpSpan& operator=(const OpSpan&) = delete;
+  ~OpSpan() {
+    if (recorder_ != nullptr) [[unlikely]]
+      end();
+  }
+  bool recording() const { return recorder_ != nullptr; }
+  /// Adds "key": value (value already JSON) to the event's args.
+  void note(std::string_view key, std::string_view json_value);
+
+ private:
+  void begin(std::string_view name);
+  void end() noexcept;
+  Recorder* recorder_ = nullptr;
+  std::string_view name_;  // the op's registered name, which outlives the span
+  Clock::time_point start_;
+  std::string args_;
+};
+
+/// Labels the collectives of one redistribution plan step while alive;
+/// `make_text` is called only when recording.
+class PlanStepLabel {
+ public:
+  template <class MakeText>
+  explicit PlanStepLabel(MakeText&& make_text) {
+    if (current != nullptr) [[unlikely]] {
+      recorder_ = current;
+      previous_ = recorder_->plan_step();
+      recorder_->set_plan_step(make_text());
+    }
+  }
+  PlanStepLabel(const PlanStepLabel&) = delete;
+  PlanStepLabel& operator=(const PlanStepLabel&) = delete;
+  ~PlanStepLabel() {
+    if (recorder_ != nullptr) [[unlikely]]
+      restore();
+  }
+
+ private:
+  void restore() noexcept;
+  Recorder* recorder_ = nullptr;
+  std::string previous_;
+};
+
+}  // namespace dtensor::timeline
