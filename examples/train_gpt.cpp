@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write config, losses, collectives and memory as one JSON object");
   app.add_option("--plot", plot_path, "draw the training and validation loss as an SVG");
   app.add_flag("--explain", o.explain, "print rank 0's layout decisions and collectives during the last step");
+  app.add_option("--trace", o.trace, "record the last step as a Chrome trace (open in ui.perfetto.dev)");
   app.add_option("--generate", o.generate, "bytes to sample greedily after training")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);

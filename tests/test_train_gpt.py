@@ -63,7 +63,9 @@ def main() -> int:
     checks.append(("--plot writes an SVG with its title", svg.startswith("<svg") and "plan ddp" in svg, svg[:200]))
     checks.append(("step lines are printed", out.count("loss ") >= 6, out))
 
-    rc, out, err, tp = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp"], "dp_tp")
+    trace_path = os.path.join(tmp, "step.json")
+    rc, out, err, tp = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
+                              "--trace", trace_path], "dp_tp")
     checks.append(("4 thread ranks, ddp,tp_sp: the 1-rank losses and bytes",
                    tp is not None and same_losses(one["losses"], tp["losses"]) and tp["generated"] == one["generated"],
                    err + out))
@@ -71,6 +73,15 @@ def main() -> int:
     checks.append(("its comm names all_gather and reduce_scatter per phase",
                    {"all_gather", "reduce_scatter"} <= kinds and
                    all(set(c) == {"phase", "kind", "mesh_dims", "count", "bytes"} for c in tp["comm"]), tp and tp["comm"]))
+
+    # --trace: the last step as a Chrome trace, every rank a named process,
+    # each collective the step's comm names seen on the collectives tracks.
+    events = json.load(open(trace_path)) if os.path.exists(trace_path) else {}
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    processes = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    traced_kinds = {e["name"] for e in events if e.get("ph") == "X"}
+    checks.append(("--trace writes the last step: 4 named ranks, every kind of its comm",
+                   len(processes) == 4 and kinds <= traced_kinds, (sorted(processes), sorted(traced_kinds))))
 
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")

@@ -58,6 +58,10 @@ struct PlainEnv {
   Tensor input(const Tensor& host, bool) const { return host; }
   double value(const Tensor& t) const { return first_value(t); }
   DimsStats stats() const { return {}; }
+  void start_trace(std::optional<TraceScope>&, const std::string& path) const {
+    throw ValueError(fmt::format("--trace '{}' records the DTensor ops of a run on a mesh; this run has plain tensors",
+                                 path));
+  }
   bool lead() const { return true; }
   std::vector<std::string> dim_names() const { return {}; }
   std::uint64_t largest(std::uint64_t v) const { return v; }
@@ -94,6 +98,7 @@ struct MeshEnv {
     return from_full(host, mesh, plan.batch_layout(generation));
   }
   double value(const DTensor& t) const { return first_value(t.full_tensor()); }
+  void start_trace(std::optional<TraceScope>& trace, const std::string& path) const { trace.emplace(mesh, path); }
   DimsStats stats() const {
     DimsStats out;
     for (auto& group : mesh.group_stats()) out[group.mesh_dims] = group.stats;
@@ -327,6 +332,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const auto start = std::chrono::steady_clock::now();
     std::optional<ExplainScope> explain;
     if (o.explain && step == o.steps - 1 && env.lead()) explain.emplace();
+    std::optional<TraceScope> trace;
+    if (!o.trace.empty() && step == o.steps - 1) env.start_trace(trace, o.trace);
     memory->reset_peak();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
     DimsStats forward, backward;
@@ -347,6 +354,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     optimizer.step();
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();
+    if (trace) trace->finish();  // here, not in the destructor, so that a failed write is an error
     const DimsStats update = env.stats() - before_update;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The first step builds the caches (propagation, plans, memory): the
