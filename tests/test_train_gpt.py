@@ -82,6 +82,12 @@ def main() -> int:
     traced_kinds = {e["name"] for e in events if e.get("ph") == "X"}
     checks.append(("--trace writes the last step: 4 named ranks, every kind of its comm",
                    len(processes) == 4 and kinds <= traced_kinds, (sorted(processes), sorted(traced_kinds))))
+    # Writing the trace gathers the ranks' events: none of that may count as the step's.
+    rc, out, err, untraced = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp"],
+                                   "dp_tp_untraced")
+    checks.append(("--trace leaves the step's comm as it is without it",
+                   untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
+                   (untraced and untraced["comm"], tp and tp["comm"])))
 
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")

@@ -354,8 +354,10 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     optimizer.step();
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();
-    if (trace) trace->finish();  // here, not in the destructor, so that a failed write is an error
     const DimsStats update = env.stats() - before_update;
+    // After the step's counts (writing the file gathers the ranks' events),
+    // and here, not in the destructor, so that a failed write is an error.
+    if (trace) trace->finish();
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The first step builds the caches (propagation, plans, memory): the
     // rate is the steady one after it, when there is an after.
