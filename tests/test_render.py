@@ -112,7 +112,7 @@ class Render(unittest.TestCase):
 
     def render(self, source, width, height):
         png = os.path.join(self.tmp.name, os.path.basename(source) + ".png")
-        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
                f"--window-size={width},{height}", f"--screenshot={png}", "file://" + source]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         self.assertTrue(os.path.exists(png), f"{' '.join(cmd)} wrote no PNG: {proc.stderr[-2000:]}")

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <dtensor/core/error.h>
+#include <dtensor/pictures/svg.h>
 
 namespace gpt {
 namespace {
@@ -85,19 +86,7 @@ std::string tick_label(double v, double step) {
   return fmt::format("{:.{}f}", v, decimals);
 }
 
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+using dtensor::pictures::xml_escape;
 
 // Words onto lines of at most `width` characters (a longer word gets its own
 // line); past max_lines the last line ends in "...".

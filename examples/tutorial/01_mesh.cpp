@@ -1,6 +1,6 @@
 // Tutorial step 1: a tensor on one rank, then the same tensor on a 2x2 mesh.
 // Each of the 4 ranks holds one block; full_tensor() puts them back together.
-//   build-tut/examples/tutorial/tutorial_01_mesh
+//   build/examples/tutorial/tutorial_01_mesh
 #include "tutorial.h"
 
 using namespace dtensor;

@@ -1,7 +1,7 @@
 // Tutorial step 2: Shard, Replicate and Partial. One 6x4 tensor in several
 // layouts on a 2x2 mesh; for each, the box of the tensor every rank holds.
 // With --pictures DIR, one picture per layout.
-//   build-tut/examples/tutorial/tutorial_02_placements [--pictures DIR]
+//   build/examples/tutorial/tutorial_02_placements [--pictures DIR]
 #include "tutorial.h"
 
 #include <dtensor/pictures/svg.h>

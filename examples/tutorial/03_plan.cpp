@@ -2,7 +2,7 @@
 // layout runs the planner, a pure function of metadata: the plan lists its
 // steps, each a collective on some mesh dims with the bytes the busiest rank
 // receives and the planner's reason. With --pictures DIR, a picture per plan.
-//   build-tut/examples/tutorial/tutorial_03_plan [--pictures DIR]
+//   build/examples/tutorial/tutorial_03_plan [--pictures DIR]
 #include "tutorial.h"
 
 #include <dtensor/pictures/svg.h>

@@ -2,15 +2,10 @@
 // 4 ranks. W1 is column-parallel (split by output features), W2 row-parallel
 // (split by input features): the hidden activations stay split, and the
 // only collective of the forward pass is one all_reduce of y's partial sums.
-//   build-tut/examples/tutorial/tutorial_04_megatron_mlp
+//   build/examples/tutorial/tutorial_04_megatron_mlp
 #include "tutorial.h"
 
 using namespace dtensor;
-
-namespace {
-// The sum of all elements, on one rank: the fingerprint printed for a result.
-double checksum(const Tensor& t) { return sum(t).get({}); }
-}  // namespace
 
 int main(int argc, char** argv) {
   return launch(argc, argv,
@@ -42,7 +37,7 @@ int main(int argc, char** argv) {
                                used.count(CollectiveKind::AllReduce), used.count(CollectiveKind::AllGather),
                                used.count(CollectiveKind::ReduceScatter), used.data_collectives());
                     fmt::print("checksum sharded {:.9f}, unsharded {:.9f}; max difference below 1e-12: {}\n",
-                               checksum(got), checksum(want), max_abs_diff(got, want) < 1e-12);
+                               tutorial::checksum(got), tutorial::checksum(want), max_abs_diff(got, want) < 1e-12);
                   }
                 },
                 {.default_ranks = 4});

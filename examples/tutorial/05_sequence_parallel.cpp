@@ -5,14 +5,10 @@
 // all_gather of the sequence, and where step 4 all_reduced its partial
 // output it reduce_scatters it back onto the sequence instead: the same
 // bytes as that one all_reduce, split in two collectives.
-//   build-tut/examples/tutorial/tutorial_05_sequence_parallel
+//   build/examples/tutorial/tutorial_05_sequence_parallel
 #include "tutorial.h"
 
 using namespace dtensor;
-
-namespace {
-double checksum(const Tensor& t) { return sum(t).get({}); }
-}  // namespace
 
 int main(int argc, char** argv) {
   return launch(argc, argv,
@@ -50,7 +46,7 @@ int main(int argc, char** argv) {
                                used.count(CollectiveKind::AllGather), used.count(CollectiveKind::ReduceScatter),
                                used.count(CollectiveKind::AllReduce), used.data_collectives());
                     fmt::print("checksum sharded {:.9f}, unsharded {:.9f}; max difference below 1e-12: {}\n",
-                               checksum(got), checksum(want), max_abs_diff(got, want) < 1e-12);
+                               tutorial::checksum(got), tutorial::checksum(want), max_abs_diff(got, want) < 1e-12);
                   }
                 },
                 {.default_ranks = 4});

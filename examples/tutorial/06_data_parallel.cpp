@@ -4,7 +4,7 @@
 // of the true gradient, and nothing is sent during backward. The optimizer
 // step reduces it to W's layout with one all_reduce (DDP's), then updates.
 // A CommTree shows where each collective happened.
-//   build-tut/examples/tutorial/tutorial_06_data_parallel
+//   build/examples/tutorial/tutorial_06_data_parallel
 #include "tutorial.h"
 
 #include <dtensor/nn/optim.h>

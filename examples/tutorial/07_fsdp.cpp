@@ -4,7 +4,7 @@
 // again for the backward (one more), and sends their gradients back to the
 // shards as S(0) (one reduce_scatter). The optimizer then updates each
 // rank's shard with no collective at all.
-//   build-tut/examples/tutorial/tutorial_07_fsdp
+//   build/examples/tutorial/tutorial_07_fsdp
 #include "tutorial.h"
 
 #include <span>

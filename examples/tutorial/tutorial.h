@@ -43,6 +43,9 @@ inline void write_picture(const std::optional<std::filesystem::path>& dir, std::
   if (!out) throw dtensor::Error(fmt::format("[tutorial] could not write {}", path.string()));
 }
 
+/// The sum of all elements, on one rank: the fingerprint printed for a result.
+inline double checksum(const dtensor::Tensor& t) { return dtensor::sum(t).get({}); }
+
 /// Every rank prints `text` in turn, rank 0 first. Thread ranks share one
 /// stdout, so without the turns their lines would interleave differently on
 /// each run. The barriers are collectives: keep this out of counted regions.

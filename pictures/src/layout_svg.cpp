@@ -313,20 +313,6 @@ std::string mesh_dim_label(int mesh_dim, const PictureOptions& options) {
   return fmt::format("d{}", mesh_dim);
 }
 
-std::string escape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
                     const PictureOptions& options) {
@@ -393,6 +379,21 @@ std::string svg_document(const Drawing& drawing) {
 }
 
 }  // namespace detail
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
 
 std::string layout_svg(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
                        const PictureOptions& options) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtensor/api/dtensor_tensor.h"
@@ -31,6 +32,10 @@ struct PictureOptions {
   /// Replaces the generated title where not empty.
   std::string title;
 };
+
+/// `text` with &, <, > and " escaped, for SVG and HTML text and attributes
+/// (every picture dtensor draws, the loss plot of train_gpt included).
+std::string xml_escape(std::string_view text);
 
 /// The layout of a tensor of `global_shape` on a mesh of `mesh_shape`: one
 /// rectangle per distinct box, sized in proportion to its elements, coloured
