@@ -58,7 +58,7 @@ std::string decision_svg(const ExplainedOp& e, const PictureOptions& options) {
                             i == 0 ? "title" : "caption", kMargin, y + 12, i == 0 ? 14 : 11,
                             i == 0 ? R"( font-weight="bold")" : "", detail::escape(head[i]));
     y += i == 0 ? 20 : 15;
-    all.width = std::max(all.width, static_cast<double>(head[i].size()) * (i == 0 ? 8.0 : 6.2) + 2 * kMargin);
+    all.width = std::max(all.width, static_cast<double>(head[i].size()) * (i == 0 ? 9.0 : 6.2) + 2 * kMargin);
   }
   auto place = [&](double x, double top, const Shape& shape, const Layout& layout, const std::string& title) {
     PictureOptions panel = options;

@@ -346,7 +346,7 @@ Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const La
   }
   const std::size_t panel_rows = (g.panels.size() + per_row - 1) / per_row;
   double y = top + static_cast<double>(panel_rows) * cell_h;
-  std::size_t widest = title.size() * 8;
+  std::size_t widest = title.size() * 9 + 2 * static_cast<std::size_t>(kMargin);  // 14 px bold: about 9 px a character
   for (const std::string& line : caption(g, options)) {
     d.body += fmt::format(R"(<text class="caption" x="{}" y="{:.2f}" font-size="11">{}</text>)", kMargin, y,
                           escape(line));

@@ -46,10 +46,10 @@ std::string plan_svg(const Plan& plan, const PictureOptions& options) {
           ? std::string("nothing to do: the layouts are the same")
           : fmt::format("{} step(s), {} collective(s); the busiest rank receives {}; estimated {}", plan.steps.size(),
                         plan.num_collectives(), human_bytes(plan.max_recv_bytes()), human_seconds(plan.est_seconds));
+  const std::string title = fmt::format("{} -> {} on a {} mesh", plan.from, plan.to, fmt::join(plan.mesh_shape, "x"));
   all.body += fmt::format(R"(<text class="title" x="{}" y="{}" font-size="15" font-weight="bold">{}</text>)",
-                          kMargin, kMargin + 12,
-                          detail::escape(fmt::format("{} -> {} on a {} mesh", plan.from, plan.to,
-                                                     fmt::join(plan.mesh_shape, "x"))));
+                          kMargin, kMargin + 12, detail::escape(title));
+  all.width = static_cast<double>(title.size()) * 9.5 + 2 * kMargin;  // 15 px bold
   all.body += fmt::format(R"(<text class="caption" x="{}" y="{}" font-size="12">{}</text>)", kMargin, kMargin + 30,
                           detail::escape(summary));
   double y = kMargin + 40;
