@@ -2,7 +2,8 @@
 // exactly what per-tensor redistribute gives, on random meshes, shapes
 // (uneven and empty included), dtypes and moves; it issues one collective
 // per bucket, as many buckets as its packing rule says, and the bytes the
-// per-tensor plans say; other moves run alone; autograd and bad arguments.
+// per-tensor plans say; other moves run alone; autograd (one call each way)
+// and bad arguments.
 #include <boost/test/unit_test.hpp>
 
 #include <optional>
@@ -254,29 +255,74 @@ BOOST_AUTO_TEST_CASE(an_exchange_joins_the_all_gather_of_its_move) {
   });
 }
 
-// Under grad mode a tensor that requires a gradient is redistributed alone
-// and recorded (its gradient flows back); without grad mode, or for tensors
-// that need none, the moves share one call.
-BOOST_AUTO_TEST_CASE(tensors_autograd_records_run_alone_and_are_recorded) {
+// A small P -> S on a 2-D mesh is an all_reduce then a local slice (the
+// planner's choice: one collective instead of two); such moves share one
+// all_reduce, each sliced after it, with what redistribute gives.
+BOOST_AUTO_TEST_CASE(an_all_reduce_then_a_slice_packs) {
+  on_meshes({{2, 2}}, [&](const DeviceMesh& mesh, testing::FailureLog& log) {
+    const Layout from = Layout::parse("P(sum),P(sum)"), to = Layout::parse("S(0),R");
+    std::vector<DTensor> in;
+    for (std::uint64_t k = 0; k < 3; ++k)
+      in.push_back(make(testing::integer_tensor({5 + static_cast<std::int64_t>(k), 3}, DType::Float64, k), mesh, from,
+                        k + 1));
+    const Plan plan = in[0].plan_to(to);
+    if (plan.steps.size() != 2 || plan.steps[0].kind != StepKind::AllReduce || plan.steps[1].kind != StepKind::Slice)
+      log.add(fmt::format("the premise changed:\n{}", plan));
+    const CommCounter counter(mesh);
+    const std::vector<DTensor> got = redistribute_all(in, std::vector<Layout>(in.size(), to));
+    if (counter.count(CollectiveKind::AllReduce) != 1 || counter.counts().data_collectives() != 1)
+      log.add(fmt::format("{}; expected one all_reduce", counter.counts()));
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (got[i].placements() != to) log.add(fmt::format("tensor {} is {}, expected {}", i, got[i].placements(), to));
+      if (!equal(got[i].to_local(), in[i].redistribute(to).to_local())) log.add(fmt::format("tensor {} differs", i));
+    }
+  });
+}
+
+// Under grad mode the call is recorded as one group: the moves of tensors
+// that require a gradient share their collective as the others do, and their
+// gradients go back together in one call (here R -> S forward, a local
+// slice; the gradients S -> R backward, one all_gather for both), equal to
+// what per-tensor redistributes pass back.
+BOOST_AUTO_TEST_CASE(a_recorded_call_packs_its_backward_too) {
   on_meshes({{4}}, [&](const DeviceMesh& mesh, testing::FailureLog& log) {
-    const Tensor full = testing::integer_tensor({6, 2}, DType::Float64, 5);
-    DTensor x = make(full, mesh, Layout::parse("S(0)"), 1);
-    x.requires_grad_();
-    const std::vector<DTensor> in{x, make(full, mesh, Layout::parse("S(0)"), 1)};
-    const std::vector<Layout> to(2, Layout::parse("R"));
-    CommCounter counter(mesh);
+    const Tensor full = testing::integer_tensor({6, 4}, DType::Float64, 5);
+    DTensor x = make(full, mesh, Layout::parse("S(0)"), 1), y = make(full, mesh, Layout::parse("S(0)"), 1);
+    DTensor a = make(full, mesh, Layout::parse("R"), 1), b = make(full, mesh, Layout::parse("R"), 1);
+    for (DTensor* t : {&x, &y, &a, &b}) t->requires_grad_();
+    const DTensor quiet = make(full, mesh, Layout::parse("S(0)"), 1);
+    const std::vector<DTensor> in{x, quiet, y, a, b};
+    const std::vector<Layout> to{Layout::parse("R"), Layout::parse("R"), Layout::parse("R"), Layout::parse("S(0)"),
+                                 Layout::parse("S(1)")};
+    const CommCounter counter(mesh);
     std::vector<DTensor> got = redistribute_all(in, to);
-    if (counter.count(CollectiveKind::AllGather) != 2 || !got[0].requires_grad() || got[1].requires_grad())
-      log.add(fmt::format("grad mode: {} all_gathers (expected 2), requires_grad {} {}",
-                          counter.count(CollectiveKind::AllGather), got[0].requires_grad(), got[1].requires_grad()));
-    sum(got[0]).backward();
-    if (!x.grad() || !equal(x.grad()->full_tensor(), Tensor::ones({6, 2}, DType::Float64)))
-      log.add("the recorded redistribute did not pass the gradient back");
+    if (counter.count(CollectiveKind::AllGather) != 1 || counter.counts().data_collectives() != 1)
+      log.add(fmt::format("forward: {}; expected one all_gather for the three moves", counter.counts()));
+    if (!got[0].requires_grad() || got[1].requires_grad() || !got[4].requires_grad())
+      log.add(fmt::format("requires_grad {} {} {}: expected the recorded inputs' outputs only",
+                          got[0].requires_grad(), got[1].requires_grad(), got[4].requires_grad()));
+    // The weights make each gradient its own: 1 + 2 * element for a, 3 for b.
+    const DTensor loss = add(add(sum(got[0]), sum(mul(got[2], got[1]))),
+                             add(sum(mul(got[3], got[3].detach())), sum(mul(got[4], 3.0))));
+    const CommCounter backward(mesh);
+    loss.backward();
+    if (backward.count(CollectiveKind::AllGather) != 1)
+      log.add(fmt::format("backward: {}; expected the two gradients S -> R in one all_gather", backward.counts()));
+    const auto expect = [&](const DTensor& t, const Tensor& want, const char* what) {
+      if (!t.grad()) return log.add(fmt::format("{} got no gradient", what));
+      if (t.grad()->placements() != t.placements())
+        log.add(fmt::format("{}'s gradient is {}, expected {}", what, t.grad()->placements(), t.placements()));
+      if (!equal(t.grad()->full_tensor(), want)) log.add(fmt::format("{}'s gradient differs", what));
+    };
+    expect(x, Tensor::ones({6, 4}, DType::Float64), "x");
+    expect(y, full, "y");
+    expect(a, full, "a");
+    expect(b, Tensor::full({6, 4}, 3.0, DType::Float64), "b");
     NoGradGuard no_grad;
-    const CommCounter quiet(mesh);
+    const CommCounter plain(mesh);
     got = redistribute_all(in, to);
-    if (quiet.count(CollectiveKind::AllGather) != 1)
-      log.add(fmt::format("no grad: {} all_gathers, expected 1", quiet.count(CollectiveKind::AllGather)));
+    if (plain.count(CollectiveKind::AllGather) != 1 || got[0].requires_grad())
+      log.add(fmt::format("no grad: {}; expected one unrecorded all_gather", plain.counts()));
   });
 }
 

@@ -162,6 +162,8 @@ void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& gr
     if (auto it = pending.find(n); it != pending.end()) {
       grads = n->apply(it->second);
       pending.erase(it);
+    } else {
+      grads = n->apply_collected();
     }
     for (std::size_t i = 0; i < n->edges.size(); ++i) {
       const Edge& e = n->edges[i];

@@ -99,6 +99,10 @@ class Node {
   virtual std::string name() const = 0;
   /// The gradients of the edges' tensors, one per edge (empty: none).
   virtual std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) = 0;
+  /// Run when the node is ready but no gradient reached its output: a node
+  /// whose gradients come by another route (a group fed by its parts, as in
+  /// redistribute_all's record) sends them on here. Default: none.
+  virtual std::vector<std::optional<AnyTensor>> apply_collected() { return {}; }
   /// Drops what the node saved (after a backward without retain_graph).
   virtual void release() = 0;
 

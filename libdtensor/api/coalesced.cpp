@@ -13,6 +13,7 @@
 #include "dtensor/api/autograd.h"
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/coalesced.h"
+#include "libdtensor/api/autograd_engine.h"
 
 namespace dtensor {
 namespace {
@@ -155,27 +156,97 @@ void run_bucket(const Bucket& bucket, std::span<const DTensor> tensors, std::spa
   }
 }
 
-}  // namespace
+// The record of a redistribute_all: each recorded output's part hands its
+// gradient to the group, which sends them all back in one redistribute_all
+// once every part the loss reaches has run (the parts are newer, so the
+// engine runs them first, and the group's call comes at the same point on
+// every rank).
+class RedistributeAllNode final : public Node {
+ public:
+  explicit RedistributeAllNode(std::vector<Layout> back) : back_(std::move(back)), arrived_(back_.size()) {}
+  std::string name() const override { return "redistribute_all"; }
+  // The group has no output of its own: its gradients come from its parts.
+  std::vector<std::optional<AnyTensor>> apply(const AnyTensor&) override { return apply_collected(); }
+  std::vector<std::optional<AnyTensor>> apply_collected() override {
+    std::vector<DTensor> moving;
+    std::vector<Layout> to;
+    std::vector<std::size_t> which;
+    for (std::size_t k = 0; k < arrived_.size(); ++k)
+      if (arrived_[k]) {
+        moving.push_back(std::move(*arrived_[k]));
+        to.push_back(back_[k]);
+        which.push_back(k);
+        arrived_[k].reset();
+      }
+    std::vector<DTensor> back = redistribute_all(moving, to);
+    std::vector<std::optional<AnyTensor>> grads(back_.size());
+    for (std::size_t j = 0; j < which.size(); ++j) grads[which[j]] = AnyTensor(std::move(back[j]));
+    return grads;
+  }
+  // The engine sums what reaches a part before running it: one arrival each.
+  void receive(std::size_t k, DTensor grad) { arrived_[k] = std::move(grad); }
+  void release() override { released = true; }
 
-std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
-                                      CoalesceOptions options) {
-  check_arguments(tensors, targets, options);
+ private:
+  std::vector<Layout> back_;  // per edge: the input's layout, Partial replaced by Replicate
+  std::vector<std::optional<DTensor>> arrived_;
+};
+
+class RedistributeAllPart final : public Node {
+ public:
+  RedistributeAllPart(std::shared_ptr<RedistributeAllNode> group, std::size_t k) : group_(group.get()), k_(k) {
+    edges.push_back(Edge{std::move(group), nullptr});
+  }
+  std::string name() const override { return "redistribute_all"; }
+  std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
+    group_->receive(k_, std::get<DTensor>(grad));
+    return {};
+  }
+  void release() override { released = true; }
+
+ private:
+  RedistributeAllNode* group_;  // owned through the edge
+  std::size_t k_;
+};
+
+std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                               const CoalesceOptions& options);
+
+// Runs the moves unrecorded on detached inputs, then records one group for
+// the outputs whose inputs are in a graph.
+std::vector<DTensor> run_recorded(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                  const std::vector<std::size_t>& recorded, const CoalesceOptions& options) {
+  std::vector<DTensor> plain;
+  for (const DTensor& t : tensors) plain.push_back(detached(t));
+  std::vector<DTensor> out = [&] {
+    NoGradGuard unrecorded;
+    return run_moves(plain, targets, options);
+  }();
+  std::vector<Layout> back;
+  for (std::size_t i : recorded) back.push_back(tensors[i].placements().without_partial());
+  auto group = std::make_shared<RedistributeAllNode>(std::move(back));  // older than its parts: runs after them
+  for (std::size_t i : recorded) group->edges.push_back(edge_of(tensors[i].autograd_meta()));
+  for (std::size_t k = 0; k < recorded.size(); ++k)
+    attach(out[recorded[k]], std::make_shared<RedistributeAllPart>(group, k));
+  return out;
+}
+
+std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                               const CoalesceOptions& options) {
   std::vector<DTensor> out(tensors.begin(), tensors.end());
   std::vector<Plan> plans(tensors.size());
   std::vector<std::optional<CollectiveSignature>> signatures(tensors.size());
   std::vector<std::size_t> alone;
-  const bool recording = grad_enabled();
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (targets[i] == tensors[i].placements()) continue;  // as redistribute(): the same DTensor
     plans[i] = tensors[i].plan_to(targets[i]);           // a copy: later lookups may evict the cached one
-    // A tensor autograd must record goes through redistribute(), which records it.
-    if (!(recording && tensors[i].requires_grad())) signatures[i] = coalescible_signature(plans[i]);
+    signatures[i] = coalescible_signature(plans[i]);
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (targets[i] == tensors[i].placements()) continue;
     // An exchange joins the all_gather of the same move when other moves run
     // that all_gather anyway: riding along adds its bytes but no call.
-    if (!signatures[i] && !(recording && tensors[i].requires_grad()))
+    if (!signatures[i])
       if (std::optional<Plan> gather = as_all_gather(plans[i]))
         if (std::find(signatures.begin(), signatures.end(), coalescible_signature(*gather)) != signatures.end()) {
           signatures[i] = coalescible_signature(*gather);
@@ -187,6 +258,19 @@ std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::spa
   for (const Bucket& bucket : make_buckets(signatures, plans, options.bucket_mib * kBytesPerMiB))
     run_bucket(bucket, tensors, targets, plans, out);
   return out;
+}
+
+}  // namespace
+
+std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                      CoalesceOptions options) {
+  check_arguments(tensors, targets, options);
+  std::vector<std::size_t> recorded;
+  if (grad_enabled())
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (targets[i] != tensors[i].placements() && in_graph(tensors[i].autograd_meta())) recorded.push_back(i);
+  if (!recorded.empty()) return run_recorded(tensors, targets, recorded, options);
+  return run_moves(tensors, targets, options);
 }
 
 }  // namespace dtensor

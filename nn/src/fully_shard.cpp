@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/api/autograd.h"
+#include "dtensor/api/coalesced.h"
 #include "dtensor/api/shape.h"
 #include "dtensor/core/error.h"
 #include "dtensor/nn/modules.h"
@@ -96,7 +97,26 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
 }
 
 DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache) {
-  return model.forward_with(tokens, cache, model.wte, model.wpe, model.ln_f, model.lm_head,
+  // The root's parameters gathered together (one all_gather; recorded, so
+  // their gradients leave together: one reduce_scatter at the backward's end).
+  Embedding<DTensor> wte = model.wte, wpe = model.wpe;
+  LayerNorm<DTensor> ln_f = model.ln_f;
+  Linear<DTensor> head = model.lm_head;
+  if (!model.root_gathered_layouts.empty()) {
+    NamedParameters<DTensor> root;
+    wte.named_parameters("wte.", root);
+    wpe.named_parameters("wpe.", root);
+    ln_f.named_parameters("ln_f.", root);
+    head.named_parameters("lm_head.", root);
+    if (root.size() != model.root_gathered_layouts.size())
+      throw ValueError(fmt::format("[fully_shard] {} gathered layouts for the root's {} parameters",
+                                   model.root_gathered_layouts.size(), root.size()));
+    std::vector<DTensor> params;
+    for (const auto& member : root) params.push_back(*member.second);
+    std::vector<DTensor> gathered = redistribute_all(params, model.root_gathered_layouts);
+    for (std::size_t i = 0; i < root.size(); ++i) *root[i].second = std::move(gathered[i]);
+  }
+  return model.forward_with(tokens, cache, wte, wpe, ln_f, head,
                             [&](const DTensor& x, std::size_t l) {
                               Block<DTensor> shards = model.blocks[l];
                               NamedParameters<DTensor> members;

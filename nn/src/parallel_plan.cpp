@@ -139,7 +139,7 @@ bool ParallelPlan::shards_per_parameter() const {
 
 Layout ParallelPlan::parameter_layout(std::string_view name) const {
   Layout layout = gathered_layout(name);
-  if (!shards_per_parameter() || !name.starts_with("blocks.")) return layout;
+  if (!shards_per_parameter()) return layout;
   // The fsdp split nests inside the tp shards (Layout::with makes it the
   // innermost), so gathering over the fsdp dims gives back the tp layout.
   for (int m = 0; m < mesh_.ndim(); ++m)

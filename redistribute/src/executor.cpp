@@ -155,6 +155,10 @@ Tensor exchange(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   return out;
 }
 
+}  // namespace
+
+namespace executor_detail {
+
 Tensor run_step(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   switch (s.kind) {
     case StepKind::AllGather: return all_gather(cx, s, cur);
@@ -176,7 +180,7 @@ Tensor run_step(const Ctx& cx, const PlanStep& s, const Tensor& cur) {
   return cur;
 }
 
-}  // namespace
+}  // namespace executor_detail
 
 Tensor execute_plan(const Plan& plan, const DeviceMesh& mesh, const Tensor& local) {
   check_shard(plan, mesh, local);

@@ -1,7 +1,8 @@
-// Runs several one-collective plans as one collective call. The packed
-// buffers are laid out per rank of the step's group (block i holds rank i's
-// piece of every tensor, in the caller's order), so the variable-count forms
-// of all_gather and reduce_scatter carry uneven and empty shards exactly,
+// Runs several one-collective plans (a collective, then local steps) as one
+// collective call. The packed buffers are laid out per rank of the step's
+// group (block i holds rank i's piece of every tensor, in the caller's
+// order), so the variable-count forms of all_gather and reduce_scatter carry
+// uneven and empty shards exactly,
 // without padding, and each block is what the per-tensor calls would have
 // sent, back to back: the bytes add up to the per-tensor bytes.
 #include "dtensor/redistribute/coalesced.h"
@@ -152,7 +153,9 @@ void check_signatures(std::span<const Plan* const> plans, std::span<const Tensor
 }  // namespace
 
 std::optional<CollectiveSignature> coalescible_signature(const Plan& plan) {
-  if (plan.steps.size() != 1) return std::nullopt;
+  if (plan.steps.empty()) return std::nullopt;
+  for (std::size_t i = 1; i < plan.steps.size(); ++i)
+    if (!is_local(plan.steps[i].kind)) return std::nullopt;
   const PlanStep& s = plan.steps.front();
   switch (s.kind) {
     case StepKind::AllReduce:
@@ -180,12 +183,20 @@ std::vector<Tensor> execute_coalesced(std::span<const Plan* const> plans, const 
   }
   Communicator& comm = mesh.group_comm(first->mesh_dims);
   // A timeline names the one collective that stands for every plan's step.
-  const timeline::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), *first); });
-  switch (first->kind) {
-    case StepKind::AllReduce: return all_reduce_many(members, comm, *first->op);
-    case StepKind::ReduceScatter: return reduce_scatter_many(members, comm, *first->op);
-    default: return all_gather_many(members, comm);
-  }
+  std::vector<Tensor> outs = [&] {
+    const timeline::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), *first); });
+    switch (first->kind) {
+      case StepKind::AllReduce: return all_reduce_many(members, comm, *first->op);
+      case StepKind::ReduceScatter: return reduce_scatter_many(members, comm, *first->op);
+      default: return all_gather_many(members, comm);
+    }
+  }();
+  // The local steps after the collective (an all_reduce then a slice, the
+  // planner's choice for a small P -> S), each tensor on its own.
+  for (std::size_t i = 0; i < members.size(); ++i)
+    for (std::size_t k = 1; k < plans[i]->steps.size(); ++k)
+      outs[i] = run_step(members[i].cx, plans[i]->steps[k], outs[i]);
+  return outs;
 }
 
 }  // namespace dtensor

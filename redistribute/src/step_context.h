@@ -50,6 +50,11 @@ struct Ctx {
   }
 };
 
+// Runs one step of a plan on this rank's shard `cur` (executor.cpp): what
+// execute_plan does per step, and what the coalesced executor runs for the
+// local steps after its packed collective.
+Tensor run_step(const Ctx& cx, const PlanStep& s, const Tensor& cur);
+
 // `inner` in the coordinates of `outer`.
 inline Box relative(const Box& inner, const Box& outer) {
   Box b = inner;

@@ -7,10 +7,11 @@
 //   auto reduced = redistribute_all(grads, want);     // one all_reduce per 25 MiB bucket
 //
 // Each move is planned by the planner, as DTensor::redistribute plans it.
-// Moves whose plan is exactly one all_reduce, reduce_scatter or all_gather,
-// with the same mesh dims, dtype and reduce op, share one collective call
-// per bucket; every other move (no-op, several steps, all_to_all, exchange,
-// local steps) runs as its own redistribute, except that a direct exchange
+// Moves whose plan is one all_reduce, reduce_scatter or all_gather (then
+// local steps only, as in an all_reduce then a slice), with the same mesh
+// dims, dtype and reduce op, share one collective call per bucket; every
+// other move (no-op, two collectives, all_to_all, exchange, local steps
+// only) runs as its own redistribute, except that a direct exchange
 // that is also an all_gather's move (Shard -> Replicate; the planner prefers
 // the exchange alone where few ranks hold data) joins that all_gather's
 // bucket when other moves run it anyway: the same bytes, one call fewer.
@@ -51,10 +52,12 @@ struct CoalesceOptions {
 /// Every rank of the mesh calls it with the same tensors' layouts, shapes
 /// and dtypes in the same order (as with any collective).
 ///
-/// Autograd: the packed path records no graph; it is meant for gradients
-/// and optimizer states. While grad mode is on, a tensor that requires a
-/// gradient is redistributed alone, recorded as redistribute() records it,
-/// so the result is always differentiable where its input was.
+/// Autograd: while grad mode is on, the call is recorded as one node for
+/// all the tensors that require a gradient: their gradients go back to the
+/// inputs' layouts (Partial replaced by Replicate, as redistribute()'s
+/// backward sends them) by one redistribute_all, run when the last of them
+/// has arrived. FSDP's gather of many parameters is one all_gather forward
+/// and one reduce_scatter backward.
 ///
 /// Errors: ValueError if the spans differ in length or bucket_mib is not a
 /// finite number > 0; MeshError if the tensors are not all on tensor 0's

@@ -182,6 +182,11 @@ struct GPT {
   /// checkpoint_gathered: one all_gather in the forward, one again in the
   /// backward, one reduce_scatter of the gradients where they allow.
   std::vector<std::vector<Layout>> gathered_layouts;
+  /// The same for the root's parameters (wte, wpe, ln_f, lm_head in
+  /// named_parameters() order), gathered by one recorded redistribute_all
+  /// before the embedding and kept through the backward, which sends their
+  /// gradients back in one call. Empty: the root is used as it is laid out.
+  std::vector<Layout> root_gathered_layouts;
 
   /// Parameters made by `make` in named_parameters() order, with GPT-2's
   /// initialisation (normal(0, 0.02), projections into the residual stream

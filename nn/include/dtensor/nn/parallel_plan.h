@@ -103,8 +103,8 @@ class ParallelPlan {
   /// Whether a fully sharding dim meets one that shards parameters (fsdp
   /// over tp): then each block parameter is its tp layout with S(0) over
   /// the fsdp dims nested inside (`S(0)[1],S(0)[0]` where both split dim
-  /// 0), gathered per block to gathered_layout(); the root's parameters
-  /// (embeddings, final norm, lm_head) stay replicated over the fsdp dims.
+  /// 0), gathered per block to gathered_layout(), and the root's
+  /// (embeddings, final norm, lm_head) likewise, gathered once per forward.
   bool shards_per_parameter() const;
   /// A parameter's layout without the fsdp dims' split.
   Layout gathered_layout(std::string_view name) const;

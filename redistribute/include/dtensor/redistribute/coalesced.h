@@ -17,7 +17,7 @@
 
 namespace dtensor {
 
-/// The one collective a plan runs, when that is all it does: plans with
+/// The one collective a plan runs, when it runs no other: plans with
 /// equal signatures on one mesh can share a call.
 struct CollectiveSignature {
   StepKind kind = StepKind::AllReduce;
@@ -28,16 +28,19 @@ struct CollectiveSignature {
   bool operator==(const CollectiveSignature&) const = default;
 };
 
-/// The signature of a plan of exactly one step that is an AllReduce,
-/// ReduceScatter or AllGather; nullopt for every other plan (no steps,
-/// several, or another kind), which must run alone.
+/// The signature of a plan whose first step is an AllReduce, ReduceScatter
+/// or AllGather and whose other steps are local (a slice after an
+/// all_reduce: the planner's P -> S for small tensors); nullopt for every
+/// other plan (no steps, another kind, or a second collective), which must
+/// run alone.
 std::optional<CollectiveSignature> coalescible_signature(const Plan& plan);
 
 /// Runs plans[i] on locals[i] for every i with one collective call for all
 /// of them: the shards are packed into one buffer (rank r's pieces of every
 /// tensor together, in the order given, so uneven and empty shards need no
 /// padding: the communicator's variable-count forms carry them), the
-/// collective runs, and the results are unpacked. Returns what
+/// collective runs, the results are unpacked, and each plan's local steps
+/// run after it. Returns what
 /// execute_plan(plans[i], mesh, locals[i]) returns, value for value (an
 /// all_reduce's sums in an order that may differ, so rounding sums may differ
 /// in the last bits); the
