@@ -46,6 +46,14 @@ X weighted_sum(const X& y, const X& w) {
   return sum(mul(y, w));
 }
 
+// split's pieces: one unused (its gradient is zeros), one used twice (its
+// gradients summed before the split's one cat).
+template <class X>
+X split_some(const X& x) {
+  const std::vector<X> p = split(x, 1, std::vector<std::int64_t>{1, 3, 2});
+  return cat({p[2], mul(p[0], p[0]), p[2]}, 1);
+}
+
 std::vector<Case> cases() {
   using S = std::vector<Shape>;
   return {
@@ -96,6 +104,7 @@ std::vector<Case> cases() {
       CASE("unsqueeze", (S{{5, 3}}), unsqueeze(in[0], 1)),
       CASE("expand", (S{{5, 1}}), expand(in[0], {5, 3})),
       CASE("narrow", (S{{5, 3}}), narrow(in[0], 0, 1, 3)),
+      CASE("split", (S{{5, 6}}), split_some(in[0])),
       CASE("cat", (S{{5, 3}, {2, 3}}), cat({in[0], in[1]}, 0)),
       CASE("stack", (S{{5, 3}, {5, 3}}), stack({in[0], in[1]}, 1)),
       CASE("to", (S{{5, 3}}), to(to(in[0], DType::Float32), DType::Float64), -1, 1, false),
@@ -558,6 +567,18 @@ BOOST_AUTO_TEST_CASE(retain_graph_allows_a_second_backward_and_a_freed_graph_say
     BOOST_TEST(std::string(e.what()).find("freed") != std::string::npos, e.what());
     BOOST_TEST(std::string(e.what()).find("'sum'") != std::string::npos, e.what());
   }
+}
+
+// A group node (split's) collects afresh for a second backward through a
+// retained graph.
+BOOST_AUTO_TEST_CASE(a_split_retained_gives_its_gradient_twice) {
+  Tensor x = uniform({6}, 3).requires_grad_();
+  const std::vector<Tensor> p = split(x, 0, std::vector<std::int64_t>{2, 3, 1});
+  const Tensor loss = add(sum(p[0]), sum(mul(p[1], 2.0)));
+  loss.backward(true);
+  loss.backward();
+  const double want[] = {2, 2, 4, 4, 4, 0};
+  BOOST_TEST(equal(*x.grad(), Tensor::from_vector(std::vector<double>(want, want + 6), {6})));
 }
 
 BOOST_AUTO_TEST_CASE(errors_are_typed_and_name_the_value) {

@@ -290,26 +290,30 @@ BOOST_AUTO_TEST_CASE(fully_sharded_memory_is_a_quarter_of_ddp) {
 
   // The peak of a step (everything the rank held at once, activations
   // included): FSDP saves DDP's 3/4 of the states above, less what it holds
-  // for a moment. That is the gathered root and one gathered block, each
-  // held up to 6 times in the backward: the gathered parameters, their
-  // gradients, and the gradient of the flat unit summed from them (each
-  // member's gradient is padded to the unit's length, the padded pieces
-  // added one by one; measured 5.2x at this size). DDP holds one more copy
-  // of the gradients, the packed bucket of its all_reduce.
+  // for a moment, the gathered root and one gathered block with their
+  // gradients (a unit's members' gradients become the flat's by one cat:
+  // split's one node, not a zero-padded copy of the unit per member). DDP
+  // holds one more copy of its gradients, the packed bucket of its
+  // all_reduce, about as much at this size: measured 0.0x the gathered root
+  // and block beyond DDP's peak; before the one cat it was 2.3x. Bound: 1x.
   std::uint64_t root_bytes = 0, block_bytes = 0;
   auto plain = nn::GPT<Tensor>::init(o.model, 7, nn::plain_parameters(DType::Float64), {});
   for (const auto& [name, p] : plain.named_parameters()) {
     if (name.rfind("blocks.", 0) != 0) root_bytes += p->nbytes();
     if (name.rfind("blocks.0.", 0) == 0) block_bytes += p->nbytes();
   }
-  const std::uint64_t transient = 6 * (root_bytes + block_bytes);
+  const std::uint64_t transient = root_bytes + block_bytes;
   BOOST_TEST(fsdp.peak_bytes >= fsdp_bytes);
   BOOST_TEST(ddp.peak_bytes >= ddp_bytes);
   BOOST_TEST(fsdp.peak_bytes + (ddp_bytes - fsdp_bytes) <= ddp.peak_bytes + transient,
              "peak per rank: fsdp " << fsdp.peak_bytes << " B, ddp " << ddp.peak_bytes << " B; states fsdp "
                                     << fsdp_bytes << " B, ddp " << ddp_bytes << " B; gathered root " << root_bytes
                                     << " B, block " << block_bytes << " B");
-  BOOST_TEST_MESSAGE("peak per rank: fsdp " << fsdp.peak_bytes << " B, ddp " << ddp.peak_bytes << " B");
+  BOOST_TEST_MESSAGE("peak per rank: fsdp " << fsdp.peak_bytes << " B, ddp " << ddp.peak_bytes << " B; fsdp's transient "
+                                           << (static_cast<double>(fsdp.peak_bytes + ddp_bytes - fsdp_bytes) -
+                                               static_cast<double>(ddp.peak_bytes)) /
+                                                  static_cast<double>(root_bytes + block_bytes)
+                                           << " x the gathered root and block beyond ddp's");
 }
 
 // A checkpoint saved at step 10 on 2x4 with ddp,tp_sp and resumed on 4

@@ -302,6 +302,40 @@ void attach(DTensor& out, std::shared_ptr<Node> node) {
   detail::AutogradAccess::meta(out) = std::move(meta);
 }
 
+std::vector<std::optional<AnyTensor>> GroupNode::apply_collected() {
+  std::vector<std::optional<AnyTensor>> arrived(arrived_.size());
+  arrived.swap(arrived_);  // the next backward (retain_graph) collects afresh
+  return backward(std::move(arrived));
+}
+
+namespace {
+
+class GroupPart final : public Node {
+ public:
+  GroupPart(const std::shared_ptr<GroupNode>& group, std::size_t k) : group_(group.get()), k_(k) {
+    edges.push_back(Edge{group, nullptr});
+  }
+  std::string name() const override { return group_->name(); }
+  std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
+    group_->receive(k_, grad);
+    return {};
+  }
+  void release() override { released = true; }
+
+ private:
+  GroupNode* group_;  // owned through the edge
+  std::size_t k_;
+};
+
+}  // namespace
+
+void attach_part(Tensor& out, const std::shared_ptr<GroupNode>& group, std::size_t k) {
+  attach(out, std::make_shared<GroupPart>(group, k));
+}
+void attach_part(DTensor& out, const std::shared_ptr<GroupNode>& group, std::size_t k) {
+  attach(out, std::make_shared<GroupPart>(group, k));
+}
+
 void record_op(const OpDef& op, const OpAttrs& attrs, std::span<const Tensor> inputs, Tensor& out) {
   if (out.autograd_meta()) out.set_autograd_meta(nullptr);  // a kernel may hand an input back
   if (!grad_mode) return;

@@ -113,6 +113,34 @@ class Node {
   bool released = false;
 };
 
+/// The record of a call with several outputs. Each output's grad_fn is a
+/// part with one edge to the group: it hands the output's gradient over.
+/// The group is made before its parts, so it is older and the engine runs it
+/// after every part the loss reaches; it then computes its inputs'
+/// gradients from all of them at once (redistribute_all's one collective
+/// back, split's one cat instead of a zero-padded sum per piece).
+class GroupNode : public Node {
+ public:
+  explicit GroupNode(std::size_t outputs) : arrived_(outputs) {}
+  // No output of its own: its gradients come from its parts.
+  std::vector<std::optional<AnyTensor>> apply(const AnyTensor&) override { return apply_collected(); }
+  std::vector<std::optional<AnyTensor>> apply_collected() override;
+  /// The engine sums what reaches a part before running it: one arrival
+  /// per output and backward.
+  void receive(std::size_t k, AnyTensor grad) { arrived_[k] = std::move(grad); }
+
+ protected:
+  /// One gradient per edge from the outputs' gradients (unset: none came).
+  virtual std::vector<std::optional<AnyTensor>> backward(std::vector<std::optional<AnyTensor>> arrived) = 0;
+
+ private:
+  std::vector<std::optional<AnyTensor>> arrived_;
+};
+
+/// Makes `out` output k of `group`.
+void attach_part(Tensor& out, const std::shared_ptr<GroupNode>& group, std::size_t k);
+void attach_part(DTensor& out, const std::shared_ptr<GroupNode>& group, std::size_t k);
+
 /// The same data with no record (what nodes save, so that a saved output
 /// does not hold its own node).
 Tensor detached(const Tensor& t);

@@ -156,57 +156,33 @@ void run_bucket(const Bucket& bucket, std::span<const DTensor> tensors, std::spa
   }
 }
 
-// The record of a redistribute_all: each recorded output's part hands its
-// gradient to the group, which sends them all back in one redistribute_all
-// once every part the loss reaches has run (the parts are newer, so the
-// engine runs them first, and the group's call comes at the same point on
-// every rank).
-class RedistributeAllNode final : public Node {
+// The record of a redistribute_all: the gradients that reach its outputs go
+// back to the inputs' layouts in one redistribute_all.
+class RedistributeAllNode final : public GroupNode {
  public:
-  explicit RedistributeAllNode(std::vector<Layout> back) : back_(std::move(back)), arrived_(back_.size()) {}
+  explicit RedistributeAllNode(std::vector<Layout> back) : GroupNode(back.size()), back_(std::move(back)) {}
   std::string name() const override { return "redistribute_all"; }
-  // The group has no output of its own: its gradients come from its parts.
-  std::vector<std::optional<AnyTensor>> apply(const AnyTensor&) override { return apply_collected(); }
-  std::vector<std::optional<AnyTensor>> apply_collected() override {
+  void release() override { released = true; }
+
+ protected:
+  std::vector<std::optional<AnyTensor>> backward(std::vector<std::optional<AnyTensor>> arrived) override {
     std::vector<DTensor> moving;
     std::vector<Layout> to;
     std::vector<std::size_t> which;
-    for (std::size_t k = 0; k < arrived_.size(); ++k)
-      if (arrived_[k]) {
-        moving.push_back(std::move(*arrived_[k]));
+    for (std::size_t k = 0; k < arrived.size(); ++k)
+      if (arrived[k]) {
+        moving.push_back(std::get<DTensor>(std::move(*arrived[k])));
         to.push_back(back_[k]);
         which.push_back(k);
-        arrived_[k].reset();
       }
     std::vector<DTensor> back = redistribute_all(moving, to);
     std::vector<std::optional<AnyTensor>> grads(back_.size());
     for (std::size_t j = 0; j < which.size(); ++j) grads[which[j]] = AnyTensor(std::move(back[j]));
     return grads;
   }
-  // The engine sums what reaches a part before running it: one arrival each.
-  void receive(std::size_t k, DTensor grad) { arrived_[k] = std::move(grad); }
-  void release() override { released = true; }
 
  private:
   std::vector<Layout> back_;  // per edge: the input's layout, Partial replaced by Replicate
-  std::vector<std::optional<DTensor>> arrived_;
-};
-
-class RedistributeAllPart final : public Node {
- public:
-  RedistributeAllPart(std::shared_ptr<RedistributeAllNode> group, std::size_t k) : group_(group.get()), k_(k) {
-    edges.push_back(Edge{std::move(group), nullptr});
-  }
-  std::string name() const override { return "redistribute_all"; }
-  std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
-    group_->receive(k_, std::get<DTensor>(grad));
-    return {};
-  }
-  void release() override { released = true; }
-
- private:
-  RedistributeAllNode* group_;  // owned through the edge
-  std::size_t k_;
 };
 
 std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
@@ -226,8 +202,7 @@ std::vector<DTensor> run_recorded(std::span<const DTensor> tensors, std::span<co
   for (std::size_t i : recorded) back.push_back(tensors[i].placements().without_partial());
   auto group = std::make_shared<RedistributeAllNode>(std::move(back));  // older than its parts: runs after them
   for (std::size_t i : recorded) group->edges.push_back(edge_of(tensors[i].autograd_meta()));
-  for (std::size_t k = 0; k < recorded.size(); ++k)
-    attach(out[recorded[k]], std::make_shared<RedistributeAllPart>(group, k));
+  for (std::size_t k = 0; k < recorded.size(); ++k) attach_part(out[recorded[k]], group, k);
   return out;
 }
 

@@ -1,6 +1,10 @@
 #include "dtensor/api/shape.h"
 
 #include <functional>
+#include <optional>
+
+#include "dtensor/api/autograd.h"
+#include "libdtensor/api/autograd_engine.h"
 
 namespace dtensor {
 namespace {
@@ -72,4 +76,80 @@ DTensor from_full(const Tensor& full, const DeviceMesh& mesh, const Layout& layo
               [&](Tensor& t, const Box& box) { t = slice_box(full, box).to(mesh.device()); });
 }
 
+namespace detail {
+namespace {
+
+// What a piece that got no gradient is: zeros of its shape and layout.
+struct PieceLike {
+  Shape shape;
+  DType dtype;
+  Device device;
+  std::optional<DeviceMesh> mesh;  // DTensor pieces
+  Layout layout;
+};
+
+template <class X>
+class SplitNode final : public GroupNode {
+ public:
+  SplitNode(int dim, std::vector<PieceLike> pieces) : GroupNode(pieces.size()), dim_(dim), pieces_(std::move(pieces)) {}
+  std::string name() const override { return "split"; }
+  void release() override { released = true; }
+
+ protected:
+  std::vector<std::optional<AnyTensor>> backward(std::vector<std::optional<AnyTensor>> arrived) override {
+    std::vector<X> grads;
+    for (std::size_t k = 0; k < arrived.size(); ++k) {
+      if (arrived[k]) {
+        grads.push_back(std::get<X>(std::move(*arrived[k])));
+      } else if constexpr (std::same_as<X, DTensor>) {
+        grads.push_back(zeros(pieces_[k].shape, *pieces_[k].mesh, pieces_[k].layout, pieces_[k].dtype));
+      } else {
+        grads.push_back(Tensor::zeros(pieces_[k].shape, pieces_[k].dtype, pieces_[k].device));
+      }
+    }
+    return {AnyTensor(cat(std::span<const X>(grads), dim_))};
+  }
+
+ private:
+  int dim_;
+  std::vector<PieceLike> pieces_;
+};
+
+template <class X>
+std::vector<X> split_recorded(const X& x, int dim, const std::vector<std::int64_t>& sizes) {
+  const bool recording = grad_enabled() && in_graph(x.autograd_meta());
+  std::vector<X> out;
+  {
+    std::optional<NoGradGuard> unrecorded;
+    if (recording) unrecorded.emplace();
+    std::int64_t start = 0;
+    for (auto s : sizes) {
+      out.push_back(narrow(x, dim, start, s));
+      start += s;
+    }
+  }
+  if (!recording) return out;
+  std::vector<PieceLike> pieces;
+  for (const X& piece : out) {
+    if constexpr (std::same_as<X, DTensor>)
+      pieces.push_back({piece.shape(), piece.dtype(), piece.mesh().device(), piece.mesh(), piece.placements()});
+    else
+      pieces.push_back({piece.shape(), piece.dtype(), piece.device(), std::nullopt, Layout{}});
+  }
+  auto group = std::make_shared<SplitNode<X>>(dim, std::move(pieces));
+  group->edges.push_back(edge_of(x.autograd_meta()));
+  for (std::size_t k = 0; k < out.size(); ++k) attach_part(out[k], group, k);
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> split_pieces(const Tensor& x, int dim, const std::vector<std::int64_t>& sizes) {
+  return split_recorded(x, dim, sizes);
+}
+std::vector<DTensor> split_pieces(const DTensor& x, int dim, const std::vector<std::int64_t>& sizes) {
+  return split_recorded(x, dim, sizes);
+}
+
+}  // namespace detail
 }  // namespace dtensor

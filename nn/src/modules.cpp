@@ -256,13 +256,11 @@ X GPT<X>::loss(const X& tokens, const X& targets) const {
 
 template <TensorOrDTensor X>
 std::vector<X> FlatUnit<X>::unflatten(const X& gathered_flat) const {
-  std::vector<X> out;
-  std::int64_t offset = 0;
-  for (const Shape& shape : shapes) {
-    const std::int64_t n = numel(shape);
-    out.push_back(reshape(narrow(gathered_flat, 0, offset, n), shape));
-    offset += n;
-  }
+  // One split: its backward is one cat of the members' gradients.
+  std::vector<std::int64_t> sizes;
+  for (const Shape& shape : shapes) sizes.push_back(numel(shape));
+  std::vector<X> out = split(gathered_flat, 0, sizes);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = reshape(out[i], shapes[i]);
   return out;
 }
 

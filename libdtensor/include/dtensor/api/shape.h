@@ -19,6 +19,10 @@ template <TensorOrDTensor T>
 T shape_op(Op op, const T& x, const OpAttrs& attrs) {
   return call_op(op, std::span<const T>(&x, 1), attrs);
 }
+/// split's pieces (narrow calls), recorded as one node whose backward is one
+/// cat of the pieces' gradients (shape.cpp).
+std::vector<Tensor> split_pieces(const Tensor& x, int dim, const std::vector<std::int64_t>& sizes);
+std::vector<DTensor> split_pieces(const DTensor& x, int dim, const std::vector<std::int64_t>& sizes);
 }  // namespace detail
 
 /// Swaps dims d0 and d1.
@@ -105,7 +109,9 @@ T stack(std::initializer_list<T> xs, std::int64_t dim) {
 }
 /// Splits dim `dim` into pieces of the given sizes (which add up to its
 /// size), as narrow calls: on a DTensor a piece keeps the shards of the other
-/// dims. ShapeError if the sizes do not add up.
+/// dims. Autograd: one node for all pieces, whose backward is one cat of
+/// their gradients (zeros for a piece that got none), not a zero-padded
+/// copy of the whole per piece. ShapeError if the sizes do not add up.
 template <TensorOrDTensor T>
 std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_t>& sizes) {
   const int d = wrap_dim("split", dim, x.dim());
@@ -114,13 +120,7 @@ std::vector<T> split(const T& x, std::int64_t dim, const std::vector<std::int64_
   if (total != x.shape()[d])
     throw ShapeError(fmt::format("[split] sizes [{}] add up to {}, dim {} has size {}", fmt::join(sizes, ", "), total,
                                  dim, x.shape()[d]));
-  std::vector<T> out;
-  std::int64_t start = 0;
-  for (auto s : sizes) {
-    out.push_back(narrow(x, d, start, s));
-    start += s;
-  }
-  return out;
+  return detail::split_pieces(x, d, sizes);
 }
 /// torch.split with a chunk size: pieces of `size` along `dim`, the last
 /// one shorter.
