@@ -286,6 +286,26 @@ BOOST_AUTO_TEST_CASE(release_returns_memory, *utf::precondition(rss_is_meaningfu
   BOOST_TEST(big.get({0}) == 1.0);
 }
 
+// A step's transient blocks, more than what stays in use and than the 64
+// MiB floor, are kept for the next step (the room below the peak): the
+// same step again maps nothing.
+BOOST_AUTO_TEST_CASE(a_steps_blocks_are_kept_for_the_next_step) {
+  release_host_memory();
+  const auto step = [] {
+    std::vector<Tensor> activations;
+    for (int i = 0; i < 6; ++i) activations.push_back(Tensor::ones({(20 << 18) + i * 4096}));  // 20 MiB and up: 120
+  };
+  step();
+  const auto after_first = host_memory_stats();
+  BOOST_TEST(after_first.bytes_cached >= 120u << 20, (after_first.bytes_cached >> 20) << " MiB cached");
+  step();
+  const auto after_second = host_memory_stats();
+  BOOST_TEST(after_second.misses == after_first.misses,
+             after_second.misses - after_first.misses << " blocks mapped again");
+  BOOST_TEST(after_second.hits == after_first.hits + 6);
+  release_host_memory();
+}
+
 // 4 rank threads run steps on shards of a new size each step (1 to 4 MiB),
 // keeping the last 3 results: resident memory grows by no more than twice
 // the most bytes alive at once plus a fixed allowance (the cache's 64 MiB

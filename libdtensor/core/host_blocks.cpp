@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -140,9 +141,14 @@ class Cache {
     peak_in_use_ = std::max(peak_in_use_, in_use_);
   }
 
-  // Free bytes may match what is in use (or the floor), never the limit:
-  // resident = in use + cached stays within twice the live bytes.
-  std::size_t bound_locked() const { return std::min(limit_, std::max(kCacheFloorBytes, in_use_)); }
+  // Free bytes may match what is in use (or the floor), or fill the room
+  // below the peak in use, never the limit: resident = in use + cached stays
+  // within twice the live bytes or the program's own peak. The room below
+  // the peak is what keeps a training step's blocks between steps: at its
+  // end the activations are freed while less is in use than they were.
+  std::size_t bound_locked() const {
+    return std::min(limit_, std::max({kCacheFloorBytes, in_use_, peak_in_use_ - in_use_}));
+  }
 
   void trim_locked(std::vector<Freed>& out) { trim_locked(out, bound_locked()); }
   // The biggest classes go first: the fewest blocks to map again.
