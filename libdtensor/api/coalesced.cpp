@@ -186,27 +186,6 @@ class RedistributeAllNode final : public GroupNode {
 };
 
 std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
-                               const CoalesceOptions& options);
-
-// Runs the moves unrecorded on detached inputs, then records one group for
-// the outputs whose inputs are in a graph.
-std::vector<DTensor> run_recorded(std::span<const DTensor> tensors, std::span<const Layout> targets,
-                                  const std::vector<std::size_t>& recorded, const CoalesceOptions& options) {
-  std::vector<DTensor> plain;
-  for (const DTensor& t : tensors) plain.push_back(detached(t));
-  std::vector<DTensor> out = [&] {
-    NoGradGuard unrecorded;
-    return run_moves(plain, targets, options);
-  }();
-  std::vector<Layout> back;
-  for (std::size_t i : recorded) back.push_back(tensors[i].placements().without_partial());
-  auto group = std::make_shared<RedistributeAllNode>(std::move(back));  // older than its parts: runs after them
-  for (std::size_t i : recorded) group->edges.push_back(edge_of(tensors[i].autograd_meta()));
-  for (std::size_t k = 0; k < recorded.size(); ++k) attach_part(out[recorded[k]], group, k);
-  return out;
-}
-
-std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                const CoalesceOptions& options) {
   std::vector<DTensor> out(tensors.begin(), tensors.end());
   std::vector<Plan> plans(tensors.size());
@@ -232,6 +211,24 @@ std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const
   for (std::size_t i : alone) out[i] = tensors[i].redistribute(targets[i]);
   for (const Bucket& bucket : make_buckets(signatures, plans, options.bucket_mib * kBytesPerMiB))
     run_bucket(bucket, tensors, targets, plans, out);
+  return out;
+}
+
+// Runs the moves unrecorded on detached inputs, then records one group for
+// the outputs whose inputs are in a graph.
+std::vector<DTensor> run_recorded(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                  const std::vector<std::size_t>& recorded, const CoalesceOptions& options) {
+  std::vector<DTensor> plain;
+  for (const DTensor& t : tensors) plain.push_back(detached(t));
+  std::vector<DTensor> out = [&] {
+    NoGradGuard unrecorded;
+    return run_moves(plain, targets, options);
+  }();
+  std::vector<Layout> back;
+  for (std::size_t i : recorded) back.push_back(tensors[i].placements().without_partial());
+  auto group = std::make_shared<RedistributeAllNode>(std::move(back));  // older than its parts: runs after them
+  for (std::size_t i : recorded) group->edges.push_back(edge_of(tensors[i].autograd_meta()));
+  for (std::size_t k = 0; k < recorded.size(); ++k) attach_part(out[recorded[k]], group, k);
   return out;
 }
 

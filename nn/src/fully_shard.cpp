@@ -18,14 +18,21 @@ struct UnitMembers {
   NamedParameters<DTensor> members;
 };
 
+// The root's parameters (embeddings, final norm, lm_head), in
+// named_parameters() order.
+void root_parameters(Embedding<DTensor>& wte, Embedding<DTensor>& wpe, LayerNorm<DTensor>& ln_f,
+                     Linear<DTensor>& head, NamedParameters<DTensor>& out) {
+  wte.named_parameters("wte.", out);
+  wpe.named_parameters("wpe.", out);
+  ln_f.named_parameters("ln_f.", out);
+  head.named_parameters("lm_head.", out);
+}
+
 // The root's parameters, then each block's: the units' contents.
 std::vector<UnitMembers> unit_members(GPT<DTensor>& model) {
   std::vector<UnitMembers> out(1 + model.blocks.size());
   out[0].name = "root";
-  model.wte.named_parameters("wte.", out[0].members);
-  model.wpe.named_parameters("wpe.", out[0].members);
-  model.ln_f.named_parameters("ln_f.", out[0].members);
-  model.lm_head.named_parameters("lm_head.", out[0].members);
+  root_parameters(model.wte, model.wpe, model.ln_f, model.lm_head, out[0].members);
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     out[l + 1].name = fmt::format("blocks.{}", l);
     model.blocks[l].named_parameters(out[l + 1].name + ".", out[l + 1].members);
@@ -104,10 +111,7 @@ DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens,
   Linear<DTensor> head = model.lm_head;
   if (!model.root_gathered_layouts.empty()) {
     NamedParameters<DTensor> root;
-    wte.named_parameters("wte.", root);
-    wpe.named_parameters("wpe.", root);
-    ln_f.named_parameters("ln_f.", root);
-    head.named_parameters("lm_head.", root);
+    root_parameters(wte, wpe, ln_f, head, root);
     if (root.size() != model.root_gathered_layouts.size())
       throw ValueError(fmt::format("[fully_shard] {} gathered layouts for the root's {} parameters",
                                    model.root_gathered_layouts.size(), root.size()));
