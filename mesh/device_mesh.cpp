@@ -21,6 +21,31 @@ std::string group_label(std::span<const std::int64_t> shape, std::span<const int
   return fmt::format("mesh {} dims [{}]", shape_text(shape), fmt::join(dims, ","));
 }
 
+// The world ranks of the group over `dims` that holds the rank at `coord`,
+// in the order of their ranks in the group: the mixed-radix index of their
+// coordinates on `dims` (the first dim most significant), as make_group
+// keys them; the world numbers a mesh's ranks row-major.
+std::vector<int> group_members(std::span<const std::int64_t> shape, std::span<const std::int64_t> coord,
+                               std::span<const int> dims) {
+  std::int64_t count = 1;
+  for (int d : dims) count *= shape[static_cast<std::size_t>(d)];
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(count));
+  Shape at(coord.begin(), coord.end());
+  for (std::int64_t k = 0; k < count; ++k) {
+    std::int64_t rest = k;
+    for (std::size_t i = dims.size(); i-- > 0;) {
+      const auto d = static_cast<std::size_t>(dims[i]);
+      at[d] = rest % shape[d];
+      rest /= shape[d];
+    }
+    std::int64_t rank = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) rank = rank * shape[d] + at[d];
+    out.push_back(static_cast<int>(rank));
+  }
+  return out;
+}
+
 // The communicators of one mesh as built on one rank, shared by the mesh, its
 // copies and its submeshes (a submesh's groups are groups of the root mesh).
 struct MeshRoot {
@@ -53,7 +78,9 @@ struct MeshRoot {
     auto it = groups.find(key);
     if (it == groups.end()) {
       it = groups.emplace(std::move(key), make_group(dims)).first;
-      if (timeline::current != nullptr) timeline::current->name_group(&it->second->own_stats(), group_label(shape, dims));
+      if (timeline::current != nullptr)
+        timeline::current->name_group(&it->second->own_stats(), group_label(shape, dims),
+                                      group_members(shape, coord, dims));
     }
     return *it->second;
   }
@@ -286,9 +313,12 @@ void name_mesh(Recorder& recorder, const DeviceMesh& mesh, bool replace) {
   std::vector<int> all(shape.size());
   for (std::size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int>(d);
   // The mesh's own communicator counts under all its dims, as in group_stats.
-  recorder.name_group(&mesh.comm().own_stats(), group_label(shape, all));
-  for (int d = 0; d < mesh.ndim(); ++d)
-    recorder.name_group(&mesh.dim_comm(d).own_stats(), group_label(shape, std::span<const int>(&d, 1)));
+  const auto& coord = mesh.coordinate();
+  recorder.name_group(&mesh.comm().own_stats(), group_label(shape, all), group_members(shape, coord, all));
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const std::span<const int> dim(&d, 1);
+    recorder.name_group(&mesh.dim_comm(d).own_stats(), group_label(shape, dim), group_members(shape, coord, dim));
+  }
   recorder.name_process(
       fmt::format("rank {} at [{}] of mesh {}", mesh.rank(), fmt::join(mesh.coordinate(), ","), shape_text(shape)),
       replace);

@@ -7,7 +7,9 @@
 // While a timeline records on the rank (mesh/timeline.h) each call also
 // becomes one event, timed from begin() (where the backend calls it) to
 // record(); otherwise that costs one thread-local test per call.
+#include <array>
 #include <cstdint>
+#include <map>
 #include <utility>
 
 #include "dtensor/mesh/communicator.h"
@@ -30,6 +32,21 @@ class StatsRecorder {
     if (timeline::current != nullptr) [[unlikely]]
       timeline::record_collective(&own_, kind, bytes, std::exchange(started_, timeline::Clock::time_point{}));
   }
+  /// One end of a point-to-point message: a send (`sending`) from `self` to
+  /// `peer`, or a recv by `self` from `peer`, ranks of this communicator.
+  /// Every backend matches messages between one pair with one tag in order,
+  /// so the n-th send from a to b is the n-th recv by b from a: each end
+  /// gets that n, counted here for the communicator's whole life (even while
+  /// nothing records), and the timeline pairs the two ends by it.
+  void record_message(bool sending, int self, int peer, int tag, std::uint64_t bytes) {
+    own_.record(CollectiveKind::SendRecv, bytes);
+    rank_totals_->record(CollectiveKind::SendRecv, bytes);
+    const std::array<int, 3> route{sending ? self : peer, sending ? peer : self, tag};
+    const std::uint64_t sequence = messages_[route]++;
+    if (timeline::current != nullptr) [[unlikely]]
+      timeline::record_message(&own_, timeline::MessageEnd{sending, self, peer, tag, sequence}, bytes,
+                               std::exchange(started_, timeline::Clock::time_point{}));
+  }
   const CommStats& own() const { return own_; }
   CommStats& rank_totals() { return *rank_totals_; }
 
@@ -37,6 +54,7 @@ class StatsRecorder {
   CommStats own_;
   CommStats* rank_totals_;
   timeline::Clock::time_point started_{};  // set by begin() only while recording
+  std::map<std::array<int, 3>, std::uint64_t> messages_;  // (src, dst, tag): messages so far
 };
 
 }  // namespace dtensor::backend_detail

@@ -9,8 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
 
@@ -48,6 +50,53 @@ std::vector<std::string> gather_texts(Communicator& world, const std::string& te
   return out;
 }
 
+// A rank's text in the gather: its events as JSON, then this separator
+// (which json_quote escapes, so no event holds it), then one line per flow
+// end: "id s|f ts".
+constexpr char kFlowSection = '\x1e';
+
+struct FlowAt {
+  std::size_t pid = 0;
+  std::string ts;
+};
+
+// The flow arrows of every rank's flow lines: one start ("s", bound to the
+// send's event) and one finish ("f" bound to the enclosing slice, the
+// recv's event) per message whose two ends were both recorded; an end whose
+// other end ran outside the recording (or on a rank not traced) is dropped,
+// so every arrow in the file is paired.
+std::string flow_events(const std::vector<std::string_view>& flow_sections) {
+  std::map<std::uint64_t, std::pair<std::vector<FlowAt>, std::vector<FlowAt>>> ends;  // id: starts, finishes
+  for (std::size_t pid = 0; pid < flow_sections.size(); ++pid) {
+    std::string_view rest = flow_sections[pid];
+    while (!rest.empty()) {
+      const std::size_t eol = rest.find('\n');
+      const std::string_view line = rest.substr(0, eol);
+      rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+      const std::size_t a = line.find(' '), b = line.find(' ', a + 1);
+      if (a == std::string_view::npos || b == std::string_view::npos) continue;
+      const std::uint64_t id = std::stoull(std::string(line.substr(0, a)));
+      auto& side = line[a + 1] == 's' ? ends[id].first : ends[id].second;
+      side.push_back(FlowAt{pid, std::string(line.substr(b + 1))});
+    }
+  }
+  std::string out;
+  for (const auto& [id, both] : ends) {
+    const auto& [starts, finishes] = both;
+    for (std::size_t i = 0; i < std::min(starts.size(), finishes.size()); ++i) {
+      out += fmt::format(
+          ",\n{{\"name\": \"message\", \"cat\": \"message\", \"ph\": \"s\", \"id\": {}, \"ts\": {}, "
+          "\"pid\": {}, \"tid\": {}}}",
+          id, starts[i].ts, starts[i].pid, static_cast<int>(Track::Collectives));
+      out += fmt::format(
+          ",\n{{\"name\": \"message\", \"cat\": \"message\", \"ph\": \"f\", \"bp\": \"e\", \"id\": {}, "
+          "\"ts\": {}, \"pid\": {}, \"tid\": {}}}",
+          id, finishes[i].ts, finishes[i].pid, static_cast<int>(Track::Collectives));
+    }
+  }
+  return out;
+}
+
 // Rank 0's part of finish(): the merged file. Returns an empty string on
 // success, else why it failed.
 std::string write_trace(const std::string& path, const std::vector<std::string>& rank_texts) {
@@ -55,16 +104,32 @@ std::string write_trace(const std::string& path, const std::vector<std::string>&
   if (!out) return fmt::format("cannot open it for writing: {}", std::strerror(errno));
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   bool first = true;
-  for (const auto& text : rank_texts) {
-    if (text.empty()) continue;
+  std::vector<std::string_view> flow_sections;
+  for (const std::string_view text : rank_texts) {
+    const std::size_t split = std::min(text.find(kFlowSection), text.size());
+    flow_sections.push_back(split < text.size() ? text.substr(split + 1) : std::string_view());
+    if (split == 0) continue;
     if (!first) out << ",\n";
-    out << text;
+    out << text.substr(0, split);
     first = false;
   }
+  out << flow_events(flow_sections);
   out << "\n]}\n";
   out.close();
   if (!out) return fmt::format("writing it failed: {}", std::strerror(errno));
   return {};
+}
+
+// The flow arrows' key: the same on both ends of one message, different for
+// every other message (FNV-1a of the route, cut to 53 bits so a JSON reader
+// holds it exactly as a double).
+std::uint64_t flow_id(std::string_view route) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (const char c : route) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ULL;
+  }
+  return h & ((std::uint64_t{1} << 53) - 1);
 }
 
 }  // namespace
@@ -115,7 +180,14 @@ void Recorder::add(const Event& event) {
     if (r->recording_) r->events_.push_back(event);
 }
 
-void Recorder::name_group(const CommStats* group, std::string label) { group_labels_[group] = std::move(label); }
+void Recorder::name_group(const CommStats* group, std::string label, std::vector<int> members) {
+  group_names_[group] = GroupName{std::move(label), std::move(members)};
+}
+
+void Recorder::add_flow(const FlowEnd& flow) {
+  for (Recorder* r = this; r != nullptr; r = r->outer_)
+    if (r->recording_) r->flows_.push_back(flow);
+}
 
 void Recorder::name_process(std::string name, bool replace) {
   for (Recorder* r = this; r != nullptr; r = r->outer_)
@@ -124,10 +196,19 @@ void Recorder::name_process(std::string name, bool replace) {
 
 std::string Recorder::group_label(const CommStats* group) const {
   for (const Recorder* r = this; r != nullptr; r = r->outer_) {
-    const auto it = r->group_labels_.find(group);
-    if (it != r->group_labels_.end()) return it->second;
+    const auto it = r->group_names_.find(group);
+    if (it != r->group_names_.end()) return it->second.label;
   }
   return "a communicator outside the traced meshes";
+}
+
+const std::vector<int>& Recorder::group_members(const CommStats* group) const {
+  static const std::vector<int> unknown;
+  for (const Recorder* r = this; r != nullptr; r = r->outer_) {
+    const auto it = r->group_names_.find(group);
+    if (it != r->group_names_.end()) return it->second.members;
+  }
+  return unknown;
 }
 
 std::string Recorder::rank_text(std::int64_t origin_ns) const {
@@ -152,6 +233,9 @@ std::string Recorder::rank_text(std::int64_t origin_ns) const {
         microseconds(nanoseconds(e.start) - origin_ns), microseconds(std::max<std::int64_t>(dur_ns, 0)), rank,
         static_cast<int>(e.track), e.args);
   }
+  out += kFlowSection;
+  for (const FlowEnd& f : flows_)
+    out += fmt::format("{} {} {}\n", f.id, f.start ? 's' : 'f', microseconds(nanoseconds(f.at) - origin_ns));
   return out;
 }
 
@@ -184,6 +268,34 @@ void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_
   std::string args = fmt::format("\"bytes\": {}, \"group\": {}", bytes, json_quote(r->group_label(group)));
   if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
   r->add(Event{std::string(collective_name(kind)), Track::Collectives, start, end - start, std::move(args)});
+}
+
+void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start) {
+  Recorder* r = current;
+  const auto finish = Clock::now();
+  if (start == Clock::time_point{}) start = finish;
+  const std::vector<int>& members = r->group_members(group);
+  const auto in_range = [&](int rank) { return rank >= 0 && static_cast<std::size_t>(rank) < members.size(); };
+  const bool known = in_range(end.self) && in_range(end.peer);
+  // The peer as the trace shows it: its process (world rank) where the
+  // group's members are known, else its rank in the group.
+  const int peer = known ? members[static_cast<std::size_t>(end.peer)] : end.peer;
+  std::string args = fmt::format("\"bytes\": {}, \"group\": {}, \"direction\": \"{}\", \"{}\": {}, \"tag\": {}", bytes,
+                                 json_quote(r->group_label(group)), end.sending ? "send" : "recv",
+                                 known ? "peer" : "peer_in_group", peer, end.tag);
+  if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
+  r->add(Event{std::string(collective_name(CollectiveKind::SendRecv)), Track::Collectives, start, finish - start,
+               std::move(args)});
+  if (!known) return;
+  const int self = members[static_cast<std::size_t>(end.self)];
+  const std::string route =
+      fmt::format("{} [{}] {}>{} tag {} #{}", r->group_label(group), fmt::join(members, ","),
+                  end.sending ? self : peer, end.sending ? peer : self, end.tag, end.sequence);
+  // The arrow leaves the send where it starts and reaches the recv just
+  // before it ends (inside it, as a finish bound to its enclosing slice
+  // must be), so it points forward in time.
+  const auto lands = finish - start >= std::chrono::nanoseconds(2) ? finish - std::chrono::nanoseconds(1) : start;
+  r->add_flow(FlowEnd{flow_id(route), end.sending, end.sending ? start : lands});
 }
 
 void OpSpan::begin(std::string_view name) {

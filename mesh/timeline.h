@@ -31,6 +31,25 @@ using Clock = std::chrono::steady_clock;
 /// The track (Chrome trace "tid") of each event on its rank's process.
 enum class Track : std::uint8_t { Ops = 1, Collectives = 2 };
 
+/// One end of a point-to-point message, as a backend saw it: ranks of the
+/// communicator, and how many messages from the same source to the same
+/// destination with the same tag went before it on that communicator.
+struct MessageEnd {
+  bool sending = false;
+  int self = 0;
+  int peer = 0;
+  int tag = 0;
+  std::uint64_t sequence = 0;
+};
+
+/// A flow event's end: a send starts an arrow, its recv finishes it. Both
+/// ends compute the same id from the message's route and sequence.
+struct FlowEnd {
+  std::uint64_t id = 0;
+  bool start = false;
+  Clock::time_point at;
+};
+
 struct Event {
   std::string name;
   Track track = Track::Ops;
@@ -65,8 +84,12 @@ class Recorder {
 
   void add(const Event& event);
   /// How collectives on the communicator whose own_stats() is `group` are
-  /// labelled ("mesh 2x2 dims [1]"); the latest label given wins.
-  void name_group(const CommStats* group, std::string label);
+  /// labelled ("mesh 2x2 dims [1]"), and its members' ranks in the world,
+  /// in the order of their ranks in the group (empty when unknown: its
+  /// messages then get no flow arrows); the latest label given wins.
+  void name_group(const CommStats* group, std::string label, std::vector<int> members = {});
+  /// A flow end on every recording active on the thread, as add() does.
+  void add_flow(const FlowEnd& flow);
   /// The process name shown for this rank ("rank 3 at [1,1] of mesh 2x2");
   /// the first one given stays unless `replace`.
   void name_process(std::string name, bool replace);
@@ -74,6 +97,8 @@ class Recorder {
   void set_plan_step(std::string step) { plan_step_ = std::move(step); }
   const std::string& plan_step() const { return plan_step_; }
   std::string group_label(const CommStats* group) const;
+  /// The members given with the label (empty when none were).
+  const std::vector<int>& group_members(const CommStats* group) const;
 
  private:
   void stop();
@@ -85,7 +110,12 @@ class Recorder {
   bool finished_ = false;
   Clock::time_point started_;
   std::vector<Event> events_;
-  std::map<const CommStats*, std::string> group_labels_;
+  struct GroupName {
+    std::string label;
+    std::vector<int> members;
+  };
+  std::map<const CommStats*, GroupName> group_names_;
+  std::vector<FlowEnd> flows_;
   std::string process_name_;
   std::string plan_step_;
 };
@@ -105,6 +135,13 @@ std::string json_quote(std::string_view text);
 /// one event on the collectives track. `start` is the epoch when the
 /// backend did not note the start (the event then has zero duration).
 void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start);
+
+/// Called by a backend's StatsRecorder when a send or recv ends while
+/// recording: one event on the collectives track, named as the kind
+/// (send_recv) so that counts equal CommStats', with the direction, the
+/// peer and the tag in its args; and, where the group's members are known,
+/// one end of the flow arrow from the send to its recv.
+void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start);
 
 /// One op on the ops track, from construction to destruction.
 class OpSpan {

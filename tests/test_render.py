@@ -5,12 +5,16 @@ Renders a layout picture, a plan picture and the plan's HTML page with
 headless Chromium (Debian's chromium-headless-shell, which the README's test
 command installs) to PNG, and checks what a person would see: the render is
 not blank, and each rank's colour from the SVG covers a visible area, with no
-other strong colour as large. Exits 77 (meson's skip, counted and named as
+other strong colour as large. The page's hover is driven in the browser too:
+a mouseenter on each tile shows that tile's <title> in the panel and outlines
+it, a mouseleave undoes both, and the page loads with no network request
+(Chromium's net log). Exits 77 (meson's skip, counted and named as
 skipped) only where no Chromium can be found.
 
 Standard library only: the PNG is decoded here (zlib and the five filters).
 """
 import colorsys
+import json
 import os
 import re
 import shutil
@@ -97,6 +101,40 @@ def strong_colours(rows, share):
     return {c: n for c, n in counts.items() if n >= share * total}
 
 
+# Appended to a copy of the page: after load, a real mouseenter then mouseleave
+# on every tile, what the panel and the tile's class showed each time, as JSON
+# in <pre id="hover-results"> for --dump-dom to carry out.
+HOVER_PROBE = """<script>
+window.addEventListener('load', function () {
+  var panel = document.getElementById('hover');
+  var results = [];
+  document.querySelectorAll('g.tile').forEach(function (tile) {
+    tile.dispatchEvent(new MouseEvent('mouseenter'));
+    var entered = {text: panel.textContent, hovered: tile.classList.contains('hovered')};
+    tile.dispatchEvent(new MouseEvent('mouseleave'));
+    results.push({ranks: tile.getAttribute('data-ranks'), panel: tile.getAttribute('data-panel'),
+                  offset: tile.getAttribute('data-offset'), text: entered.text, hovered: entered.hovered,
+                  left_text: panel.textContent, left_hovered: tile.classList.contains('hovered')});
+  });
+  var pre = document.createElement('pre');
+  pre.id = 'hover-results';
+  pre.textContent = JSON.stringify(results);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def net_log_urls(path):
+    """Every URL in a Chromium --log-net-log file's event parameters."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        log = json.loads(text)
+    except json.JSONDecodeError:  # a browser that exits before closing the log leaves it open
+        log = json.loads(text.rstrip().rstrip(",") + "]}")
+    return sorted({e["params"]["url"] for e in log.get("events", []) if "url" in e.get("params", {})})
+
+
 def near(a, b, tolerance=3):
     return all(abs(x - y) <= tolerance for x, y in zip(a, b))
 
@@ -117,6 +155,14 @@ class Render(unittest.TestCase):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         self.assertTrue(os.path.exists(png), f"{' '.join(cmd)} wrote no PNG: {proc.stderr[-2000:]}")
         return decode_png(png)
+
+    def dump_dom(self, source, *flags):
+        """The DOM after load (scripts run) as Chromium's --dump-dom prints it."""
+        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               "--virtual-time-budget=5000", *flags, "--dump-dom", "file://" + source]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, f"{' '.join(cmd)}: {proc.stderr[-2000:]}")
+        return proc.stdout
 
     def svg_size_and_fills(self, path):
         root = ET.parse(path).getroot()
@@ -154,6 +200,48 @@ class Render(unittest.TestCase):
         _, _, rows = self.render(html, 1280, 900)
         self.check_not_blank(rows, "plan page")
         self.assertGreaterEqual(len(strong_colours(rows, 0.002)), 2)
+
+    def test_page_hover_shows_each_tile_title(self):
+        html = os.path.join(self.tmp.name, "uneven.html")
+        # 7x10 on a 2x3 mesh: 4+3 rows and 4+4+2 columns, then 5+5 and 3+3+1.
+        self.plan("--mesh", "2x3", "--dims", "dp,tp", "--shape", "7,10", "--from", "S(0),S(1)", "--to", "S(1),S(0)",
+                  "--html", html)
+        with open(html, encoding="utf-8") as f:
+            page = f.read()
+        # The tiles and their titles from the page itself, not the browser: the inline SVG is XML.
+        svg = ET.fromstring(page[page.index("<svg"):page.rindex("</svg>") + len("</svg>")])
+        tiles = [g for g in svg.iter(SVG_NS + "g") if "tile" in (g.get("class") or "").split()]
+        self.assertGreater(len(tiles), 0, "no g.tile in the page")
+        titles = [g.find(SVG_NS + "title").text for g in tiles]
+        self.assertGreater(len({g.get("data-size") for g in tiles}), 1, "the shards are not uneven")
+        idle = re.search(r'<div id="hover">([^<]*)</div>', page).group(1)
+
+        # The page as it is opens with no network request at all.
+        net_log = os.path.join(self.tmp.name, "net.json")
+        self.dump_dom(html, f"--log-net-log={net_log}")
+        self.assertEqual(net_log_urls(net_log), [], "the page fetched something")
+
+        probe = os.path.join(self.tmp.name, "uneven-probe.html")
+        self.assertEqual(page.count("</body>"), 1)
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write(page.replace("</body>", HOVER_PROBE + "</body>"))
+        dom = self.dump_dom(probe)
+        found = re.search(r'<pre id="hover-results">(.*?)</pre>', dom, re.S)
+        self.assertIsNotNone(found, f"the probe wrote no results: {dom[-2000:]}")
+        seen = json.loads(found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+        self.assertEqual(len(seen), len(tiles), "the browser saw a different number of tiles")
+        for tile, title, got in zip(tiles, titles, seen):
+            where = f"tile ranks {tile.get('data-ranks')} offset {tile.get('data-offset')} panel {tile.get('data-panel')}"
+            with self.subTest(tile=where):
+                self.assertEqual((got["ranks"], got["offset"], got["panel"]),
+                                 (tile.get("data-ranks"), tile.get("data-offset"), tile.get("data-panel")))
+                # The title as layout_svg draws it: holders, then offset and size, then bytes.
+                self.assertRegex(title, r"^r\d+ \([\d,]+\)(, r\d+ \([\d,]+\))*\n"
+                                        r"offset \[[\d,]+\] size \[[\d,]+\]\n[\d.e+]+ (B|[KMGT]iB) per rank$")
+                self.assertEqual(got["text"], title, f"{where}: the panel on mouseenter")
+                self.assertTrue(got["hovered"], f"{where}: not outlined on mouseenter")
+                self.assertFalse(got["left_hovered"], f"{where}: still outlined after mouseleave")
+                self.assertEqual(got["left_text"], idle, f"{where}: the panel after mouseleave")
 
 
 def main():

@@ -14,6 +14,8 @@
 #include <map>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -204,6 +206,76 @@ BOOST_AUTO_TEST_CASE(nothing_recorded_without_a_scope, *boost::unit_test::precon
     const json written = read_json(path);
     for (const json& e : written["traceEvents"])
       if (e["ph"] != "M") log.add(fmt::format("rank {}: an empty scope wrote {}", mesh.rank(), e.dump()));
+    world.barrier();
+    if (world.rank() == 0) std::filesystem::remove(path);
+  });
+  testing::check_no_failures(log.failures);
+}
+
+// Point-to-point messages: each send and its recv are one flow arrow, from
+// the sender's process to the receiver's (world ranks, also for a message on
+// a mesh dim's communicator), forward in time; a message whose recv ran
+// after the scope ended gets no arrow, so every arrow in the file is paired.
+BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(mesh_runs{})) {
+  testing::FailureLog log;
+  testing::run_ranks(static_cast<int>(numel(kMesh)), [&](Communicator& world) {
+    const DeviceMesh mesh(world, kMesh);
+    const std::string path = shared_temp_path(world, "trace_flows");
+    Communicator& row = mesh.dim_comm(1);  // ranks {0,1} and {2,3}
+    const int right = (row.rank() + 1) % static_cast<int>(row.size());
+    const int left = (row.rank() + static_cast<int>(row.size()) - 1) % static_cast<int>(row.size());
+    const int next = (world.rank() + 1) % world.size(), prev = (world.rank() + world.size() - 1) % world.size();
+    std::array<double, 4> out{1, 2, 3, 4}, in{};
+    {
+      TraceScope trace(mesh, path);
+      for (int round = 0; round < 2; ++round) {  // two messages on one route: paired in order
+        row.send(out.data(), sizeof(out), right, 5);
+        row.recv(in.data(), sizeof(in), left, 5);
+      }
+      world.send(out.data(), sizeof(out), next, 9);
+      world.recv(in.data(), sizeof(in), prev, 9);
+      world.send(out.data(), sizeof(out), next, 10);  // received after the scope: no arrow
+      trace.finish();
+    }
+    world.recv(in.data(), sizeof(in), prev, 10);
+    const json trace = read_json(path);
+    const int rank = mesh.rank();
+    for (const auto& v : format_violations(trace, world.size())) log.add(fmt::format("rank {}: {}", rank, v));
+    // Each arrow: where it starts and where it ends.
+    std::map<std::string, std::pair<json, json>> arrows;
+    for (const json& e : trace["traceEvents"]) {
+      if (e["ph"] == "s") arrows[e["id"].dump()].first = e;
+      if (e["ph"] == "f") arrows[e["id"].dump()].second = e;
+    }
+    // From this rank: 2 on the row to its right neighbour, 1 on the world to
+    // the next rank (the tag-10 message's recv ran after the scope).
+    std::map<int, int> to;
+    for (const auto& [id, ends] : arrows) {
+      const auto& [start, finish] = ends;
+      if (start.is_null() || finish.is_null()) {
+        log.add(fmt::format("rank {}: flow {} has one end", rank, id));
+        continue;
+      }
+      if (finish.value("bp", "") != "e") log.add(fmt::format("flow {} does not bind to the recv's slice", id));
+      if (start["ts"].get<double>() > finish["ts"].get<double>())
+        log.add(fmt::format("flow {} points back in time: {} -> {}", id, start.dump(), finish.dump()));
+      if (start["pid"] == rank) ++to[finish["pid"].get<int>()];
+    }
+    const int row_right = mesh.rank_of(std::array<std::int64_t, 2>{mesh.coordinate()[0], right});
+    std::map<int, int> expected{{row_right, 2}};
+    expected[next] += 1;
+    if (to != expected)
+      log.add(fmt::format("rank {}: arrows to {} (rank: count), expected {}", rank, fmt::join(to, ", "),
+                          fmt::join(expected, ", ")));
+    // The send_recv events name their direction, peer (a world rank) and tag.
+    int sends = 0, recvs = 0;
+    for (const json& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || e["pid"] != rank || e["name"] != "send_recv") continue;
+      const json& args = e["args"];
+      (args.value("direction", "") == "send" ? sends : recvs) += 1;
+      if (!args.contains("peer") || !args.contains("tag")) log.add(fmt::format("rank {}: {}", rank, e.dump()));
+    }
+    if (sends != 4 || recvs != 3) log.add(fmt::format("rank {}: {} sends and {} recvs traced", rank, sends, recvs));
     world.barrier();
     if (world.rank() == 0) std::filesystem::remove(path);
   });

@@ -434,7 +434,7 @@ class MpiCommunicator final : public Communicator {
     s.data.resize(bytes);
     copy_bytes(s.data.data(), buf, bytes);
     check(kind, MPI_Isend(s.data.data(), as_int(kind, "bytes", bytes), MPI_BYTE, dst, tag, comm_, &s.request));
-    stats_.record(kind, 0);
+    stats_.record_message(true, rank_, dst, tag, 0);
   }
 
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
@@ -470,7 +470,7 @@ class MpiCommunicator final : public Communicator {
           fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
                       "matching send has {} bytes",
                       rank_, size_, src, tag, bytes, got));
-    stats_.record(kind, bytes);
+    stats_.record_message(false, rank_, src, tag, bytes);
   }
 
   void barrier() override {

@@ -334,7 +334,7 @@ class NcclCommunicator final : public Communicator {
       copy_async(kind, m.data.get(), buf, bytes, s);
       wait(kind);
       stash_[{rank_, tag}].push_back(std::move(m));
-      stats_.record(kind, 0);
+      stats_.record_message(true, rank_, dst, tag, 0);
       return;
     }
     const std::string what = fmt::format("to rank {} (tag {})", dst, tag);
@@ -347,7 +347,7 @@ class NcclCommunicator final : public Communicator {
       call(kind, "ncclSend", ncclSend(buf, bytes, ncclUint8, dst, comm_, s), what);
       wait(kind, what);
     }
-    stats_.record(kind, 0);
+    stats_.record_message(true, rank_, dst, tag, 0);
   }
 
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
@@ -363,7 +363,7 @@ class NcclCommunicator final : public Communicator {
         if (m.bytes != bytes) throw size_mismatch(src, tag, bytes, m.bytes);
         copy_async(kind, buf, m.data.get(), bytes, s);
         wait(kind, what);
-        stats_.record(kind, bytes);
+        stats_.record_message(false, rank_, src, tag, bytes);
         return;
       }
       if (src == rank_)
@@ -383,7 +383,7 @@ class NcclCommunicator final : public Communicator {
           call(kind, "ncclRecv", ncclRecv(buf, bytes, ncclUint8, src, comm_, s), what);
           wait(kind, what);
         }
-        stats_.record(kind, bytes);
+        stats_.record_message(false, rank_, src, tag, bytes);
         return;
       }
       // Another message comes first, or this one has the wrong size: take

@@ -282,7 +282,7 @@ class ThreadsCommunicator final : public Communicator {
       group_->mail[{rank_, dst, tag}].push_back(std::move(m));
     }
     group_->mail_cv.notify_all();
-    stats_.record(kind, 0);
+    stats_.record_message(true, rank_, dst, tag, 0);
   }
 
   void recv(void* buf, std::size_t bytes, int src, int tag) override {
@@ -323,7 +323,7 @@ class ThreadsCommunicator final : public Communicator {
       cuda::copy(buf, Device::CUDA, m.data.data(), Device::CPU, bytes);
     else
       copy_bytes(buf, m.data.data(), bytes);
-    stats_.record(kind, bytes);
+    stats_.record_message(false, rank_, src, tag, bytes);
   }
 
   void barrier() override {
