@@ -356,4 +356,37 @@ BOOST_AUTO_TEST_CASE(one_panel_per_step_and_an_arrow_between) {
   }
 }
 
+// The runner-up is priced in the caption, in the units of the chosen plan's
+// own caption, and it never beats the chosen plan on what decided (bytes
+// first, then time).
+BOOST_AUTO_TEST_CASE(the_runner_up_is_priced_under_the_caption) {
+  std::mt19937_64 rng(11);
+  int with_runner_up = 0;
+  for (int i = 0; i < 40; ++i) {
+    const Shape mesh_shape = i % 2 == 0 ? Shape{2, 2} : Shape{2, 3};
+    const Shape shape{12, 7};
+    const Layout from = testing::random_layout(rng, 2, 2, ReduceOp::Sum, 0);
+    const Layout to = testing::random_layout(rng, 2, 2, ReduceOp::Sum, 0);
+    const Plan& plan = cached_plan(PlanRequest{mesh_shape, shape, DType::Float32, from, to});
+    const std::string svg = pictures::plan_svg(plan, named());
+    const std::string where = fmt::format("{} -> {} on {}", from, to, fmt::join(mesh_shape, "x"));
+    const bool drawn = svg.find(R"(class="runner-up")") != std::string::npos;
+    BOOST_TEST(drawn == plan.runner_up.has_value(), where);
+    if (!plan.runner_up) continue;
+    ++with_runner_up;
+    const PlanRunnerUp& r = *plan.runner_up;
+    BOOST_TEST(!r.kinds.empty(), where);
+    BOOST_TEST(r.est_seconds > 0, where);
+    BOOST_TEST((r.bytes > plan.max_recv_bytes() ||
+                (r.bytes == plan.max_recv_bytes() && r.est_seconds >= plan.est_seconds * (1 - 1e-9))),
+               where << ": runner-up " << r.bytes << " B, " << r.est_seconds << " s; chosen " << plan.max_recv_bytes()
+                     << " B, " << plan.est_seconds << " s");
+    const PictureSeen p = parse(svg);
+    BOOST_TEST(any_text_contains(p, fmt::format("runner-up: {}, {} to the busiest rank", fmt::join(r.kinds, "+"),
+                                                human_bytes(r.bytes))),
+               where);
+  }
+  BOOST_TEST(with_runner_up >= 10, "only " << with_runner_up << " of 40 plans had a runner-up");
+}
+
 BOOST_AUTO_TEST_SUITE_END()

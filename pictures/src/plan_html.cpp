@@ -58,11 +58,12 @@ std::string plan_html(const Plan& plan, const PictureOptions& options) {
   std::string svg = plan_svg(plan, options);
   return fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title><style>{1}</style></head>"
-      "<body><h1>{0}</h1><p>A {2} tensor of {3}: the busiest rank receives {4} in {5} step(s), estimated {6}.</p>"
+      "<body><h1>{0}</h1><p>A {2} tensor of {3}: the busiest rank receives {4} in {5} step(s), estimated {6}.{10}</p>"
       "<main><div class=\"picture\">{7}</div><aside><h2>Hover</h2><div id=\"hover\">Point at a tile to see who "
       "holds it.</div><h2>Steps</h2>{8}</aside></main><script>{9}</script></body></html>\n",
       detail::escape(title), kStyle, fmt::join(plan.global_shape, "x"), plan.dtype, human_bytes(plan.max_recv_bytes()),
-      plan.steps.size(), human_seconds(plan.est_seconds), svg, steps_list(plan, options), kScript);
+      plan.steps.size(), human_seconds(plan.est_seconds), svg, steps_list(plan, options), kScript,
+      plan.runner_up ? " The " + detail::escape(runner_up_text(plan)) + "." : std::string());
 }
 
 }  // namespace dtensor::pictures

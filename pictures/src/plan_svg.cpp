@@ -39,6 +39,13 @@ std::string arrow(double x, double y, const std::string& label, const std::strin
 
 }  // namespace
 
+std::string runner_up_text(const Plan& plan) {
+  if (!plan.runner_up) return {};
+  const PlanRunnerUp& r = *plan.runner_up;
+  return fmt::format("runner-up: {}, {} to the busiest rank, estimated {}", fmt::join(r.kinds, "+"),
+                     human_bytes(r.bytes), human_seconds(r.est_seconds));
+}
+
 std::string plan_svg(const Plan& plan, const PictureOptions& options) {
   detail::Drawing all;
   const std::string summary =
@@ -53,6 +60,13 @@ std::string plan_svg(const Plan& plan, const PictureOptions& options) {
   all.body += fmt::format(R"(<text class="caption" x="{}" y="{}" font-size="12">{}</text>)", kMargin, kMargin + 30,
                           detail::escape(summary));
   double y = kMargin + 40;
+  const std::string runner_up = runner_up_text(plan);
+  if (!runner_up.empty()) {
+    all.body += fmt::format(R"(<text class="runner-up" x="{}" y="{}" font-size="12" fill="#555">{}</text>)", kMargin,
+                            kMargin + 46, detail::escape(runner_up));
+    all.width = std::max(all.width, static_cast<double>(runner_up.size()) * 7 + 2 * kMargin);
+    y += 16;
+  }
   auto place = [&](const Layout& layout, const std::string& title) {
     PictureOptions panel = options;
     panel.title = title;

@@ -41,7 +41,7 @@ std::size_t approx_bytes(const Layout& layout) { return sizeof(Layout) + heap_by
 std::size_t approx_bytes(const Plan& plan) {
   std::size_t n = sizeof(Plan) + buffer_bytes(plan.mesh_shape) + buffer_bytes(plan.global_shape) +
                   heap_bytes(plan.from) + heap_bytes(plan.to) + buffer_bytes(plan.steps) +
-                  buffer_bytes(plan.recv_bytes);
+                  buffer_bytes(plan.recv_bytes) + (plan.runner_up ? buffer_bytes(plan.runner_up->kinds) : 0);
   for (const PlanStep& s : plan.steps) {
     n += buffer_bytes(s.mesh_dims) + heap_bytes(s.from) + heap_bytes(s.to) + buffer_bytes(s.recv_bytes) +
          (s.reason.capacity() > 15 ? s.reason.capacity() + 1 : 0) + buffer_bytes(s.blocks);

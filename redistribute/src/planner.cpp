@@ -284,8 +284,9 @@ void merge_slices(std::vector<PlanStep>& steps, std::vector<int>& step_target, c
 }
 
 // The reason of the first step also says how the plan ranked among those
-// the search compared.
-std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_last, bool bytes_first) {
+// the search compared; the runner-up it names goes into the plan as well.
+std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_last, bool bytes_first,
+                         std::optional<PlanRunnerUp>& runner_up) {
   const planner::Candidate* best = nullptr;
   const planner::Candidate* next = nullptr;
   for (const planner::Candidate& c : search.candidates()) {
@@ -304,8 +305,10 @@ std::string ranking_text(const Search& search, int chosen_pred, StepKind chosen_
   if (!next || !best) return fmt::format("; cheapest of {} plans (the others lost on a lower bound)", considered);
   std::vector<StepKind> kinds = search.path_kinds(next->pred, next->label);
   kinds.push_back(next->last);
-  return fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
-                     ratio_text(next->cost, best->cost, bytes_first));
+  std::string text = fmt::format("; cheapest of {} plans (next: {}, {})", considered, kinds_text(kinds),
+                                 ratio_text(next->cost, best->cost, bytes_first));
+  runner_up = PlanRunnerUp{std::move(kinds), next->cost.bytes, next->cost.time};
+  return text;
 }
 
 }  // namespace
@@ -379,7 +382,7 @@ Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats
   // Reasons: what each step does; the first also says how the plan ranked.
   for (PlanStep& s : steps) s.reason = describe(s, s.from, req.dtype, req.mesh_shape);
   steps[0].reason += ranking_text(search, direct ? search.source() : chain.back().from,
-                                  direct ? StepKind::Exchange : chain.back().edge.kind, P.bytes_first);
+                                  direct ? StepKind::Exchange : chain.back().edge.kind, P.bytes_first, plan.runner_up);
 
   for (const PlanStep& s : steps) {
     for (int r = 0; r < ranks; ++r)

@@ -15,8 +15,12 @@
 // as CommStats counts them, the mesh dims of its group and, inside a
 // redistribution, the plan step it runs for). The trace has as many
 // collective events of each kind as CommCounter counts over the same scope.
-// No flow arrows: the library's ops and plans issue no point-to-point
-// send/recv to pair.
+// Point-to-point messages (Communicator::send/recv, on a mesh's
+// communicators) are send_recv events naming their direction, peer and tag,
+// and each send is joined to its recv by a flow arrow across the two ranks'
+// processes; a message whose other end ran outside the scope gets none. The
+// library's own ops and plans move data only by collectives, which have no
+// arrows.
 //
 // Without a TraceScope nothing is recorded, at the cost of one thread-local
 // test per op and per collective. Setting DTENSOR_TRACE=FILE records the

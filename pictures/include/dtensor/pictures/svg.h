@@ -56,8 +56,13 @@ std::string to_svg(const DTensor& tensor, PictureOptions options = {});
 /// with the layout after it, joined by arrows labelled with the collective,
 /// its mesh dims and the bytes the busiest rank receives; the caption gives
 /// the number of steps and collectives, the busiest rank's bytes and the
-/// planner's estimated time.
+/// planner's estimated time, and under it the runner-up's (runner_up_text).
 std::string plan_svg(const Plan& plan, const PictureOptions& options = {});
+
+/// "runner-up: all_gather+all_to_all, 1.5 KiB to the busiest rank,
+/// estimated 4.1 us": the cheapest plan the planner compared and did not
+/// choose, priced by the same cost model; empty when the plan has none.
+std::string runner_up_text(const Plan& plan);
 
 /// An op's decision as explain mode saw it: each input as called, the
 /// layout the chosen strategy needs it in (with the plan's collectives on

@@ -1,6 +1,7 @@
 #pragma once
 // A redistribution plan: a value that prints, costs, compares and caches.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,20 @@ struct PlanStep {
   bool operator==(const PlanStep&) const = default;
 };
 
+/// The cheapest plan the planner compared and did not choose: its steps'
+/// kinds in order and the cost model's price of it, for pictures and
+/// explanations that show what the choice saved.
+struct PlanRunnerUp {
+  std::vector<StepKind> kinds;
+  /// The bytes into its busiest rank as the search priced them: that
+  /// rank's total, or, where the search adds each step's busiest rank, that
+  /// sum (never below the total). Never below the chosen plan's
+  /// max_recv_bytes() when it is the bytes that decided.
+  std::int64_t bytes = 0;
+  double est_seconds = 0;
+  bool operator==(const PlanRunnerUp&) const = default;
+};
+
 struct Plan {
   Shape mesh_shape;
   Shape global_shape;
@@ -72,6 +87,9 @@ struct Plan {
   /// Total bytes each mesh rank receives over the plan.
   std::vector<std::int64_t> recv_bytes;
   double est_seconds = 0;
+  /// Where the search compared more than one plan and priced the next best
+  /// (not on closed-form prices, nor where the others lost on a bound).
+  std::optional<PlanRunnerUp> runner_up;
 
   /// The most any one rank receives over the whole plan.
   std::int64_t max_recv_bytes() const;
