@@ -266,6 +266,11 @@ void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_
   const auto end = Clock::now();
   if (start == Clock::time_point{}) start = end;
   std::string args = fmt::format("\"bytes\": {}, \"group\": {}", bytes, json_quote(r->group_label(group)));
+  // The group's processes: the same list on every member, so a reader can
+  // tell one call of a collective on all its ranks (the n-th event of this
+  // group on each), as timeline_svg does to line them up.
+  if (const auto& members = r->group_members(group); !members.empty())
+    args += fmt::format(", \"ranks\": [{}]", fmt::join(members, ", "));
   if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
   r->add(Event{std::string(collective_name(kind)), Track::Collectives, start, end - start, std::move(args)});
 }

@@ -6,7 +6,10 @@
 #include <boost/property_tree/xml_parser.hpp>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -14,6 +17,8 @@
 #include <dtensor/dtensor.h>
 #include <dtensor/pictures/svg.h>
 #include <dtensor/redistribute/planner.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "support.h"
 
@@ -390,3 +395,155 @@ BOOST_AUTO_TEST_CASE(the_runner_up_is_priced_under_the_caption) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace pictures_suite {
+
+/// What a timeline picture shows of one rank: its boxes in drawing order.
+struct RankRowSeen {
+  std::vector<double> collective_x;  // left edges, in program order
+  std::vector<std::string> collective_kinds;
+  int ops = 0;
+};
+
+struct TimelineSeen {
+  std::map<int, RankRowSeen> rows;  // by pid
+  int sync_lines = 0;
+  std::vector<std::string> legend;
+};
+
+void walk_timeline(const pt::ptree& node, TimelineSeen& seen, RankRowSeen* row) {
+  for (const auto& [tag, child] : node) {
+    if (tag == "<xmlattr>" || tag == "<xmlcomment>") continue;
+    const std::string cls = attr(child, "class");
+    RankRowSeen* here = row;
+    if (tag == "g" && cls == "rank") here = &seen.rows[std::stoi(attr(child, "data-pid"))];
+    if (tag == "g" && cls == "collective" && row) {
+      row->collective_kinds.push_back(attr(child, "data-kind"));
+      row->collective_x.push_back(child.get<double>("rect.<xmlattr>.x"));
+    }
+    if (tag == "g" && cls == "op" && row) ++row->ops;
+    if (tag == "line" && cls == "sync") ++seen.sync_lines;
+    if (tag == "g" && cls == "legend") seen.legend.push_back(child.get<std::string>("text"));
+    walk_timeline(child, seen, here);
+  }
+}
+
+TimelineSeen parse_timeline(const std::string& svg) {
+  std::stringstream in(svg);
+  pt::ptree tree;
+  pt::read_xml(in, tree);
+  TimelineSeen seen;
+  walk_timeline(tree, seen, nullptr);
+  return seen;
+}
+
+/// The trace of one sharded program on 4 thread ranks (a 2x2 mesh): a
+/// matmul that moves data, a redistribution, and collectives on both mesh
+/// dims, so calls on different groups interleave, and a collective that
+/// rank 0 reaches late. Rank 0's copy of the file.
+std::string traced_program() {
+  std::string text;
+  std::mutex mu;
+  testing::run_ranks(4, [&](Communicator& world) {
+    const DeviceMesh mesh(world, {2, 2});
+    const auto path = std::filesystem::temp_directory_path() / fmt::format("dtensor_timeline_{}.json", ::getpid());
+    {
+      TraceScope trace(mesh, path.string());
+      const DTensor a = distribute_tensor(Tensor::randn({8, 6}, DType::Float32, 1), mesh, Layout::parse("S(0),S(1)"));
+      const DTensor b = distribute_tensor(Tensor::randn({6, 4}, DType::Float32, 2), mesh, Layout::parse("R,S(0)"));
+      const DTensor c = matmul(a, b).redistribute(Layout::parse("R,R"));
+      // Rank 0 alone does more local work first: the others wait for it at
+      // the next collective.
+      DTensor d = distribute_tensor(Tensor::randn({4, 4}, DType::Float32, 3), mesh, Layout::parse("S(0),S(1)"));
+      if (world.rank() == 0)
+        for (int i = 0; i < 5; ++i) d = add(d, d);
+      (void)d.redistribute(Layout::parse("R,R"));
+      (void)sum(c).redistribute(Layout::parse("R,R"));
+      trace.finish();
+    }
+    if (world.rank() == 0) {
+      std::ifstream in(path);
+      std::lock_guard lock(mu);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      std::filesystem::remove(path);
+    }
+  });
+  return text;
+}
+
+BOOST_AUTO_TEST_SUITE(timeline_pictures)
+
+// Every op and collective of every rank is drawn, collectives by kind; on
+// the logical clock each call of a collective starts at the same x on all
+// its ranks, and the picture is the same for a second run of the program.
+BOOST_AUTO_TEST_CASE(every_event_is_drawn_and_calls_line_up) {
+  const std::string text = traced_program();
+  const nlohmann::json trace = nlohmann::json::parse(text);
+  std::map<int, std::vector<nlohmann::json>> collectives;
+  std::map<int, int> ops;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "collective")
+      collectives[e["pid"].get<int>()].push_back(e);
+    else
+      ++ops[e["pid"].get<int>()];
+  }
+  const std::string svg = pictures::timeline_svg(text);
+  const TimelineSeen seen = parse_timeline(svg);
+  BOOST_TEST_REQUIRE(seen.rows.size() == 4u);
+  std::map<std::string, std::map<int, std::vector<double>>> x_by_group;  // group: pid: x of its calls in order
+  int calls_on_groups = 0;
+  for (const auto& [pid, row] : seen.rows) {
+    BOOST_TEST(row.ops == ops[pid], "rank " << pid);
+    BOOST_TEST_REQUIRE(row.collective_kinds.size() == collectives[pid].size(), "rank " << pid);
+    for (std::size_t k = 0; k < row.collective_kinds.size(); ++k) {
+      const auto& e = collectives[pid][k];
+      BOOST_TEST(row.collective_kinds[k] == e["name"].get<std::string>(), "rank " << pid << " call " << k);
+      BOOST_TEST_REQUIRE(e["args"].contains("ranks"), e.dump());
+      const std::string group = fmt::format("{} {}", e["args"]["group"].get<std::string>(), e["args"]["ranks"].dump());
+      x_by_group[group][pid].push_back(row.collective_x[k]);
+      if (e["args"]["ranks"].size() > 1 && pid == e["args"]["ranks"][0].get<int>()) ++calls_on_groups;
+    }
+  }
+  BOOST_TEST(x_by_group.size() >= 3u, "the program should use groups of both mesh dims");
+  for (const auto& [group, by_pid] : x_by_group)
+    for (const auto& [pid, xs] : by_pid)
+      BOOST_TEST((xs == by_pid.begin()->second), group << ": rank " << pid << "'s calls start elsewhere");
+  BOOST_TEST(seen.sync_lines == calls_on_groups);
+  BOOST_TEST(!seen.legend.empty());
+  // Logical time does not depend on the run's timing.
+  BOOST_TEST(pictures::timeline_svg(traced_program()) == svg);
+  pictures::TimelineOptions measured;
+  measured.clock = pictures::TimelineClock::Measured;
+  BOOST_TEST(parse_timeline(pictures::timeline_svg(text, measured)).rows.at(0).ops == ops[0]);
+}
+
+// A trace cut short (a rank that never reached a call its peers made) still
+// draws, the call on the ranks that made it; bad input is a typed error.
+BOOST_AUTO_TEST_CASE(unmatched_calls_and_bad_traces) {
+  const std::string cut = R"({"traceEvents": [
+    {"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "rank 0"}},
+    {"name": "add", "cat": "op", "ph": "X", "ts": 1, "dur": 5, "pid": 0, "tid": 1, "args": {}},
+    {"name": "all_reduce", "cat": "collective", "ph": "X", "ts": 2, "dur": 1, "pid": 0, "tid": 2,
+     "args": {"group": "g", "ranks": [0, 1], "bytes": 8}},
+    {"name": "all_gather", "cat": "collective", "ph": "X", "ts": 9, "dur": 1, "pid": 1, "tid": 2,
+     "args": {"group": "g", "ranks": [0, 1], "bytes": 8}}]})";
+  const TimelineSeen seen = parse_timeline(pictures::timeline_svg(cut));
+  BOOST_TEST(seen.rows.at(0).collective_kinds == std::vector<std::string>{"all_reduce"});
+  BOOST_TEST(seen.rows.at(1).collective_kinds == std::vector<std::string>{"all_gather"});
+  BOOST_CHECK_THROW(pictures::timeline_svg("not json"), ValueError);
+  BOOST_CHECK_THROW(pictures::timeline_svg(R"({"events": []})"), ValueError);
+  BOOST_CHECK_THROW(pictures::timeline_svg(R"({"traceEvents": [{"ph": "X", "pid": 0}]})"), ValueError);
+  pictures::TimelineOptions zero;
+  zero.width = 0;
+  BOOST_CHECK_THROW(pictures::timeline_svg(cut, zero), ValueError);
+  try {
+    (void)pictures::timeline_svg("not json");
+  } catch (const ValueError& e) {
+    BOOST_TEST(std::string(e.what()).find("traceEvents") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace pictures_suite

@@ -90,4 +90,30 @@ class ExplainPictures {
 /// mesh coordinates, offsets, sizes and bytes beside the picture.
 std::string plan_html(const Plan& plan, const PictureOptions& options = {});
 
+/// How a timeline picture places events along its time axis.
+enum class TimelineClock {
+  /// Each op one unit, each collective three, and a collective starting on
+  /// all its ranks when the last of them reaches it: order and waiting, the
+  /// same picture on every run of the same program.
+  Logical,
+  /// The times the trace recorded.
+  Measured,
+};
+
+struct TimelineOptions {
+  TimelineClock clock = TimelineClock::Logical;
+  /// Pixels the time axis spans.
+  double width = 900;
+  /// Replaces "timeline of N rank(s)" where not empty.
+  std::string title;
+};
+
+/// A Chrome trace as TraceScope or DTENSOR_TRACE write it (the file's text),
+/// drawn as one row per rank with an ops lane (nested ops inset) and a
+/// collectives lane coloured by kind, each box's details in its hover, a
+/// dashed line through each collective call across its ranks (logical
+/// clock), and a legend with each kind's count. ValueError naming what is
+/// wrong where the text is not such a trace.
+std::string timeline_svg(std::string_view trace_json, const TimelineOptions& options = {});
+
 }  // namespace dtensor::pictures
