@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include <dtensor/pictures/svg.h>
+
 #include "gpt/loss_plot.h"
 #include "gpt/trainer.h"
 
@@ -109,7 +111,7 @@ int main(int argc, char** argv) {
   gpt::TrainOptions o;
   o.model = {.vocab = 256, .seq = 32, .layers = 2, .d_model = 64, .heads = 4, .dtype = DType::Float32};
   int ranks = 1;
-  std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
+  std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, trace_svg_path, device = "cpu";
   app.add_option("--ranks", ranks, "thread ranks (under mpirun: the job's processes)")->check(CLI::Range(1, 64));
   app.add_option("--device", device, "cpu (read by the launcher)");
   app.add_option("--mesh", mesh_text, "mesh shape, e.g. 8 or 2x4 (default: all ranks on one dim)");
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
   app.add_option("--plot", plot_path, "draw the training and validation loss as an SVG");
   app.add_flag("--explain", o.explain, "print rank 0's layout decisions and collectives during the last step");
   app.add_option("--trace", o.trace, "record the last step as a Chrome trace (open in ui.perfetto.dev)");
+  app.add_option("--trace-svg", trace_svg_path, "draw the --trace file's timeline as an SVG (logical time)");
   app.add_option("--generate", o.generate, "bytes to sample greedily after training")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -161,6 +164,8 @@ int main(int argc, char** argv) {
     if (o.plans.size() != ndim)
       throw ValueError(fmt::format("--plan '{}' names {} plans for a mesh of {} dims; expected one per dim", plan_text,
                                    o.plans.size(), ndim));
+    if (!trace_svg_path.empty() && o.trace.empty())
+      throw ValueError(fmt::format("--trace-svg '{}' draws the trace of --trace FILE; give --trace too", trace_svg_path));
     if (!o.dims.empty() && o.dims.size() != ndim)
       throw ValueError(fmt::format("--dims '{}' names {} dims for a mesh of {} dims", dims_text, o.dims.size(), ndim));
     std::vector<nn::DimPlan> per_dim;
@@ -226,6 +231,16 @@ int main(int argc, char** argv) {
                                                 mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
                                                 dtype_name(mine.model.dtype), mesh_desc, plan_text, mine.lr);
           gpt::write_loss_svg(plot_path, title, r.losses, r.val_points);
+        }
+        if (!trace_svg_path.empty()) {
+          std::ifstream in(mine.trace);
+          const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          pictures::TimelineOptions options;
+          options.title = fmt::format("one step of GPT {}L d{} | mesh {} | plan {}", mine.model.layers,
+                                      mine.model.d_model, mesh_desc, plan_text);
+          std::ofstream out(trace_svg_path);
+          out << pictures::timeline_svg(trace, options);
+          if (!out) throw Error(fmt::format("could not write --trace-svg '{}'", trace_svg_path));
         }
       },
       launch_options);

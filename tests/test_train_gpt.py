@@ -64,8 +64,9 @@ def main() -> int:
     checks.append(("step lines are printed", out.count("loss ") >= 6, out))
 
     trace_path = os.path.join(tmp, "step.json")
+    trace_svg_path = os.path.join(tmp, "step.svg")
     rc, out, err, tp = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
-                              "--trace", trace_path], "dp_tp")
+                              "--trace", trace_path, "--trace-svg", trace_svg_path], "dp_tp")
     checks.append(("4 thread ranks, ddp,tp_sp: the 1-rank losses and bytes",
                    tp is not None and same_losses(one["losses"], tp["losses"]) and tp["generated"] == one["generated"],
                    err + out))
@@ -82,6 +83,13 @@ def main() -> int:
     traced_kinds = {e["name"] for e in events if e.get("ph") == "X"}
     checks.append(("--trace writes the last step: 4 named ranks, every kind of its comm",
                    len(processes) == 4 and kinds <= traced_kinds, (sorted(processes), sorted(traced_kinds))))
+    # --trace-svg: the same step drawn, one row per rank, a box per collective event.
+    timeline = open(trace_svg_path).read() if os.path.exists(trace_svg_path) else ""
+    collective_events = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "collective")
+    checks.append(("--trace-svg draws the trace: 4 rank rows, every collective",
+                   timeline.startswith("<svg") and timeline.count('class="rank"') == 4 and
+                   timeline.count('<g class="collective"') == collective_events > 0,
+                   (timeline[:200], collective_events)))
     # Writing the trace gathers the ranks' events: none of that may count as the step's.
     rc, out, err, untraced = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp"],
                                    "dp_tp_untraced")

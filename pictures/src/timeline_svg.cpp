@@ -286,7 +286,13 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
 
   double y = kMargin + 46;
   std::map<std::pair<std::size_t, std::size_t>, double> lane_top;  // (rank, slice): its collective lane's top
-  std::map<std::string, int> kinds;
+  std::map<std::string, int> kinds;  // calls of each kind on the rank that made the most
+  for (const Rank& rank : ranks) {
+    std::map<std::string, int> mine;
+    for (const Slice& s : rank.slices)
+      if (s.collective) ++mine[s.name];
+    for (const auto& [kind, count] : mine) kinds[kind] = std::max(kinds[kind], count);
+  }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const Rank& rank = ranks[r];
     d.body += fmt::format(R"(<g class="rank" data-pid="{}">)", rank.pid);
@@ -300,7 +306,6 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
       const Slice& slice = rank.slices[s];
       const double x = x_of(slice.x0), w = std::max(x_of(slice.x1) - x, 1.0);
       if (slice.collective) {
-        ++kinds[slice.name];
         lane_top[{r, s}] = collective_top;
         d.body += fmt::format(
             R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
@@ -336,8 +341,13 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
         R"(stroke-dasharray="2,2" stroke-opacity="0.7"/>)",
         x, top, x, bottom, kind_colour(first.name));
   }
-  // The legend: each kind's colour and how many calls of it the picture holds.
+  // The legend: each kind's colour and how many calls of it a rank made.
   double lx = kMargin;
+  if (!kinds.empty()) {
+    d.body += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="11" fill="#555">calls per rank:</text>)", lx,
+                          y + 10);
+    lx += 100;
+  }
   for (const auto& [kind, count] : kinds) {
     const std::string text = fmt::format("{} x{}", kind, count);
     d.body += fmt::format(
