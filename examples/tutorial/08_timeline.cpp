@@ -109,19 +109,20 @@ void tp_versus_fsdp(Communicator& world, const std::optional<std::filesystem::pa
   const Tensor w2_full = mul(Tensor::randn({8, 16}, DType::Float64, 3), 0.25);
   auto mlp = [](const DTensor& x, const DTensor& w1, const DTensor& w2) { return linear(gelu(linear(x, w1)), w2); };
 
+  // A tensor on the mesh in the layout given, its gradient recorded.
+  auto parameter = [](const Tensor& full, const DeviceMesh& mesh, const char* layout) {
+    DTensor p = distribute_tensor(full, mesh, Layout::parse(layout));
+    p.requires_grad_();
+    return p;
+  };
+
   const DeviceMesh tp(world, {4}, {"tp"});
-  DTensor w1 = distribute_tensor(w1_full, tp, Layout::parse("S(0)"));
-  DTensor w2 = distribute_tensor(w2_full, tp, Layout::parse("S(1)"));
-  w1.requires_grad_();
-  w2.requires_grad_();
+  DTensor w1 = parameter(w1_full, tp, "S(0)"), w2 = parameter(w2_full, tp, "S(1)");
   const DTensor x_tp = distribute_tensor(x_full, tp, Layout::parse("R"));
   const std::string tp_trace = traced(world, tp, "tp", [&] { train_step(x_tp, w1, w2, mlp); });
 
   const DeviceMesh dp(world, {4}, {"dp"});
-  DTensor v1 = distribute_tensor(w1_full, dp, Layout::parse("S(0)"));
-  DTensor v2 = distribute_tensor(w2_full, dp, Layout::parse("S(0)"));
-  v1.requires_grad_();
-  v2.requires_grad_();
+  DTensor v1 = parameter(w1_full, dp, "S(0)"), v2 = parameter(w2_full, dp, "S(0)");
   const DTensor x_dp = distribute_tensor(x_full, dp, Layout::parse("S(0)"));
   const Layout whole[] = {Layout::parse("R"), Layout::parse("R")};
   auto gathered = [&](const DTensor& x, const DTensor& a, const DTensor& b) {
