@@ -300,7 +300,10 @@ struct MlpCounts {
   std::string detail;
 };
 
-MlpCounts megatron(bool x_needs_grad) {
+// The loss: sum(y * wt) on y brought to Replicate, or (squared) sum(y * y)
+// on the row-parallel output as it comes, Partial: mul then reduces one of
+// its two operands, and the backward must not inherit the other's Partial.
+MlpCounts megatron(bool x_needs_grad, bool squared = false) {
   const Shape mesh_shape = testing::backend_meshes({{4}}).front();
   const std::int64_t tp = mesh_shape[0], tokens = std::max<std::int64_t>(6, 2 * tp),
                      ffn = std::max<std::int64_t>(12, 3 * tp);
@@ -309,7 +312,8 @@ MlpCounts megatron(bool x_needs_grad) {
   // The reference gradients on plain tensors.
   std::vector<Tensor> ref{x, w1, w2};
   for (auto& t : ref) t = t.detach().requires_grad_();
-  sum(mul(linear(gelu(linear(ref[0], ref[1])), ref[2]), wt)).backward();
+  const Tensor y_ref = linear(gelu(linear(ref[0], ref[1])), ref[2]);
+  sum(mul(y_ref, squared ? y_ref : wt)).backward();
   MlpCounts counts;
   std::mutex mu;
   testing::run_ranks(static_cast<int>(tp), [&](Communicator& comm) {
@@ -322,8 +326,8 @@ MlpCounts megatron(bool x_needs_grad) {
     W2.requires_grad_();
     if (x_needs_grad) X.requires_grad_();
     CommCounter counter(mesh);
-    DTensor y = linear(gelu(linear(X, W1)), W2).redistribute(Layout::parse("R"));
-    DTensor loss = sum(mul(y, Wt));
+    DTensor y = linear(gelu(linear(X, W1)), W2);
+    const DTensor loss = squared ? sum(mul(y, y)) : sum(mul(y.redistribute(Layout::parse("R")), Wt));
     CommCounter backward_counter(mesh);
     loss.backward();
     // x's gradient is Partial over tp (Megatron's f): reduced to x's layout.
@@ -353,6 +357,17 @@ BOOST_AUTO_TEST_CASE(megatron_mlp_backward_without_input_gradient_is_one_all_red
   BOOST_TEST(c.all_reduce == 1u, c.detail);
   BOOST_TEST(c.total == 1u, c.detail);
   BOOST_TEST(c.backward_total == 0u, c.detail);
+}
+
+// Before the node saved the reduced copy of y for both operands, this step
+// ran an all_gather of W2, one of H, and a reduce_scatter in gelu's backward,
+// and left W2's gradient Partial for the optimizer to reduce.
+BOOST_AUTO_TEST_CASE(megatron_mlp_with_a_squared_partial_output_is_one_all_reduce_in_all) {
+  const MlpCounts c = megatron(false, /*squared=*/true);
+  BOOST_TEST(c.values_ok, c.detail);
+  BOOST_TEST(c.total == 1u, c.detail);
+  BOOST_TEST(c.backward_total == 0u, c.detail);
+  BOOST_TEST(c.detail.find("W1.grad S(0), W2.grad S(1)") != std::string::npos, c.detail);
 }
 
 BOOST_AUTO_TEST_CASE(megatron_mlp_backward_with_input_gradient_is_two_all_reduces_in_all) {

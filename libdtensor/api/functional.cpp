@@ -27,6 +27,30 @@ constexpr std::size_t kInline = 4;
 
 }  // namespace
 
+namespace {
+
+// One tensor passed twice (mul(y, y) on a Partial y) may reach the kernel as
+// two layouts: dispatch reduced one copy and left the other Partial, which
+// the op accepts (Partial times Replicate is Partial). The backward computes
+// with what the node saves, and a Partial saved input makes a Partial
+// gradient, which every later op then carries or reduces again (a Megatron
+// MLP's backward had four collectives instead of none). The values are the
+// same, so the node saves the reduced copy in both places: no extra memory,
+// the same gradients.
+void save_reduced_copies(std::span<const DTensor* const> inputs, std::vector<std::optional<DTensor>>& as_used) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (as_used[i] || inputs[i]->autograd_meta() == nullptr || !inputs[i]->placements().has_partial()) continue;
+    for (std::size_t j = 0; j < inputs.size(); ++j)
+      if (j != i && as_used[j] && inputs[j]->autograd_meta() == inputs[i]->autograd_meta() &&
+          !as_used[j]->placements().has_partial()) {
+        as_used[i] = as_used[j];
+        break;
+      }
+  }
+}
+
+}  // namespace
+
 DTensor call_op(std::string_view name, std::span<const DTensor> inputs, const OpAttrs& attrs) {
   return call_op(Op::find(name), inputs, attrs);
 }
@@ -79,6 +103,7 @@ DTensor call_op(Op handle, std::span<const DTensor* const> inputs, const OpAttrs
     as_used.resize(inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i)
       if (moved[i].local.defined()) as_used[i] = detail::DispatchAccess::wrap(std::move(moved[i]), mesh, cost);
+    save_reduced_copies(inputs, as_used);
   }
   record_op(op, attrs, inputs, out, as_used);
   return out;
