@@ -29,7 +29,25 @@ std::int64_t nanoseconds(Clock::time_point t) {
 // Microseconds with nanosecond digits, as the format's "ts" and "dur" take.
 std::string microseconds(std::int64_t ns) { return fmt::format("{:.3f}", static_cast<double>(ns) / 1000.0); }
 
-std::string_view track_name(Track track) { return track == Track::Ops ? "ops" : "collectives"; }
+std::string_view track_name(Track track) {
+  switch (track) {
+    case Track::Ops: return "ops";
+    case Track::Collectives: return "collectives";
+    case Track::Scopes: return "scopes";
+  }
+  return "?";
+}
+
+std::string_view track_category(Track track) {
+  switch (track) {
+    case Track::Ops: return "op";
+    case Track::Collectives: return "collective";
+    case Track::Scopes: return "scope";
+  }
+  return "?";
+}
+
+constinit thread_local ScopeSpan* innermost_scope = nullptr;
 
 // Every rank's text gathered on every rank, through the host-buffer
 // collectives (which stage through device memory on GPU communicators), as
@@ -219,7 +237,7 @@ std::string Recorder::rank_text(std::int64_t origin_ns) const {
       "{{\"name\": \"process_sort_index\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, "
       "\"args\": {{\"sort_index\": {0}}}}}",
       rank, json_quote(name));
-  for (const Track track : {Track::Ops, Track::Collectives})
+  for (const Track track : {Track::Ops, Track::Collectives, Track::Scopes})
     out += fmt::format(
         ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": "
         "\"{}\"}}}}",
@@ -229,7 +247,7 @@ std::string Recorder::rank_text(std::int64_t origin_ns) const {
     out += fmt::format(
         ",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {}, \"pid\": {}, \"tid\": {}, "
         "\"args\": {{{}}}}}",
-        json_quote(e.name), e.track == Track::Ops ? "op" : "collective",
+        json_quote(e.name), track_category(e.track),
         microseconds(nanoseconds(e.start) - origin_ns), microseconds(std::max<std::int64_t>(dur_ns, 0)), rank,
         static_cast<int>(e.track), e.args);
   }
@@ -322,6 +340,27 @@ void OpSpan::end() noexcept {
   } catch (...) {
     // Out of memory while recording: the timeline loses this op rather than
     // the op failing (a destructor must not throw).
+  }
+}
+
+std::unique_ptr<ScopeSpan> ScopeSpan::open(std::string_view name) {
+  if (current == nullptr) return nullptr;
+  if (innermost_scope != nullptr && innermost_scope->name_ == name) return nullptr;
+  return std::unique_ptr<ScopeSpan>(new ScopeSpan(current, name));
+}
+
+ScopeSpan::ScopeSpan(Recorder* recorder, std::string_view name)
+    : recorder_(recorder), name_(name), start_(Clock::now()), outer_(innermost_scope) {
+  innermost_scope = this;
+}
+
+ScopeSpan::~ScopeSpan() {
+  if (innermost_scope == this) innermost_scope = outer_;
+  if (current != recorder_) return;  // its recording ended (or another began) meanwhile
+  try {
+    recorder_->add(Event{name_, Track::Scopes, start_, Clock::now() - start_, {}});
+  } catch (...) {
+    // Out of memory while recording: the timeline loses this region.
   }
 }
 

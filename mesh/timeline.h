@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,7 +30,7 @@ namespace dtensor::timeline {
 using Clock = std::chrono::steady_clock;
 
 /// The track (Chrome trace "tid") of each event on its rank's process.
-enum class Track : std::uint8_t { Ops = 1, Collectives = 2 };
+enum class Track : std::uint8_t { Ops = 1, Collectives = 2, Scopes = 3 };
 
 /// One end of a point-to-point message, as a backend saw it: ranks of the
 /// communicator, and how many messages from the same source to the same
@@ -167,6 +168,27 @@ class OpSpan {
   std::string_view name_;  // the op's registered name, which outlives the span
   Clock::time_point start_;
   std::string args_;
+};
+
+/// A named region of a step ("forward", "backward", "optimizer": the
+/// CommScopes) on the scopes track, from open() to destruction. Made only
+/// while recording, and not for a region named as the innermost one open on
+/// the thread (as CommScope does not nest one in itself); dropped if the
+/// recording it started in is no longer the thread's when it ends.
+class ScopeSpan {
+ public:
+  /// Null when nothing records or `name` is the innermost open region's.
+  static std::unique_ptr<ScopeSpan> open(std::string_view name);
+  ScopeSpan(const ScopeSpan&) = delete;
+  ScopeSpan& operator=(const ScopeSpan&) = delete;
+  ~ScopeSpan();
+
+ private:
+  ScopeSpan(Recorder* recorder, std::string_view name);
+  Recorder* recorder_;
+  std::string name_;
+  Clock::time_point start_;
+  ScopeSpan* outer_;
 };
 
 /// Labels the collectives of one redistribution plan step while alive;

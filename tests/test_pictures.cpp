@@ -403,6 +403,7 @@ struct RankRowSeen {
   std::vector<double> collective_x;  // left edges, in program order
   std::vector<std::string> collective_kinds;
   int ops = 0;
+  std::vector<std::string> scopes;  // their titles' first lines
 };
 
 struct TimelineSeen {
@@ -422,6 +423,7 @@ void walk_timeline(const pt::ptree& node, TimelineSeen& seen, RankRowSeen* row) 
       row->collective_x.push_back(child.get<double>("rect.<xmlattr>.x"));
     }
     if (tag == "g" && cls == "op" && row) ++row->ops;
+    if (tag == "g" && cls == "scope" && row) row->scopes.push_back(child.get<std::string>("title"));
     if (tag == "line" && cls == "sync") ++seen.sync_lines;
     if (tag == "g" && cls == "legend") seen.legend.push_back(child.get<std::string>("text"));
     walk_timeline(child, seen, here);
@@ -451,7 +453,10 @@ std::string traced_program() {
       TraceScope trace(mesh, path.string());
       const DTensor a = distribute_tensor(Tensor::randn({8, 6}, DType::Float32, 1), mesh, Layout::parse("S(0),S(1)"));
       const DTensor b = distribute_tensor(Tensor::randn({6, 4}, DType::Float32, 2), mesh, Layout::parse("R,S(0)"));
-      const DTensor c = matmul(a, b).redistribute(Layout::parse("R,R"));
+      const DTensor c = [&] {
+        const CommScope forward("forward");  // a region: drawn in the scopes lane
+        return matmul(a, b).redistribute(Layout::parse("R,R"));
+      }();
       // Rank 0 alone does more local work first: the others wait for it at
       // the next collective.
       DTensor d = distribute_tensor(Tensor::randn({4, 4}, DType::Float32, 3), mesh, Layout::parse("S(0),S(1)"));
@@ -481,10 +486,13 @@ BOOST_AUTO_TEST_CASE(every_event_is_drawn_and_calls_line_up) {
   const nlohmann::json trace = nlohmann::json::parse(text);
   std::map<int, std::vector<nlohmann::json>> collectives;
   std::map<int, int> ops;
+  std::map<int, std::vector<std::string>> scopes;
   for (const auto& e : trace["traceEvents"]) {
     if (e["ph"] != "X") continue;
     if (e["cat"] == "collective")
       collectives[e["pid"].get<int>()].push_back(e);
+    else if (e["cat"] == "scope")
+      scopes[e["pid"].get<int>()].push_back(e["name"]);
     else
       ++ops[e["pid"].get<int>()];
   }
@@ -495,6 +503,8 @@ BOOST_AUTO_TEST_CASE(every_event_is_drawn_and_calls_line_up) {
   int calls_on_groups = 0;
   for (const auto& [pid, row] : seen.rows) {
     BOOST_TEST(row.ops == ops[pid], "rank " << pid);
+    BOOST_TEST(row.scopes == scopes[pid], "rank " << pid);
+    BOOST_TEST(row.scopes == std::vector<std::string>{"forward"}, "rank " << pid);
     BOOST_TEST_REQUIRE(row.collective_kinds.size() == collectives[pid].size(), "rank " << pid);
     for (std::size_t k = 0; k < row.collective_kinds.size(); ++k) {
       const auto& e = collectives[pid][k];

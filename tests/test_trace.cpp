@@ -14,9 +14,8 @@
 #include <map>
 #include <set>
 
-#include <fmt/ranges.h>
-
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -276,6 +275,46 @@ BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(m
       if (!args.contains("peer") || !args.contains("tag")) log.add(fmt::format("rank {}: {}", rank, e.dump()));
     }
     if (sends != 4 || recvs != 3) log.add(fmt::format("rank {}: {} sends and {} recvs traced", rank, sends, recvs));
+    world.barrier();
+    if (world.rank() == 0) std::filesystem::remove(path);
+  });
+  testing::check_no_failures(log.failures);
+}
+
+// The regions a step names (CommScope: the user's "forward", the backward's
+// and the optimizer's own) are events on a "scopes" track, each once: a
+// "backward" inside the user's "backward" is not a second one, and a region
+// opened before the recording began is not in it.
+BOOST_AUTO_TEST_CASE(named_regions_are_events_on_the_scopes_track, *boost::unit_test::precondition(mesh_runs{})) {
+  testing::FailureLog log;
+  testing::run_ranks(static_cast<int>(numel(kMesh)), [&](Communicator& world) {
+    const DeviceMesh mesh(world, kMesh);
+    const std::string path = shared_temp_path(world, "trace_scopes");
+    DTensor w = distribute_tensor(testing::integer_tensor({4, 6}, DType::Float64, 5), mesh, Layout::parse("S(0),R"));
+    w.requires_grad_();
+    {
+      const CommScope outside("outside");  // open before the recording: not in it
+      TraceScope trace(mesh, path);
+      DTensor loss = [&] {
+        const CommScope forward("forward");
+        return sum(mul(w, w));
+      }();
+      {
+        const CommScope backward("backward");
+        loss.backward();  // opens its own "backward": the same region
+      }
+      trace.finish();
+    }
+    const json trace = read_json(path);
+    const int rank = mesh.rank();
+    for (const auto& v : format_violations(trace, world.size())) log.add(fmt::format("rank {}: {}", rank, v));
+    const auto scopes = events_by_name(trace, rank, "scope");
+    const std::map<std::string, std::uint64_t> expected{{"backward", 1}, {"forward", 1}};
+    if (scopes != expected)
+      log.add(fmt::format("rank {}: scopes {}, expected forward and backward once each", rank, fmt::join(scopes, ", ")));
+    for (const json& e : trace["traceEvents"])
+      if (e["ph"] == "X" && e["pid"] == rank && e.value("cat", "") == "scope" && e["tid"] != 3)
+        log.add(fmt::format("rank {}: a scope off the scopes track: {}", rank, e.dump()));
     world.barrier();
     if (world.rank() == 0) std::filesystem::remove(path);
   });

@@ -343,7 +343,10 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
       const auto [tokens, targets] = batch_of(Split::Train, static_cast<std::uint64_t>(step * o.micro_batches + micro));
       const DimsStats before = env.stats();
-      const X loss = model.loss(tokens, targets);
+      const X loss = [&] {
+        const CommScope named("forward");  // the timeline's scopes lane (backward and optimizer name themselves)
+        return model.loss(tokens, targets);
+      }();
       const DimsStats forwarded = env.stats();
       (o.micro_batches > 1 ? mul(loss, 1.0 / static_cast<double>(o.micro_batches)) : loss).backward();
       const DimsStats after = env.stats();

@@ -11,6 +11,7 @@
 
 #include "comm_stats.h"
 #include "dtensor/core/error.h"
+#include "mesh/timeline.h"
 
 namespace dtensor {
 namespace {
@@ -133,7 +134,7 @@ std::string CommTree::text() {
 
 std::string CommTree::json() { return node_json(root()).dump(); }
 
-CommScope::CommScope(std::string_view name) {
+CommScope::CommScope(std::string_view name) : traced_(timeline::ScopeSpan::open(name)) {
   CommTree* tree = active_tree;
   if (tree == nullptr) return;
   if (!tree->path_.empty() && tree->open_node().name == name) return;  // already open: no nesting

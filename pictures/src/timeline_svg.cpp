@@ -33,6 +33,7 @@ constexpr double kCollectiveUnits = 3;
 struct Slice {
   std::string name;
   bool collective = false;
+  bool scope = false;      // a named region (forward, backward, optimizer)
   double ts = 0, dur = 0;  // as recorded, microseconds
   std::string group;       // collectives: their group's label
   std::vector<int> ranks;  // collectives: their group's processes, when recorded
@@ -105,6 +106,7 @@ std::vector<Rank> read_ranks(std::string_view trace_json) {
     Slice s;
     s.name = e.value("name", "");
     s.collective = e.value("cat", "") == "collective";
+    s.scope = e.value("cat", "") == "scope";
     s.ts = e["ts"];
     s.dur = std::max(0.0, e["dur"].get<double>());
     s.tooltip = tooltip_of(e, s.collective);
@@ -127,7 +129,7 @@ std::vector<Rank> read_ranks(std::string_view trace_json) {
     for (Slice& s : rank.slices) {
       while (!open_ends.empty() && open_ends.back() <= s.ts) open_ends.pop_back();
       s.depth = static_cast<int>(open_ends.size());
-      if (!s.collective) open_ends.push_back(s.ts + s.dur);
+      if (!s.collective && !s.scope) open_ends.push_back(s.ts + s.dur);
     }
     out.push_back(std::move(rank));
   }
@@ -135,13 +137,14 @@ std::vector<Rank> read_ranks(std::string_view trace_json) {
 }
 
 // The logical clock. Each rank walks its events in order with a cursor; an
-// op opens at the cursor and, when nothing ran inside it, closes one unit
-// later; a collective waits until every rank of its group (those in the
-// trace) has reached the same call (the n-th event of that group on each),
-// then runs on all of them from the latest arrival for three units. Should
-// the calls not match (a trace cut short), the earliest waiting call goes
-// ahead with the ranks it has, so this always ends. Returns the calls that
-// lined up, each as its ranks' (rank index, slice index).
+// op (or a scope) opens at the cursor and, when nothing ran inside it,
+// closes one unit later (a scope three); a collective waits until every
+// rank of its group (those in the trace) has reached the same call (the
+// n-th event of that group on each), then runs on all of them from the
+// latest arrival for three units. Should the calls not match (a trace cut
+// short), the earliest waiting call goes ahead with the ranks it has, so
+// this always ends. Returns the calls that lined up, each as its ranks'
+// (rank index, slice index).
 std::vector<std::vector<std::pair<std::size_t, std::size_t>>> logical_clock(std::vector<Rank>& ranks) {
   struct Open {
     std::size_t slice;
@@ -170,7 +173,9 @@ std::vector<std::vector<std::pair<std::size_t, std::size_t>>> logical_clock(std:
     while (!w.open.empty()) {
       Slice& op = ranks[r].slices[w.open.back().slice];
       if (!all && op.ts + op.dur > ts) break;
-      if (!w.open.back().had_inner) w.cursor = op.x0 + kOpUnits;
+      // An empty region (an optimizer step of fused loops, no ops) is as
+      // wide as a collective, so that its name fits.
+      if (!w.open.back().had_inner) w.cursor = op.x0 + (op.scope ? kCollectiveUnits : kOpUnits);
       op.x1 = w.cursor;
       w.open.pop_back();
     }
@@ -242,6 +247,63 @@ void measured_clock(std::vector<Rank>& ranks) {
     }
 }
 
+enum class Lane { Scopes, Ops, Collectives };
+
+// Where a rank's lanes sit: a scopes lane on top when the trace has scopes
+// (forward, backward, optimizer), then ops, then collectives.
+struct RowLayout {
+  double left = 0;  // where time starts
+  bool scopes = false;
+  double lane_y(double row_y, Lane lane) const {
+    const int index = static_cast<int>(lane) - (scopes ? 0 : 1);
+    return row_y + index * (kLane + 2);
+  }
+  double height() const { return (scopes ? 3 : 2) * (kLane + 2) - 2; }
+};
+
+template <class XOf>
+std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XOf& x_of) {
+  std::string out = fmt::format(R"(<g class="rank" data-pid="{}">)", rank.pid);
+  out += fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11">{}</text>)", kMargin, y + kLane - 3,
+                     detail::escape(rank.name));
+  std::vector<std::pair<Lane, const char*>> lanes{{Lane::Ops, "ops"}, {Lane::Collectives, "collectives"}};
+  if (row.scopes) lanes.insert(lanes.begin(), {Lane::Scopes, "scopes"});
+  for (const auto& [lane, name] : lanes)
+    out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="9" fill="#777" text-anchor="end">{}</text>)",
+                       row.left - 6, row.lane_y(y, lane) + kLane - 4, name);
+  for (const Slice& slice : rank.slices) {
+    const double x = x_of(slice.x0), w = std::max(x_of(slice.x1) - x, 1.0);
+    const bool labelled = w >= static_cast<double>(slice.name.size()) * 5.6 + 4;
+    if (slice.collective) {
+      out += fmt::format(
+          R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
+          R"(fill="{}" stroke="#333" stroke-width="0.4"/><title>{}</title></g>)",
+          slice.name, x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
+          detail::escape(slice.tooltip));
+    } else if (slice.scope) {
+      const double top = row.lane_y(y, Lane::Scopes);
+      out += fmt::format(
+          R"(<g class="scope"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" fill="#f3e9c6" )"
+          R"(stroke="#a38b3c" stroke-width="0.6"/>{}<title>{}</title></g>)",
+          x, top, w, kLane, labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="10">{}</text>)", x + 3,
+                                                   top + kLane - 4, detail::escape(slice.name))
+                                     : std::string(),
+          detail::escape(slice.tooltip));
+    } else {
+      const double top = row.lane_y(y, Lane::Ops), inset = std::min(2.0 * slice.depth, kLane / 2 - 2);
+      out += fmt::format(
+          R"(<g class="op" data-depth="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{:.1f}" )"
+          R"(fill="#c9d6e8" stroke="#6f86a8" stroke-width="0.4"/>{}<title>{}</title></g>)",
+          slice.depth, x, top + inset, w, kLane - 2 * inset,
+          labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="9">{}</text>)", x + 2, top + kLane - 4,
+                                 detail::escape(slice.name))
+                   : std::string(),
+          detail::escape(slice.tooltip));
+    }
+  }
+  return out + "</g>";
+}
+
 }  // namespace
 
 std::string timeline_svg(std::string_view trace_json, const TimelineOptions& options) {
@@ -293,38 +355,15 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
       if (s.collective) ++mine[s.name];
     for (const auto& [kind, count] : mine) kinds[kind] = std::max(kinds[kind], count);
   }
+  const bool any_scopes = std::any_of(ranks.begin(), ranks.end(), [](const Rank& rank) {
+    return std::any_of(rank.slices.begin(), rank.slices.end(), [](const Slice& s) { return s.scope; });
+  });
+  const RowLayout row{left, any_scopes};
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    const Rank& rank = ranks[r];
-    d.body += fmt::format(R"(<g class="rank" data-pid="{}">)", rank.pid);
-    d.body += fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11">{}</text>)", kMargin, y + kLane - 3,
-                          detail::escape(rank.name));
-    for (const auto& [lane, name] : {std::pair{0, "ops"}, std::pair{1, "collectives"}})
-      d.body += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="9" fill="#777" text-anchor="end">{}</text>)",
-                            left - 6, y + lane * (kLane + 2) + kLane - 4, name);
-    const double collective_top = y + kLane + 2;
-    for (std::size_t s = 0; s < rank.slices.size(); ++s) {
-      const Slice& slice = rank.slices[s];
-      const double x = x_of(slice.x0), w = std::max(x_of(slice.x1) - x, 1.0);
-      if (slice.collective) {
-        lane_top[{r, s}] = collective_top;
-        d.body += fmt::format(
-            R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
-            R"(fill="{}" stroke="#333" stroke-width="0.4"/><title>{}</title></g>)",
-            slice.name, x, collective_top, w, kLane, kind_colour(slice.name), detail::escape(slice.tooltip));
-      } else {
-        const double inset = std::min(2.0 * slice.depth, kLane / 2 - 2);
-        std::string label;
-        if (w >= static_cast<double>(slice.name.size()) * 5.6 + 4)
-          label = fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="9">{}</text>)", x + 2, y + kLane - 4,
-                              detail::escape(slice.name));
-        d.body += fmt::format(
-            R"(<g class="op" data-depth="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{:.1f}" )"
-            R"(fill="#c9d6e8" stroke="#6f86a8" stroke-width="0.4"/>{}<title>{}</title></g>)",
-            slice.depth, x, y + inset, w, kLane - 2 * inset, label, detail::escape(slice.tooltip));
-      }
-    }
-    d.body += "</g>";
-    y += 2 * kLane + 2 + kRowGap;
+    d.body += draw_rank(ranks[r], row, y, x_of);
+    for (std::size_t s = 0; s < ranks[r].slices.size(); ++s)
+      if (ranks[r].slices[s].collective) lane_top[{r, s}] = row.lane_y(y, Lane::Collectives);
+    y += row.height() + kRowGap;
   }
   // One call across its ranks: a line through their boxes.
   for (const auto& members : lined_up) {

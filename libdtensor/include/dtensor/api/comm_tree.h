@@ -9,6 +9,7 @@
 //   loss.backward();          // counted under "backward"
 //   optimizer.step();         // counted under "optimizer"
 //   fmt::print("{}", tree.text());
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,10 @@
 #include "dtensor/mesh/device_mesh.h"
 
 namespace dtensor {
+
+namespace timeline {
+class ScopeSpan;
+}
 
 /// One scope of a CommTree: the collectives issued while it was the
 /// innermost open scope (its own), and the scopes opened inside it, in the
@@ -71,9 +76,11 @@ class CommTree {
   CommTree* previous_;
 };
 
-/// Names a region for the CommTree recording on this thread (nothing when
-/// none records: one thread-local read). A scope named as the one already
-/// open does not nest (a "backward" inside the user's own "backward").
+/// Names a region for the CommTree recording on this thread and, while a
+/// TraceScope records, for its timeline (an event on the rank's "scopes"
+/// track); nothing when neither records: two thread-local reads. A scope
+/// named as the one already open does not nest (a "backward" inside the
+/// user's own "backward").
 class CommScope {
  public:
   explicit CommScope(std::string_view name);
@@ -83,6 +90,7 @@ class CommScope {
 
  private:
   CommTree* tree_ = nullptr;
+  std::unique_ptr<timeline::ScopeSpan> traced_;
 };
 
 }  // namespace dtensor

@@ -13,8 +13,11 @@
 // and a "collectives" track (one event per collective this rank called,
 // named as collective_name() prints its kind, with the bytes it received
 // as CommStats counts them, the mesh dims of its group and, inside a
-// redistribution, the plan step it runs for). The trace has as many
-// collective events of each kind as CommCounter counts over the same scope.
+// redistribution, the plan step it runs for, and the group's processes as
+// "ranks"), and a "scopes" track (one event per CommScope region: the
+// program's "forward", the backward's and the optimizer step's own). The
+// trace has as many collective events of each kind as CommCounter counts
+// over the same scope.
 // Point-to-point messages (Communicator::send/recv, on a mesh's
 // communicators) are send_recv events naming their direction, peer and tag,
 // and each send is joined to its recv by a flow arrow across the two ranks'
