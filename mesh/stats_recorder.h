@@ -38,14 +38,22 @@ class StatsRecorder {
   /// so the n-th send from a to b is the n-th recv by b from a: each end
   /// gets that n, counted here for the communicator's whole life (even while
   /// nothing records), and the timeline pairs the two ends by it.
+  /// (Sends and recvs count apart, so that a rank's messages to itself pair
+  /// too. The counts grow with the routes used: one entry per peer and tag.)
   void record_message(bool sending, int self, int peer, int tag, std::uint64_t bytes) {
     own_.record(CollectiveKind::SendRecv, bytes);
     rank_totals_->record(CollectiveKind::SendRecv, bytes);
-    const std::array<int, 3> route{sending ? self : peer, sending ? peer : self, tag};
-    const std::uint64_t sequence = messages_[route]++;
+    const std::uint64_t sequence = messages_[route(sending, self, peer, tag)]++;
     if (timeline::current != nullptr) [[unlikely]]
       timeline::record_message(&own_, timeline::MessageEnd{sending, self, peer, tag, sequence}, bytes,
                                std::exchange(started_, timeline::Clock::time_point{}));
+  }
+  /// A message taken off its route and refused (its size did not match the
+  /// recv's): gone, so the route's later messages keep their numbers; no
+  /// event, and the call's start is forgotten.
+  void drop_message(bool sending, int self, int peer, int tag) {
+    ++messages_[route(sending, self, peer, tag)];
+    started_ = timeline::Clock::time_point{};
   }
   const CommStats& own() const { return own_; }
   CommStats& rank_totals() { return *rank_totals_; }
@@ -54,7 +62,10 @@ class StatsRecorder {
   CommStats own_;
   CommStats* rank_totals_;
   timeline::Clock::time_point started_{};  // set by begin() only while recording
-  std::map<std::array<int, 3>, std::uint64_t> messages_;  // (src, dst, tag): messages so far
+  static std::array<int, 4> route(bool sending, int self, int peer, int tag) {
+    return {sending ? 1 : 0, sending ? self : peer, sending ? peer : self, tag};
+  }
+  std::map<std::array<int, 4>, std::uint64_t> messages_;  // (sending, src, dst, tag): messages so far
 };
 
 }  // namespace dtensor::backend_detail

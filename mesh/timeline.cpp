@@ -183,9 +183,18 @@ Recorder::~Recorder() { stop(); }
 void Recorder::stop() {
   if (!recording_) return;
   recording_ = false;
-  // Scopes end in reverse order of their start; should one outlive an inner
-  // one anyway, the thread still ends up recording into what remains.
-  if (current == this) current = outer_;
+  if (current == this) {
+    current = outer_;
+    return;
+  }
+  // Scopes end in reverse order of their start; should this one end while
+  // a recording nested in it still runs, that one now nests in this one's
+  // outer, so that nothing is left pointing here once this is gone.
+  for (Recorder* r = current; r != nullptr; r = r->outer_)
+    if (r->outer_ == this) {
+      r->outer_ = outer_;
+      break;
+    }
 }
 
 void Recorder::abandon() {
@@ -355,8 +364,18 @@ ScopeSpan::ScopeSpan(Recorder* recorder, std::string_view name)
 }
 
 ScopeSpan::~ScopeSpan() {
-  if (innermost_scope == this) innermost_scope = outer_;
-  if (current != recorder_) return;  // its recording ended (or another began) meanwhile
+  if (innermost_scope == this) {
+    innermost_scope = outer_;
+  } else {  // closed before a region opened inside it (out of order): unlinked as Recorder::stop does
+    for (ScopeSpan* span = innermost_scope; span != nullptr; span = span->outer_)
+      if (span->outer_ == this) {
+        span->outer_ = outer_;
+        break;
+      }
+  }
+  // Its recording ended meanwhile (or another began, perhaps at the same
+  // address, which started after this region did).
+  if (current != recorder_ || start_ < recorder_->started()) return;
   try {
     recorder_->add(Event{name_, Track::Scopes, start_, Clock::now() - start_, {}});
   } catch (...) {

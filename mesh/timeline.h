@@ -80,6 +80,8 @@ class Recorder {
   /// Stops recording without writing anything or talking to other ranks
   /// (when the rank is failing and its peers may never call finish).
   void abandon();
+  /// When recording began.
+  Clock::time_point started() const { return started_; }
   /// This rank's events so far, in the order they ended.
   const std::vector<Event>& events() const { return events_; }
 

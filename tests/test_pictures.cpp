@@ -529,7 +529,8 @@ BOOST_AUTO_TEST_CASE(every_event_is_drawn_and_calls_line_up) {
   }
   std::vector<std::string> legend;
   for (const auto& [kind, n] : most) legend.push_back(fmt::format("{} x{}", kind, n));
-  BOOST_TEST(seen.legend == legend, fmt::format("{} against {}", fmt::join(seen.legend, "; "), fmt::join(legend, "; ")));
+  BOOST_TEST(seen.legend == legend,
+             fmt::format("{} against {}", fmt::join(seen.legend, "; "), fmt::join(legend, "; ")));
   // Logical time does not depend on the run's timing.
   BOOST_TEST(pictures::timeline_svg(traced_program()) == svg);
   pictures::TimelineOptions measured;
@@ -553,6 +554,27 @@ BOOST_AUTO_TEST_CASE(unmatched_calls_and_bad_traces) {
   BOOST_CHECK_THROW(pictures::timeline_svg("not json"), ValueError);
   BOOST_CHECK_THROW(pictures::timeline_svg(R"({"events": []})"), ValueError);
   BOOST_CHECK_THROW(pictures::timeline_svg(R"({"traceEvents": [{"ph": "X", "pid": 0}]})"), ValueError);
+  // Fields of the wrong type are ValueErrors too, never a crash or a wrong
+  // conversion: a name that is not a string, ranks that are not integers.
+  for (const char* bad : {
+           R"({"traceEvents": [{"ph": "X", "pid": 0, "ts": 0, "dur": 1, "name": 5}]})",
+           R"({"traceEvents": [{"ph": "X", "pid": 0, "ts": 0, "dur": 1, "cat": "collective",
+                                 "args": {"ranks": [1e20]}}]})",
+           R"({"traceEvents": [{"ph": "X", "pid": 0, "ts": 0, "dur": 1, "cat": "collective",
+                                 "args": {"ranks": 3}}]})",
+           R"({"traceEvents": [{"ph": "X", "pid": 1e12, "ts": 0, "dur": 1}]})",
+           R"({"traceEvents": [{"ph": "M", "pid": 0, "name": "process_name", "args": []}]})"})
+    BOOST_CHECK_THROW(pictures::timeline_svg(bad), ValueError);
+  // A process name event without args draws; odd names and huge byte counts
+  // stay readable XML.
+  const std::string odd = R"({"traceEvents": [
+    {"ph": "M", "pid": 0, "name": "process_name"},
+    {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": ")" "r\\u0001 <1>" R"("}},
+    {"name": "x\"/><b>", "cat": "collective", "ph": "X", "ts": 1, "dur": 1, "pid": 1, "tid": 2,
+     "args": {"bytes": 1e30, "ranks": [1]}}]})";
+  const TimelineSeen odd_seen = parse_timeline(pictures::timeline_svg(odd));
+  BOOST_TEST(odd_seen.rows.size() == 2u);
+  BOOST_TEST(odd_seen.rows.at(1).collective_kinds == std::vector<std::string>{"x\"/><b>"});
   pictures::TimelineOptions zero;
   zero.width = 0;
   BOOST_CHECK_THROW(pictures::timeline_svg(cut, zero), ValueError);

@@ -131,7 +131,10 @@ def net_log_urls(path):
     try:
         log = json.loads(text)
     except json.JSONDecodeError:  # a browser that exits before closing the log leaves it open
-        log = json.loads(text.rstrip().rstrip(",") + "]}")
+        try:
+            log = json.loads(text.rstrip().rstrip(",") + "]}")
+        except json.JSONDecodeError:  # ... or cut off inside an event: every "url" value in the text
+            return sorted(set(re.findall(r'"url"\s*:\s*"([^"]*)"', text)))
     return sorted({e["params"]["url"] for e in log.get("events", []) if "url" in e.get("params", {})})
 
 

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -233,6 +235,18 @@ BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(m
       }
       world.send(out.data(), sizeof(out), next, 9);
       world.recv(in.data(), sizeof(in), prev, 9);
+      world.send(out.data(), sizeof(out), world.rank(), 11);  // to itself: an arrow too
+      world.recv(in.data(), sizeof(in), world.rank(), 11);
+      // A refused message (the recv wanted another size) is gone: the next
+      // one on its route still pairs with its own recv.
+      world.send(out.data(), sizeof(double), next, 12);
+      world.send(out.data(), sizeof(out), next, 12);
+      try {
+        world.recv(in.data(), sizeof(in), prev, 12);
+        log.add(fmt::format("rank {}: a recv of the wrong size was accepted", world.rank()));
+      } catch (const CommError&) {
+      }
+      world.recv(in.data(), sizeof(in), prev, 12);
       world.send(out.data(), sizeof(out), next, 10);  // received after the scope: no arrow
       trace.finish();
     }
@@ -246,8 +260,9 @@ BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(m
       if (e["ph"] == "s") arrows[e["id"].dump()].first = e;
       if (e["ph"] == "f") arrows[e["id"].dump()].second = e;
     }
-    // From this rank: 2 on the row to its right neighbour, 1 on the world to
-    // the next rank (the tag-10 message's recv ran after the scope).
+    // From this rank: 2 on the row to its right neighbour, 2 on the world to
+    // the next rank (tags 9 and 12's second; the tag-10 message's recv ran
+    // after the scope, the refused one had none), 1 to itself.
     std::map<int, int> to;
     for (const auto& [id, ends] : arrows) {
       const auto& [start, finish] = ends;
@@ -262,7 +277,8 @@ BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(m
     }
     const int row_right = mesh.rank_of(std::array<std::int64_t, 2>{mesh.coordinate()[0], right});
     std::map<int, int> expected{{row_right, 2}};
-    expected[next] += 1;
+    expected[next] += 2;
+    expected[world.rank()] += 1;
     if (to != expected)
       log.add(fmt::format("rank {}: arrows to {} (rank: count), expected {}", rank, fmt::join(to, ", "),
                           fmt::join(expected, ", ")));
@@ -274,7 +290,7 @@ BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(m
       (args.value("direction", "") == "send" ? sends : recvs) += 1;
       if (!args.contains("peer") || !args.contains("tag")) log.add(fmt::format("rank {}: {}", rank, e.dump()));
     }
-    if (sends != 4 || recvs != 3) log.add(fmt::format("rank {}: {} sends and {} recvs traced", rank, sends, recvs));
+    if (sends != 7 || recvs != 5) log.add(fmt::format("rank {}: {} sends and {} recvs traced", rank, sends, recvs));
     world.barrier();
     if (world.rank() == 0) std::filesystem::remove(path);
   });
@@ -305,18 +321,57 @@ BOOST_AUTO_TEST_CASE(named_regions_are_events_on_the_scopes_track, *boost::unit_
       }
       trace.finish();
     }
+    // Regions closed out of order leave nothing dangling (ASan would see it):
+    // "b" opened inside "a" outlives it, and a region opened afterwards works.
+    {
+      std::optional<CommScope> a;
+      a.emplace("a");
+      const CommScope b("b");
+      a.reset();
+    }
+    { const CommScope after("after"); }
     const json trace = read_json(path);
     const int rank = mesh.rank();
     for (const auto& v : format_violations(trace, world.size())) log.add(fmt::format("rank {}: {}", rank, v));
     const auto scopes = events_by_name(trace, rank, "scope");
     const std::map<std::string, std::uint64_t> expected{{"backward", 1}, {"forward", 1}};
     if (scopes != expected)
-      log.add(fmt::format("rank {}: scopes {}, expected forward and backward once each", rank, fmt::join(scopes, ", ")));
+      log.add(fmt::format("rank {}: scopes {}, expected forward and backward once each", rank,
+                          fmt::join(scopes, ", ")));
     for (const json& e : trace["traceEvents"])
       if (e["ph"] == "X" && e["pid"] == rank && e.value("cat", "") == "scope" && e["tid"] != 3)
         log.add(fmt::format("rank {}: a scope off the scopes track: {}", rank, e.dump()));
     world.barrier();
     if (world.rank() == 0) std::filesystem::remove(path);
+  });
+  testing::check_no_failures(log.failures);
+}
+
+// A recording that ends before one nested in it (held by pointer, so the
+// order is the program's) leaves the inner one recording into nothing freed:
+// the inner file has the program that ran after the outer one ended.
+BOOST_AUTO_TEST_CASE(an_outer_recording_may_end_first, *boost::unit_test::precondition(mesh_runs{})) {
+  testing::FailureLog log;
+  testing::run_ranks(static_cast<int>(numel(kMesh)), [&](Communicator& world) {
+    const DeviceMesh mesh(world, kMesh);
+    const std::string outer_path = shared_temp_path(world, "trace_outer");
+    const std::string inner_path = shared_temp_path(world, "trace_inner");
+    auto outer = std::make_unique<TraceScope>(mesh, outer_path);
+    TraceScope inner(mesh, inner_path);
+    outer->finish();
+    outer.reset();
+    sharded_program(mesh);
+    inner.finish();
+    const json trace = read_json(inner_path);
+    for (const auto& v : format_violations(trace, world.size())) log.add(fmt::format("rank {}: {}", mesh.rank(), v));
+    if (!events_by_name(trace, mesh.rank(), "op").count("matmul"))
+      log.add(fmt::format("rank {}: the inner recording lost the program", mesh.rank()));
+    if (trace_recording()) log.add("still recording after both ended");
+    world.barrier();
+    if (world.rank() == 0) {
+      std::filesystem::remove(outer_path);
+      std::filesystem::remove(inner_path);
+    }
   });
   testing::check_no_failures(log.failures);
 }

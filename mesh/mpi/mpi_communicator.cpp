@@ -465,11 +465,13 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     check(kind, MPI_Irecv(mismatch ? scratch_.data() : buf, got, MPI_BYTE, src, tag, comm_, &req));
     wait(kind, req);
-    if (mismatch)
+    if (mismatch) {
+      stats_.drop_message(false, rank_, src, tag);
       throw CommError(
           fmt::format("[mpi] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
                       "matching send has {} bytes",
                       rank_, size_, src, tag, bytes, got));
+    }
     stats_.record_message(false, rank_, src, tag, bytes);
   }
 

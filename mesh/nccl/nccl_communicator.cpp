@@ -360,7 +360,10 @@ class NcclCommunicator final : public Communicator {
         Stashed m = std::move(it->second.front());
         it->second.pop_front();
         if (it->second.empty()) stash_.erase(it);
-        if (m.bytes != bytes) throw size_mismatch(src, tag, bytes, m.bytes);
+        if (m.bytes != bytes) {
+          stats_.drop_message(false, rank_, src, tag);
+          throw size_mismatch(src, tag, bytes, m.bytes);
+        }
         copy_async(kind, buf, m.data.get(), bytes, s);
         wait(kind, what);
         stats_.record_message(false, rank_, src, tag, bytes);
@@ -393,7 +396,10 @@ class NcclCommunicator final : public Communicator {
         call(kind, "ncclRecv", ncclRecv(m.data.get(), size, ncclUint8, src, comm_, s), what);
         wait(kind, what);
       }
-      if (got.tag == tag) throw size_mismatch(src, tag, bytes, size);
+      if (got.tag == tag) {
+        stats_.drop_message(false, rank_, src, tag);
+        throw size_mismatch(src, tag, bytes, size);
+      }
       stash_[{src, static_cast<int>(got.tag)}].push_back(std::move(m));
     }
   }

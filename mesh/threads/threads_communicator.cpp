@@ -314,11 +314,13 @@ class ThreadsCommunicator final : public Communicator {
         }
       }
     }
-    if (m.data.size() != bytes)
+    if (m.data.size() != bytes) {
+      stats_.drop_message(false, rank_, src, tag);
       throw CommError(
           fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but "
                       "the matching send has {} bytes",
                       rank_, size(), src, tag, bytes, m.data.size()));
+    }
     if (on_gpu())
       cuda::copy(buf, Device::CUDA, m.data.data(), Device::CPU, bytes);
     else

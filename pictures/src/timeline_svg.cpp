@@ -6,6 +6,7 @@
 // on every run of the same program, so it can be committed and compared.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -64,18 +65,65 @@ std::string kind_colour(std::string_view kind) {
                                why));
 }
 
-std::string tooltip_of(const json& e, bool collective) {
+// A JSON integer that fits an int (a pid or a rank), else nothing: a float
+// or a huge number would not convert to int safely.
+std::optional<int> small_integer(const json& v) {
+  if (!v.is_number_integer()) return std::nullopt;
+  const auto n = v.get<std::int64_t>();
+  if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max()) return std::nullopt;
+  return static_cast<int>(n);
+}
+
+std::string tooltip_of(const json& e, const json& args, bool collective) {
   std::string out = e.value("name", std::string());
-  const json args = e.value("args", json::object());
+  auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
   if (collective) {
-    if (args.contains("group")) out += fmt::format(" on {}", args["group"].get<std::string>());
-    if (args.contains("bytes")) out += fmt::format(", {} received", human_bytes(args["bytes"].get<std::int64_t>()));
-    if (args.contains("plan_step")) out += fmt::format("\n{}", args["plan_step"].get<std::string>());
+    if (args.contains("group")) out += fmt::format(" on {}", text(args["group"]));
+    if (args.contains("bytes"))
+      out += args["bytes"].is_number_integer() && args["bytes"].get<std::int64_t>() >= 0
+                 ? fmt::format(", {} received", human_bytes(args["bytes"].get<std::int64_t>()))
+                 : fmt::format(", {} bytes received", text(args["bytes"]));
+    if (args.contains("plan_step")) out += fmt::format("\n{}", text(args["plan_step"]));
   } else {
-    for (const auto& [key, value] : args.items())
-      out += fmt::format("\n{}: {}", key, value.is_string() ? value.get<std::string>() : value.dump());
+    for (const auto& [key, value] : args.items()) out += fmt::format("\n{}: {}", key, text(value));
   }
   return out;
+}
+
+// One event into its rank: a process name, or a complete event as a slice;
+// other phases are skipped. nlohmann's type errors (a name that is not a
+// string, ...) are the caller's to turn into ValueError.
+void read_event(const json& e, std::map<int, Rank>& ranks) {
+  const std::optional<int> pid = e.is_object() && e.contains("pid") ? small_integer(e["pid"]) : std::nullopt;
+  if (!pid || !e.contains("ph") || !e["ph"].is_string())
+    bad_trace(fmt::format("the event {} has no ph or integer pid", e.dump()));
+  const std::string ph = e["ph"];
+  Rank& rank = ranks[*pid];
+  rank.pid = *pid;
+  const json args = e.value("args", json::object());
+  if (ph == "M" && e.value("name", "") == "process_name") rank.name = args.value("name", "");
+  if (ph != "X") return;
+  if (!e.contains("ts") || !e["ts"].is_number() || !e.contains("dur") || !e["dur"].is_number())
+    bad_trace(fmt::format("the complete event {} has no numeric ts and dur", e.dump()));
+  Slice s;
+  s.name = e.value("name", "");
+  s.collective = e.value("cat", "") == "collective";
+  s.scope = e.value("cat", "") == "scope";
+  s.ts = e["ts"];
+  s.dur = std::max(0.0, e["dur"].get<double>());
+  s.tooltip = tooltip_of(e, args, s.collective);
+  if (s.collective) {
+    s.group = args.value("group", "");
+    if (args.contains("ranks")) {
+      if (!args["ranks"].is_array()) bad_trace(fmt::format("the event {} has ranks that are not a list", e.dump()));
+      for (const json& r : args["ranks"]) {
+        const std::optional<int> member = small_integer(r);
+        if (!member) bad_trace(fmt::format("the event {} lists a rank that is not an integer", e.dump()));
+        s.ranks.push_back(*member);
+      }
+    }
+  }
+  rank.slices.push_back(std::move(s));
 }
 
 // The ranks of a trace with their complete events in program order: by
@@ -93,28 +141,11 @@ std::vector<Rank> read_ranks(std::string_view trace_json) {
   if (events == nullptr) bad_trace("there is no traceEvents array");
   std::map<int, Rank> ranks;
   for (const json& e : *events) {
-    if (!e.is_object() || !e.contains("ph") || !e.contains("pid") || !e["pid"].is_number_integer())
-      bad_trace(fmt::format("the event {} has no ph or integer pid", e.dump()));
-    const int pid = e["pid"];
-    const std::string ph = e["ph"];
-    Rank& rank = ranks[pid];
-    rank.pid = pid;
-    if (ph == "M" && e.value("name", "") == "process_name") rank.name = e["args"].value("name", "");
-    if (ph != "X") continue;
-    if (!e.contains("ts") || !e["ts"].is_number() || !e.contains("dur") || !e["dur"].is_number())
-      bad_trace(fmt::format("the complete event {} has no numeric ts and dur", e.dump()));
-    Slice s;
-    s.name = e.value("name", "");
-    s.collective = e.value("cat", "") == "collective";
-    s.scope = e.value("cat", "") == "scope";
-    s.ts = e["ts"];
-    s.dur = std::max(0.0, e["dur"].get<double>());
-    s.tooltip = tooltip_of(e, s.collective);
-    if (s.collective && e.contains("args")) {
-      s.group = e["args"].value("group", "");
-      if (e["args"].contains("ranks")) s.ranks = e["args"]["ranks"].get<std::vector<int>>();
+    try {
+      read_event(e, ranks);
+    } catch (const json::exception& error) {
+      bad_trace(fmt::format("the event {} has a field of the wrong type ({})", e.dump(), error.what()));
     }
-    rank.slices.push_back(std::move(s));
   }
   std::vector<Rank> out;
   for (auto& [pid, rank] : ranks) {
@@ -278,7 +309,7 @@ std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XO
       out += fmt::format(
           R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
           R"(fill="{}" stroke="#333" stroke-width="0.4"/><title>{}</title></g>)",
-          slice.name, x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
+          detail::escape(slice.name), x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
           detail::escape(slice.tooltip));
     } else if (slice.scope) {
       const double top = row.lane_y(y, Lane::Scopes);
@@ -395,7 +426,8 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
         lx, y, kind_colour(kind), lx + 16, y + 10, detail::escape(text));
     lx += 16 + static_cast<double>(text.size()) * 6.6 + 14;
   }
-  d.width = std::max({left + options.width + kMargin, lx + kMargin, static_cast<double>(title.size()) * 9.5 + 2 * kMargin,
+  d.width = std::max({left + options.width + kMargin, lx + kMargin,
+                      static_cast<double>(title.size()) * 9.5 + 2 * kMargin,
                       static_cast<double>(clock_text.size()) * 6.2 + 2 * kMargin});
   d.height = y + 12 + kMargin;
   return detail::svg_document(d);

@@ -33,8 +33,10 @@ struct PictureOptions {
   std::string title;
 };
 
-/// `text` with &, <, > and " escaped, for SVG and HTML text and attributes
-/// (every picture dtensor draws, the loss plot of train_gpt included).
+/// `text` with &, <, > and " escaped and control characters other than tab
+/// and newlines (which XML cannot hold) replaced by '?', for SVG and HTML
+/// text and attributes (every picture dtensor draws, the loss plot of
+/// train_gpt included).
 std::string xml_escape(std::string_view text);
 
 /// The layout of a tensor of `global_shape` on a mesh of `mesh_shape`: one
