@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
   gpt::TrainOptions o;
   o.model = {.vocab = 256, .seq = 32, .layers = 2, .d_model = 64, .heads = 4, .dtype = DType::Float32};
   int ranks = 1;
-  std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, trace_svg_path, device = "cpu";
+  std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
+  std::string trace_svg_path;
   app.add_option("--ranks", ranks, "thread ranks (under mpirun: the job's processes)")->check(CLI::Range(1, 64));
   app.add_option("--device", device, "cpu (read by the launcher)");
   app.add_option("--mesh", mesh_text, "mesh shape, e.g. 8 or 2x4 (default: all ranks on one dim)");

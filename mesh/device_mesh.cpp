@@ -39,9 +39,7 @@ std::vector<int> group_members(std::span<const std::int64_t> shape, std::span<co
       at[d] = rest % shape[d];
       rest /= shape[d];
     }
-    std::int64_t rank = 0;
-    for (std::size_t d = 0; d < shape.size(); ++d) rank = rank * shape[d] + at[d];
-    out.push_back(static_cast<int>(rank));
+    out.push_back(static_cast<int>(ravel_index(at, shape)));
   }
   return out;
 }

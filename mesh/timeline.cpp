@@ -29,22 +29,17 @@ std::int64_t nanoseconds(Clock::time_point t) {
 // Microseconds with nanosecond digits, as the format's "ts" and "dur" take.
 std::string microseconds(std::int64_t ns) { return fmt::format("{:.3f}", static_cast<double>(ns) / 1000.0); }
 
-std::string_view track_name(Track track) {
+// Each track's thread name and its events' category ("cat").
+struct TrackText {
+  std::string_view name, category;
+};
+TrackText track_text(Track track) {
   switch (track) {
-    case Track::Ops: return "ops";
-    case Track::Collectives: return "collectives";
-    case Track::Scopes: return "scopes";
+    case Track::Ops: return {"ops", "op"};
+    case Track::Collectives: return {"collectives", "collective"};
+    case Track::Scopes: return {"scopes", "scope"};
   }
-  return "?";
-}
-
-std::string_view track_category(Track track) {
-  switch (track) {
-    case Track::Ops: return "op";
-    case Track::Collectives: return "collective";
-    case Track::Scopes: return "scope";
-  }
-  return "?";
+  return {"?", "?"};
 }
 
 constinit thread_local ScopeSpan* innermost_scope = nullptr;
@@ -250,13 +245,13 @@ std::string Recorder::rank_text(std::int64_t origin_ns) const {
     out += fmt::format(
         ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": "
         "\"{}\"}}}}",
-        rank, static_cast<int>(track), track_name(track));
+        rank, static_cast<int>(track), track_text(track).name);
   for (const Event& e : events_) {
     const std::int64_t dur_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.duration).count();
     out += fmt::format(
         ",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {}, \"pid\": {}, \"tid\": {}, "
         "\"args\": {{{}}}}}",
-        json_quote(e.name), track_category(e.track),
+        json_quote(e.name), track_text(e.track).category,
         microseconds(nanoseconds(e.start) - origin_ns), microseconds(std::max<std::int64_t>(dur_ns, 0)), rank,
         static_cast<int>(e.track), e.args);
   }
@@ -312,8 +307,9 @@ void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t
   // The peer as the trace shows it: its process (world rank) where the
   // group's members are known, else its rank in the group.
   const int peer = known ? members[static_cast<std::size_t>(end.peer)] : end.peer;
+  const std::string label = r->group_label(group);
   std::string args = fmt::format("\"bytes\": {}, \"group\": {}, \"direction\": \"{}\", \"{}\": {}, \"tag\": {}", bytes,
-                                 json_quote(r->group_label(group)), end.sending ? "send" : "recv",
+                                 json_quote(label), end.sending ? "send" : "recv",
                                  known ? "peer" : "peer_in_group", peer, end.tag);
   if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
   r->add(Event{std::string(collective_name(CollectiveKind::SendRecv)), Track::Collectives, start, finish - start,
@@ -321,7 +317,7 @@ void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t
   if (!known) return;
   const int self = members[static_cast<std::size_t>(end.self)];
   const std::string route =
-      fmt::format("{} [{}] {}>{} tag {} #{}", r->group_label(group), fmt::join(members, ","),
+      fmt::format("{} [{}] {}>{} tag {} #{}", label, fmt::join(members, ","),
                   end.sending ? self : peer, end.sending ? peer : self, end.tag, end.sequence);
   // The arrow leaves the send where it starts and reaches the recv just
   // before it ends (inside it, as a finish bound to its enclosing slice
