@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gemm_candidates.h"
-#include "ops/cpu/gemm.h"
+#include "dtensor/ops/detail/gemm.h"
 
 using namespace dtensor;
 

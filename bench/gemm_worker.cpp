@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gemm_candidates.h"
-#include "ops/cpu/gemm_eigen_impl.h"
+#include "dtensor/ops/detail/gemm_eigen_impl.h"
 
 using gbench::Shape;
 

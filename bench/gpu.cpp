@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "libdtensor/core/cuda_check.h"
+#include "dtensor/core/detail/cuda_check.h"
 
 using namespace dtensor;
 using Clock = std::chrono::steady_clock;

@@ -14,7 +14,7 @@
 #include <chrono>
 
 #include "kernels.h"
-#include "libdtensor/core/strided_copy.h"
+#include "dtensor/core/detail/strided_copy.h"
 
 namespace {
 

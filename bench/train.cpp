@@ -4,7 +4,7 @@
 // with the share of the step spent inside collectives.
 //
 // Each row trains `warmup` steps and then `steps` timed ones with
-// gpt::train; tokens/s is batch * seq * steps over the timed steps' wall time
+// train::train; tokens/s is batch * seq * steps over the timed steps' wall time
 // on rank 0 (every rank takes part in every step, so rank 0's wall time is
 // the step's). The world communicator is wrapped in a TimedCommunicator
 // (bench/timed_communicator.h): `comm wall` is rank 0's wall time inside
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "gpt/trainer.h"
+#include "dtensor/train/trainer.h"
 #include "thread_timing.h"
 #include "timed_communicator.h"
 
@@ -56,7 +56,7 @@ struct Row {
 };
 
 struct Options {
-  gpt::TrainOptions train;
+  train::TrainOptions train;
   std::int64_t timed_steps = 5;
 };
 
@@ -72,9 +72,9 @@ struct Totals {
 
 // One rank's part of a row; `clock` is null on plain tensors. Fills `row`
 // on rank 0.
-void train_rank(const Options& o, const gpt::TextData& data, const Config& c, Communicator* world,
+void train_rank(const Options& o, const train::TextData& data, const Config& c, Communicator* world,
                 const bench::CommClock* clock, Row& row) {
-  gpt::TrainOptions t = o.train;
+  train::TrainOptions t = o.train;
   t.steps = o.train.warmup + o.timed_steps;
   t.warmup = 0;  // the learning rate's warmup: irrelevant to the timing
   t.val_batches = 0;
@@ -89,7 +89,7 @@ void train_rank(const Options& o, const gpt::TextData& data, const Config& c, Co
   Totals totals;
   double cpu_mark = bench::thread_seconds();
   bench::CommClock comm_mark = clock ? *clock : bench::CommClock{};
-  const gpt::TrainResult r = gpt::train(t, data, world, [&](std::int64_t step, double, double seconds) {
+  const train::TrainResult r = train::train(t, data, world, [&](std::int64_t step, double, double seconds) {
     const double cpu_now = bench::thread_seconds();
     const bench::CommClock comm_now = clock ? *clock : bench::CommClock{};
     if (step >= o.train.warmup) {
@@ -108,14 +108,14 @@ void train_rank(const Options& o, const gpt::TextData& data, const Config& c, Co
   row.tokens_per_second = static_cast<double>(t.batch * t.model.seq * totals.steps) / totals.wall;
   row.comm_wall_share = totals.comm_wall / totals.wall;
   row.comm_cpu_share = totals.cpu > 0 ? totals.comm_cpu / totals.cpu : 0;
-  for (const gpt::PhaseComm& p : r.comm) {
+  for (const train::PhaseComm& p : r.comm) {
     row.collectives += p.count;
     row.bytes += p.bytes;
   }
 }
 
 // A row on thread ranks (or plain tensors for an empty mesh).
-Row measure_threads(const Options& o, const gpt::TextData& data, const Config& c) {
+Row measure_threads(const Options& o, const train::TextData& data, const Config& c) {
   Row row;
   if (c.mesh.empty()) {
     train_rank(o, data, c, nullptr, nullptr, row);
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "train: {}\n", e.what());
     return 2;
   }
-  const gpt::TextData data(gpt::find_text(std::nullopt));
+  const train::TextData data(train::find_text(std::nullopt));
 
   if (launch_backend() == "mpi") {
     // Every process runs every row on the job's ranks; launch() sees no

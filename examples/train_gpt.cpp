@@ -19,8 +19,8 @@
 
 #include <dtensor/pictures/svg.h>
 
-#include "gpt/loss_plot.h"
-#include "gpt/trainer.h"
+#include "dtensor/train/loss_plot.h"
+#include "dtensor/train/trainer.h"
 
 using namespace dtensor;
 
@@ -59,7 +59,7 @@ Shape parse_mesh(const std::string& text) {
   return out;
 }
 
-nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, const std::string& mesh_text,
+nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r, const std::string& mesh_text,
                        const std::string& plan_text) {
   nlohmann::json comm = nlohmann::json::array();
   for (const auto& c : r.comm)
@@ -108,7 +108,7 @@ nlohmann::json to_json(const gpt::TrainOptions& o, const gpt::TrainResult& r, co
 
 int main(int argc, char** argv) {
   CLI::App app{"train_gpt: a byte-level GPT-2 on Shakespeare, on any mesh and parallel plan"};
-  gpt::TrainOptions o;
+  train::TrainOptions o;
   o.model = {.vocab = 256, .seq = 32, .layers = 2, .d_model = 64, .heads = 4, .dtype = DType::Float32};
   int ranks = 1;
   std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::optional<gpt::TextData> data;
+  std::optional<train::TextData> data;
   try {
     o.model.dtype = parse_dtype(dtype_text);
     o.plans = split_list(plan_text);
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
     if (!o.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(o.resume_dir) / "manifest.json"))
       throw ValueError(fmt::format("--resume '{}' is not a checkpoint: it has no manifest.json", o.resume_dir));
-    o.text = gpt::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
+    o.text = train::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
     data.emplace(o.text);
   } catch (const Error& e) {
     fmt::print(stderr, "train_gpt: {}\n", e.what());
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   return launch(
       argc, argv,
       [&](Communicator& world) {
-        gpt::TrainOptions mine = o;
+        train::TrainOptions mine = o;
         if (mine.mesh.empty()) mine.mesh = {world.size()};
         if (mine.dims.empty())
           for (std::size_t m = 0; m < mine.mesh.size(); ++m)
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
           fmt::print("train_gpt: {} layers, d_model {}, {} heads, seq {}, {} on mesh {} ({}), plan {}\n",
                      mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
                      dtype_name(mine.model.dtype), mesh_desc, fmt::join(mine.dims, ","), plan_text);
-        const gpt::TrainResult r = gpt::train(mine, *data, &world, [&](std::int64_t step, double loss, double s) {
+        const train::TrainResult r = train::train(mine, *data, &world, [&](std::int64_t step, double loss, double s) {
           if (lead) fmt::print("step {:4d}  loss {:.6f}  {:.1f} ms\n", step, loss, 1e3 * s);
         });
         if (!lead) return;
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
           const std::string title = fmt::format("GPT {}L d{} h{} seq{} {} | mesh {} | plan {} | lr {}",
                                                 mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
                                                 dtype_name(mine.model.dtype), mesh_desc, plan_text, mine.lr);
-          gpt::write_loss_svg(plot_path, title, r.losses, r.val_points);
+          train::write_loss_svg(plot_path, title, r.losses, r.val_points);
         }
         if (!trace_svg_path.empty()) {
           std::ifstream in(mine.trace);

@@ -1,4 +1,4 @@
-// The placement algebra of dtensor/core/compact_layout.h: one reusable
+// The placement algebra of dtensor/core/layout_rules.h and the planner's compact layouts (dtensor/redistribute/detail/compact_layout.h): one reusable
 // checker per function states its contract (as CuTe's @post comments do),
 // and each test applies the checker over seeded random cases, naming the
 // seed and the case on failure.
@@ -12,7 +12,7 @@
 
 #include <fmt/ranges.h>
 
-#include "dtensor/core/compact_layout.h"
+#include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/placement.h"
 

@@ -15,7 +15,7 @@
 
 #include "checks.h"
 #include "dtensor/mesh/threads.h"
-#include "libdtensor/core/combine.h"
+#include "dtensor/core/detail/combine.h"
 #include "support.h"
 
 using namespace dtensor;

@@ -15,7 +15,7 @@
 #include <dtensor/checkpoint/checkpoint.h>
 #include <dtensor/dtensor.h>
 
-#include "checkpoint/src/format.h"
+#include "dtensor/checkpoint/detail/format.h"
 #include "support.h"
 
 using namespace dtensor;

@@ -16,8 +16,8 @@
 #include "dtensor/core/error.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/tensor.h"
-#include "libdtensor/core/host_blocks.h"
-#include "libdtensor/core/strided_copy.h"
+#include "dtensor/core/detail/host_blocks.h"
+#include "dtensor/core/detail/strided_copy.h"
 #ifdef DTENSOR_TEST_HIGHWAY
 // The targets the library is compiled for come with hwy_dep (libdtensor/meson.build).
 #include <hwy/targets.h>

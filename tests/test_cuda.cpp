@@ -19,7 +19,7 @@
 
 #include <dtensor/dtensor.h>
 
-#include "libdtensor/core/caching_allocator.h"
+#include "dtensor/core/detail/caching_allocator.h"
 #include "dtensor/core/cuda.h"
 #include "support.h"
 

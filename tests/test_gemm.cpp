@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/gemm.h"
+#include "dtensor/ops/detail/gemm.h"
 
 using namespace dtensor;
 

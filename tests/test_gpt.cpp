@@ -13,7 +13,7 @@
 
 #include <dtensor/nn/parallel_plan.h>
 
-#include "examples/gpt/trainer.h"
+#include "dtensor/train/trainer.h"
 #include "support.h"
 
 using namespace dtensor;
@@ -21,8 +21,8 @@ namespace fs = std::filesystem;
 
 namespace gpt_suite {
 
-gpt::TrainOptions small_model(DType dtype, std::int64_t steps = 20) {
-  gpt::TrainOptions o;
+train::TrainOptions small_model(DType dtype, std::int64_t steps = 20) {
+  train::TrainOptions o;
   o.model = {.vocab = 256, .seq = 8, .layers = 2, .d_model = 16, .heads = 4, .dtype = dtype};
   o.batch = 4;
   o.steps = steps;
@@ -34,20 +34,20 @@ gpt::TrainOptions small_model(DType dtype, std::int64_t steps = 20) {
   return o;
 }
 
-const gpt::TextData& slice() {
-  static const gpt::TextData data(gpt::committed_slice_path());  // the same text with or without the cache
+const train::TextData& slice() {
+  static const train::TextData data(train::committed_slice_path());  // the same text with or without the cache
   return data;
 }
 
 // Rank 0's result of training on `mesh` under `plans` (thread ranks).
-gpt::TrainResult run(gpt::TrainOptions o, Shape mesh, std::vector<std::string> dims, std::vector<std::string> plans) {
+train::TrainResult run(train::TrainOptions o, Shape mesh, std::vector<std::string> dims, std::vector<std::string> plans) {
   o.mesh = mesh;
   o.dims = std::move(dims);
   o.plans = std::move(plans);
-  gpt::TrainResult out;
+  train::TrainResult out;
   std::mutex mu;
   testing::run_ranks(static_cast<int>(numel(mesh)), [&](Communicator& world) {
-    gpt::TrainResult r = gpt::train(o, slice(), &world);
+    train::TrainResult r = train::train(o, slice(), &world);
     if (world.rank() == 0) {
       std::lock_guard lock(mu);
       out = std::move(r);
@@ -56,7 +56,7 @@ gpt::TrainResult run(gpt::TrainOptions o, Shape mesh, std::vector<std::string> d
   return out;
 }
 
-void check_same_losses(const gpt::TrainResult& want, const gpt::TrainResult& got, double rtol,
+void check_same_losses(const train::TrainResult& want, const train::TrainResult& got, double rtol,
                        const std::string& what) {
   BOOST_TEST_REQUIRE(got.losses.size() == want.losses.size(), what);
   for (std::size_t i = 0; i < want.losses.size(); ++i) {
@@ -104,21 +104,21 @@ const std::vector<Case>& every_plan() {
 }
 
 // The collectives one steady step issued in `phase`, of `kind`.
-std::uint64_t count(const gpt::TrainResult& r, std::string_view phase, std::string_view kind) {
+std::uint64_t count(const train::TrainResult& r, std::string_view phase, std::string_view kind) {
   std::uint64_t n = 0;
   for (const auto& c : r.comm)
     if (c.phase == phase && c.kind == kind) n += c.count;
   return n;
 }
 // The same, over exactly these mesh dims.
-std::uint64_t count_over(const gpt::TrainResult& r, std::string_view phase, std::string_view kind,
+std::uint64_t count_over(const train::TrainResult& r, std::string_view phase, std::string_view kind,
                          const std::vector<std::string>& dims) {
   std::uint64_t n = 0;
   for (const auto& c : r.comm)
     if (c.phase == phase && c.kind == kind && c.mesh_dims == dims) n += c.count;
   return n;
 }
-std::uint64_t total(const gpt::TrainResult& r, std::string_view phase) {
+std::uint64_t total(const train::TrainResult& r, std::string_view phase) {
   std::uint64_t n = 0;
   for (const auto& c : r.comm)
     if (c.phase == phase) n += c.count;
@@ -136,7 +136,7 @@ BOOST_AUTO_TEST_SUITE(gpt_training)
 BOOST_AUTO_TEST_CASE(every_plan_matches_one_rank_in_f64) {
   auto o = small_model(DType::Float64);
   o.clip = 0.5;
-  const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
+  const train::TrainResult plain = train::train(o, slice(), nullptr);
   BOOST_TEST(plain.losses.back() < plain.losses.front(),
              "the loss goes down: " << plain.losses.front() << " -> " << plain.losses.back());
   for (const Case& c : every_plan()) check_same_losses(plain, run(o, c.mesh, c.dims, c.plans), 1e-9, name_of(c));
@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(every_plan_matches_one_rank_in_f64) {
 
 BOOST_AUTO_TEST_CASE(f32_matches_one_rank_to_1e_4) {
   const auto o = small_model(DType::Float32);
-  const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
+  const train::TrainResult plain = train::train(o, slice(), nullptr);
   for (const Case& c : {Case{{2, 2}, {"dp", "tp"}, {"ddp", "tp_sp"}}, Case{{4}, {"tp"}, {"tp"}}})
     check_same_losses(plain, run(o, c.mesh, c.dims, c.plans), 1e-4, name_of(c));
 }
@@ -152,7 +152,7 @@ BOOST_AUTO_TEST_CASE(f32_matches_one_rank_to_1e_4) {
 BOOST_AUTO_TEST_CASE(generation_gives_one_rank_bytes) {
   auto o = small_model(DType::Float64, 4);
   o.generate = 12;  // longer than seq: the cache restarts on the way
-  const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
+  const train::TrainResult plain = train::train(o, slice(), nullptr);
   BOOST_TEST(plain.generated.size() == 12u);
   for (const Case& c :
        {Case{{2, 2}, {"dp", "tp"}, {"ddp", "tp"}}, Case{{2}, {"tp"}, {"tp_sp"}}, Case{{2}, {"dp"}, {"fsdp"}}})
@@ -277,7 +277,7 @@ BOOST_AUTO_TEST_CASE(fully_sharded_over_tensor_parallel_collectives) {
 BOOST_AUTO_TEST_CASE(fully_sharded_memory_is_a_quarter_of_ddp) {
   // Wider and deeper than small_model, so that the states outweigh the
   // activations, as they do in the models FSDP is for.
-  gpt::TrainOptions o = small_model(DType::Float64, 2);
+  train::TrainOptions o = small_model(DType::Float64, 2);
   o.model.layers = 4;
   o.model.d_model = 64;
   const auto fsdp = run(o, {4}, {"dp"}, {"fsdp"});
@@ -322,19 +322,19 @@ BOOST_AUTO_TEST_CASE(fully_sharded_memory_is_a_quarter_of_ddp) {
 BOOST_AUTO_TEST_CASE(resumed_on_another_mesh_and_plan_continues_exactly) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("dtensor_gpt_resume_{}", ::getpid());
   fs::remove_all(dir);
-  gpt::TrainOptions o = small_model(DType::Float64, 20);
-  const gpt::TrainResult whole = gpt::train(o, slice(), nullptr);
-  gpt::TrainOptions first = o;
+  train::TrainOptions o = small_model(DType::Float64, 20);
+  const train::TrainResult whole = train::train(o, slice(), nullptr);
+  train::TrainOptions first = o;
   first.steps = 10;
   first.schedule_steps = 20;
   first.save_dir = dir.string();
   const auto saved = run(first, {2, 4}, {"dp", "tp"}, {"ddp", "tp_sp"});
-  gpt::TrainOptions second = o;
+  train::TrainOptions second = o;
   second.resume_dir = dir.string();
   const auto resumed = run(second, {4}, {"dp"}, {"fsdp"});
   fs::remove_all(dir);
   BOOST_TEST(resumed.first_step == 10);
-  gpt::TrainResult joined = resumed;
+  train::TrainResult joined = resumed;
   joined.losses.insert(joined.losses.begin(), saved.losses.begin(), saved.losses.end());
   check_same_losses(whole, joined, 1e-9, "saved on 2x4 ddp,tp_sp at step 10, resumed on 4 with fsdp");
 }
@@ -344,7 +344,7 @@ BOOST_AUTO_TEST_CASE(resumed_on_another_mesh_and_plan_continues_exactly) {
 BOOST_AUTO_TEST_CASE(accumulated_micro_batches_reduce_once) {
   auto o = small_model(DType::Float64, 3);
   o.micro_batches = 3;
-  const gpt::TrainResult plain = gpt::train(o, slice(), nullptr);
+  const train::TrainResult plain = train::train(o, slice(), nullptr);
   const auto r = run(o, {4}, {"dp"}, {"ddp"});
   check_same_losses(plain, r, 1e-9, "ddp on 4 with 3 micro-batches");
   BOOST_TEST(total(r, "backward") == 0u);

@@ -19,12 +19,12 @@
 
 #include <dtensor/core/error.h>
 
-#include "examples/gpt/loss_plot.h"
-#include "examples/gpt/text_data.h"
+#include "dtensor/train/loss_plot.h"
+#include "dtensor/train/text_data.h"
 
 namespace fs = std::filesystem;
-using gpt::Split;
-using gpt::TextData;
+using dtensor::train::Split;
+using dtensor::train::TextData;
 
 namespace gpt_data_suite {
 
@@ -85,7 +85,7 @@ void write(const fs::path& path, const std::string& text) {
 
 // Every (batch, seq) window: inputs are a run of the split's bytes and the
 // targets the same run one byte later.
-void check_windows(const TextData& data, Split split, const gpt::Batch& b) {
+void check_windows(const TextData& data, Split split, const dtensor::train::Batch& b) {
   BOOST_REQUIRE_EQUAL(b.inputs.size(), static_cast<std::size_t>(b.batch * b.seq));
   BOOST_REQUIRE_EQUAL(b.targets.size(), b.inputs.size());
   const std::string_view text = data.split_text(split);
@@ -95,8 +95,8 @@ void check_windows(const TextData& data, Split split, const gpt::Batch& b) {
     for (std::int64_t t = 0; t + 1 < b.seq; ++t)
       BOOST_CHECK_EQUAL(b.targets[static_cast<std::size_t>(row * b.seq + t)],
                         b.inputs[static_cast<std::size_t>(row * b.seq + t + 1)]);
-    for (std::int64_t token : window) BOOST_CHECK(token >= 0 && token < gpt::kVocabSize);
-    BOOST_CHECK_MESSAGE(text.find(gpt::decode(window)) != std::string_view::npos,
+    for (std::int64_t token : window) BOOST_CHECK(token >= 0 && token < dtensor::train::kVocabSize);
+    BOOST_CHECK_MESSAGE(text.find(dtensor::train::decode(window)) != std::string_view::npos,
                         "row " << row << " is not a run of the " << (split == Split::Train ? "train" : "val")
                                << " split");
   }
@@ -158,9 +158,9 @@ BOOST_AUTO_TEST_CASE(batches_depend_on_seed_and_step_alone) {
   const TextData rank0 = TextData::from_bytes(bytes, "rank0");
   const TextData rank1 = TextData::from_bytes(bytes, "rank1");
   for (Split split : {Split::Train, Split::Validation}) {
-    const gpt::Batch a = rank0.next_batch(split, 4, 16, /*step=*/3, /*seed=*/11);
+    const dtensor::train::Batch a = rank0.next_batch(split, 4, 16, /*step=*/3, /*seed=*/11);
     check_windows(rank0, split, a);
-    const gpt::Batch again = rank1.next_batch(split, 4, 16, 3, 11);
+    const dtensor::train::Batch again = rank1.next_batch(split, 4, 16, 3, 11);
     BOOST_CHECK(a.inputs == again.inputs && a.targets == again.targets);
     BOOST_CHECK(rank0.next_batch(split, 4, 16, 4, 11).inputs != a.inputs);
     BOOST_CHECK(rank0.next_batch(split, 4, 16, 3, 12).inputs != a.inputs);
@@ -174,15 +174,15 @@ BOOST_AUTO_TEST_CASE(draws_are_pinned) {
   // the same on every platform and standard library. A change here changes
   // every training run's data.
   const TextData data = TextData::from_bytes(cycling_bytes(100000), "cycle");
-  const gpt::Batch b = data.next_batch(Split::Train, 3, 2, /*step=*/0, /*seed=*/0);
+  const dtensor::train::Batch b = data.next_batch(Split::Train, 3, 2, /*step=*/0, /*seed=*/0);
   BOOST_CHECK(b.inputs == (std::vector<std::int64_t>{7, 14, 202, 209, 182, 189}));
   BOOST_CHECK(b.targets == (std::vector<std::int64_t>{14, 21, 209, 216, 189, 196}));
   // Starts cover the split: over many steps, both ends are reached.
   std::int64_t lowest = std::numeric_limits<std::int64_t>::max(), highest = -1;
   const TextData small = TextData::from_bytes(cycling_bytes(20), "small");  // 18 train bytes
   for (std::uint64_t step = 0; step < 2000; ++step) {
-    const gpt::Batch w = small.next_batch(Split::Train, 1, 1, step);
-    const auto start = static_cast<std::int64_t>(small.split_text(Split::Train).find(gpt::decode(w.inputs)));
+    const dtensor::train::Batch w = small.next_batch(Split::Train, 1, 1, step);
+    const auto start = static_cast<std::int64_t>(small.split_text(Split::Train).find(dtensor::train::decode(w.inputs)));
     lowest = std::min(lowest, start);
     highest = std::max(highest, start);
   }
@@ -192,32 +192,32 @@ BOOST_AUTO_TEST_CASE(draws_are_pinned) {
 
 BOOST_AUTO_TEST_CASE(a_window_the_size_of_the_split_fits) {
   const TextData data = TextData::from_bytes(cycling_bytes(100), "cycle");  // 90 + 10
-  const gpt::Batch b = data.next_batch(Split::Validation, 2, 9, 5);
+  const dtensor::train::Batch b = data.next_batch(Split::Validation, 2, 9, 5);
   check_windows(data, Split::Validation, b);
   BOOST_CHECK_EQUAL(b.inputs[0], static_cast<unsigned char>(data.split_text(Split::Validation)[0]));
 }
 
 BOOST_AUTO_TEST_CASE(committed_slice_loads) {
-  const std::string path = gpt::committed_slice_path();
+  const std::string path = dtensor::train::committed_slice_path();
   BOOST_REQUIRE(fs::is_regular_file(path));
   BOOST_CHECK_LE(fs::file_size(path), 50000u);  // the 50 KB
   const TextData data(path);
   BOOST_CHECK(std::string(data.split_text(Split::Train)).starts_with("Hamlet\n"));
   BOOST_CHECK(std::string(data.split_text(Split::Train)).find("BERNARDO:\nWho's there?") != std::string::npos);
-  const gpt::Batch b = data.next_batch(Split::Validation, 8, 128, 0);
+  const dtensor::train::Batch b = data.next_batch(Split::Validation, 8, 128, 0);
   check_windows(data, Split::Validation, b);
 }
 
 BOOST_AUTO_TEST_CASE(find_text_prefers_the_path_then_the_cache_then_the_slice) {
   TempDir cache;
   const ScopedEnv xdg("XDG_CACHE_HOME", cache.path.string());
-  BOOST_CHECK_EQUAL(gpt::find_text("/some/where.txt"), "/some/where.txt");
-  BOOST_CHECK_EQUAL(gpt::find_text(std::nullopt), gpt::committed_slice_path());
+  BOOST_CHECK_EQUAL(dtensor::train::find_text("/some/where.txt"), "/some/where.txt");
+  BOOST_CHECK_EQUAL(dtensor::train::find_text(std::nullopt), dtensor::train::committed_slice_path());
   const fs::path cached = cache.path / "dtensor" / "shakespeare" / "shakespeare.txt";
-  BOOST_CHECK_EQUAL(gpt::cached_text_path(), cached.string());
+  BOOST_CHECK_EQUAL(dtensor::train::cached_text_path(), cached.string());
   fs::create_directories(cached.parent_path());
   write(cached, "To be, or not to be\n");
-  BOOST_CHECK_EQUAL(gpt::find_text(std::nullopt), cached.string());
+  BOOST_CHECK_EQUAL(dtensor::train::find_text(std::nullopt), cached.string());
 }
 
 BOOST_AUTO_TEST_CASE(errors_name_the_path_and_sizes) {
@@ -246,7 +246,7 @@ BOOST_AUTO_TEST_CASE(loss_plot_draws_both_series) {
   train[8] = std::numeric_limits<double>::infinity();
   const std::vector<std::pair<std::int64_t, double>> val = {{0, 5.6}, {100, 3.0}, {200, -std::numeric_limits<double>::infinity()}, {299, 1.8}};
   const std::string title = "layers=2 d_model=64 <mesh 2x2> & seed=0";
-  const std::string svg = gpt::loss_svg(title, train, val);
+  const std::string svg = dtensor::train::loss_svg(title, train, val);
   check_svg(svg);
   BOOST_CHECK(svg.find("layers=2 d_model=64 &lt;mesh 2x2&gt; &amp; seed=0") != std::string::npos);
   const auto lines = polylines(svg);
@@ -261,13 +261,13 @@ BOOST_AUTO_TEST_CASE(loss_plot_draws_both_series) {
 }
 
 BOOST_AUTO_TEST_CASE(loss_plot_edge_cases) {
-  check_svg(gpt::loss_svg("one point", {3.0}, {}));
-  BOOST_CHECK_EQUAL(polylines(gpt::loss_svg("one point", {3.0}, {})).size(), 1u);
-  check_svg(gpt::loss_svg("flat", {2.0, 2.0, 2.0}, {{1, 2.0}}));
-  check_svg(gpt::loss_svg("nothing", {}, {}));
-  check_svg(gpt::loss_svg("all bad", {std::nan(""), std::numeric_limits<double>::infinity()}, {}));
+  check_svg(dtensor::train::loss_svg("one point", {3.0}, {}));
+  BOOST_CHECK_EQUAL(polylines(dtensor::train::loss_svg("one point", {3.0}, {})).size(), 1u);
+  check_svg(dtensor::train::loss_svg("flat", {2.0, 2.0, 2.0}, {{1, 2.0}}));
+  check_svg(dtensor::train::loss_svg("nothing", {}, {}));
+  check_svg(dtensor::train::loss_svg("all bad", {std::nan(""), std::numeric_limits<double>::infinity()}, {}));
   const std::string long_title(400, 'x');
-  const std::string wrapped = gpt::loss_svg(long_title + " " + long_title, {1.0, 0.5}, {});
+  const std::string wrapped = dtensor::train::loss_svg(long_title + " " + long_title, {1.0, 0.5}, {});
   check_svg(wrapped);
   BOOST_CHECK_EQUAL(count(wrapped, "<tspan"), 2u);  // one over-long word per line
 }
@@ -275,12 +275,12 @@ BOOST_AUTO_TEST_CASE(loss_plot_edge_cases) {
 BOOST_AUTO_TEST_CASE(write_loss_svg_names_a_bad_path) {
   TempDir dir;
   const std::string good = (dir.path / "loss.svg").string();
-  gpt::write_loss_svg(good, "t", {2.0, 1.0}, {{1, 1.5}});
+  dtensor::train::write_loss_svg(good, "t", {2.0, 1.0}, {{1, 1.5}});
   std::ifstream in(good);
   const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  BOOST_CHECK(written == gpt::loss_svg("t", {2.0, 1.0}, {{1, 1.5}}));
+  BOOST_CHECK(written == dtensor::train::loss_svg("t", {2.0, 1.0}, {{1, 1.5}}));
   const std::string bad = (dir.path / "no_dir" / "loss.svg").string();
-  BOOST_CHECK_EXCEPTION(gpt::write_loss_svg(bad, "t", {1.0}, {}), dtensor::ValueError, message_has({bad}));
+  BOOST_CHECK_EXCEPTION(dtensor::train::write_loss_svg(bad, "t", {1.0}, {}), dtensor::ValueError, message_has({bad}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -4,11 +4,14 @@ temporary folder, then `pkg-config --cflags --libs dtensor` there must
 succeed with only fmt required (no backend's -dev package: the public headers
 include none of theirs), no installed header may be an internal one, and a
 small program that includes <dtensor/dtensor.h> must compile, link and run
-against the installed tree alone (not the source tree).
+against the installed tree alone (not the source tree), once with the flags
+pkg-config gives and once as a CMake project that finds the installed CMake
+package (find_package(dtensor), target dtensor::dtensor).
 
   test_install.py BUILD_DIR CXX [CXX args...]
 
-Exits 77 (meson: skipped, and counted so) where pkg-config is missing."""
+Exits 77 (meson: skipped, and counted so) where pkg-config or cmake is
+missing, saying which."""
 import os
 import pathlib
 import shutil
@@ -37,9 +40,18 @@ int main() {
 }
 """
 
-# Headers that must not be installed: they need what a user does not have
-# (<cuda_runtime.h>) or are the library's own machinery.
-INTERNAL = ["cuda_check.h", "caching_allocator.h"]
+# Headers that must not be installed: every layer's detail/ folder (the
+# library's own machinery, for the layers above and the tests), among them
+# those that need what a user does not have (<cuda_runtime.h>).
+INTERNAL = ["cuda_check.h", "caching_allocator.h", "compact_layout.h", "timeline.h", "format.h"]
+
+CMAKE_PROJECT = """
+cmake_minimum_required(VERSION 3.20)
+project(dtensor_consumer CXX)
+find_package(dtensor 0.1 REQUIRED)
+add_executable(main main.cpp)
+target_link_libraries(main PRIVATE dtensor::dtensor)
+"""
 
 
 def run(cmd, **kw):
@@ -83,7 +95,7 @@ def main():
             print(f"FAILED: the flags do not point at the installed headers under {root}")
             sys.exit(1)
         headers = [h for h in (pathlib.Path(root) / "include").rglob("*.h")]
-        leaked = [str(h) for h in headers if h.name in INTERNAL]
+        leaked = [str(h) for h in headers if h.name in INTERNAL or "detail" in h.parts]
         if leaked or not headers:
             print(f"FAILED: internal headers installed: {leaked}" if leaked else "FAILED: no headers installed")
             sys.exit(1)
@@ -100,6 +112,30 @@ def main():
         run(cxx + ["-std=c++20", str(src), "-o", str(exe)] + flags, cwd=tmp)
         out = run([str(exe)], env=dict(os.environ, LD_LIBRARY_PATH=":".join(libdirs)), cwd=tmp)
         print(f"the program built against the installed tree ran: {out.strip()}")
+        build_with_cmake(tmp, root, cxx, libdirs)
+
+
+def build_with_cmake(tmp, root, cxx, libdirs):
+    """The same program as a CMake project that finds the installed package."""
+    cmake = shutil.which("cmake")
+    if not cmake:
+        print("skipped: cmake is not on PATH (the pkg-config build above passed)")
+        sys.exit(77)
+    project = pathlib.Path(tmp) / "cmake_consumer"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(CMAKE_PROJECT)
+    (project / "main.cpp").write_text(PROGRAM)
+    build = project / "build"
+    # cxx is meson's compiler command: a launcher (ccache) may come first.
+    launchers = [a for a in cxx if os.path.basename(a) in ("ccache", "sccache")]
+    compiler = [a for a in cxx if a not in launchers][0]
+    flags = [a for a in cxx if a not in launchers and a != compiler]
+    run([cmake, "-S", str(project), "-B", str(build), f"-DCMAKE_PREFIX_PATH={root}",
+         f"-DCMAKE_CXX_COMPILER={compiler}", f"-DCMAKE_CXX_FLAGS={' '.join(flags)}"]
+        + ([f"-DCMAKE_CXX_COMPILER_LAUNCHER={launchers[0]}"] if launchers else []), cwd=tmp)
+    run([cmake, "--build", str(build)], cwd=tmp)
+    out = run([str(build / "main")], env=dict(os.environ, LD_LIBRARY_PATH=":".join(libdirs)), cwd=tmp)
+    print(f"the CMake project built against the installed package ran: {out.strip()}")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "dtensor/core/memory_account.h"
-#include "libdtensor/core/cache_capacity.h"
-#include "libdtensor/core/host_blocks.h"
+#include "dtensor/core/detail/cache_capacity.h"
+#include "dtensor/core/detail/host_blocks.h"
 #include "support.h"
 
 namespace utf = boost::unit_test;

@@ -9,10 +9,10 @@
 
 #include <fmt/ranges.h>
 
-#include "dtensor/core/compact_layout.h"
+#include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/planner.h"
-#include "redistribute/src/planner_search.h"
+#include "dtensor/redistribute/detail/planner_search.h"
 #include "support.h"
 
 using namespace dtensor;

@@ -26,7 +26,7 @@
 #include <dtensor/dtensor.h>
 #include <fmt/format.h>
 
-#include "ops/cpu/vector_math.h"
+#include "dtensor/ops/detail/vector_math.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "checkpoint/src/format.h"
+#include "dtensor/checkpoint/detail/format.h"
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/dtensor.h"
 #include "plan_picture.h"

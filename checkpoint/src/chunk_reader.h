@@ -7,7 +7,7 @@
 #include <string>
 
 #include "dtensor/checkpoint/checkpoint.h"
-#include "format.h"
+#include "dtensor/checkpoint/detail/format.h"
 
 namespace dtensor::dcp {
 

@@ -12,7 +12,7 @@
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/core/error.h"
 #include "chunk_reader.h"
-#include "format.h"
+#include "dtensor/checkpoint/detail/format.h"
 
 namespace dtensor::dcp {
 namespace {

@@ -13,7 +13,7 @@
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/core/error.h"
 #include "chunk_reader.h"
-#include "format.h"
+#include "dtensor/checkpoint/detail/format.h"
 #include "outcome.h"
 
 namespace dtensor::dcp {

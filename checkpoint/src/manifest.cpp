@@ -8,7 +8,7 @@
 #include <xxhash.h>
 
 #include "dtensor/core/error.h"
-#include "format.h"
+#include "dtensor/checkpoint/detail/format.h"
 
 namespace dtensor::dcp::format {
 namespace {

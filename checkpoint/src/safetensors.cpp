@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtensor/core/error.h"
-#include "format.h"
+#include "dtensor/checkpoint/detail/format.h"
 
 namespace dtensor::dcp::format {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/core/error.h"
-#include "format.h"
+#include "dtensor/checkpoint/detail/format.h"
 #include "outcome.h"
 
 namespace dtensor::dcp {

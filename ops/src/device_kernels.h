@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <span>
 
-#include "../cpu/pointwise_kernels.h"
-#include "../cpu/reduction_kernels.h"
+#include "cpu/pointwise_kernels.h"
+#include "cpu/reduction_kernels.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/ops/op.h"

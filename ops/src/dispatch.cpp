@@ -11,9 +11,9 @@
 #include "dtensor/core/error.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
-#include "libdtensor/core/cache_capacity.h"
-#include "libdtensor/core/lru_list.h"
-#include "mesh/timeline.h"
+#include "dtensor/core/detail/cache_capacity.h"
+#include "dtensor/core/detail/lru_list.h"
+#include "dtensor/mesh/detail/timeline.h"
 
 namespace dtensor {
 

@@ -1,6 +1,6 @@
 #include <algorithm>
 
-#include "dtensor/core/compact_layout.h"
+#include "dtensor/core/layout_rules.h"
 #include "dtensor/core/error.h"
 #include "dtensor/ops/op.h"
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../cpu/pointwise_kernels.h"
+#include "cpu/pointwise_kernels.h"
 #include "device_kernels.h"
 #include "dtensor/core/error.h"
 #include "families.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <optional>
 
-#include "../cpu/reduction_kernels.h"
+#include "cpu/reduction_kernels.h"
 #include "device_kernels.h"
 #include "dtensor/core/error.h"
 #include "families.h"

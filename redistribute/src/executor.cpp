@@ -9,9 +9,9 @@
 
 #include <fmt/ranges.h>
 
-#include "dtensor/core/compact_layout.h"
+#include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/core/error.h"
-#include "mesh/timeline.h"
+#include "dtensor/mesh/detail/timeline.h"
 #include "step_context.h"
 
 namespace dtensor {

@@ -13,7 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
-#include "mesh/timeline.h"
+#include "dtensor/mesh/detail/timeline.h"
 #include "step_context.h"
 
 namespace dtensor {

@@ -1,8 +1,8 @@
 #include <unordered_map>
 
 #include "dtensor/redistribute/planner.h"
-#include "libdtensor/core/cache_capacity.h"
-#include "libdtensor/core/lru_list.h"
+#include "dtensor/core/detail/cache_capacity.h"
+#include "dtensor/core/detail/lru_list.h"
 
 namespace dtensor {
 namespace {

@@ -7,11 +7,11 @@
 
 #include <fmt/ranges.h>
 
-#include "dtensor/core/compact_layout.h"
+#include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/reduction_bytes.h"
 #include "objective.h"
-#include "planner_search.h"
+#include "dtensor/redistribute/detail/planner_search.h"
 
 namespace dtensor {
 namespace {

@@ -28,7 +28,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "planner_search.h"
+#include "dtensor/redistribute/detail/planner_search.h"
 
 namespace dtensor::planner {
 

@@ -1,4 +1,4 @@
-#include "planner_search.h"
+#include "dtensor/redistribute/detail/planner_search.h"
 
 #include <algorithm>
 #include <limits>

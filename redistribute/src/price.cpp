@@ -11,10 +11,10 @@
 #include <array>
 #include <optional>
 
-#include "dtensor/core/compact_layout.h"
+#include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/redistribute/planner.h"
 #include "objective.h"
-#include "planner_search.h"
+#include "dtensor/redistribute/detail/planner_search.h"
 
 namespace dtensor {
 namespace {

@@ -139,7 +139,7 @@ void set_plan_cache_capacity(std::size_t entries);
 /// The region a rank must hold real data for under `layout`: its local box,
 /// or nothing where a Partial(sum) mesh dim has a non-zero coordinate (those
 /// ranks hold zeros). A 0-d box has no size to empty: whether a rank needs
-/// data is holds_zeros (core/compact_layout.h), not this box's numel.
+/// data is holds_zeros (dtensor/core/layout_rules.h), not this box's numel.
 Box needed_box(std::span<const std::int64_t> mesh_shape, std::span<const std::int64_t> global_shape,
                const Layout& layout, std::span<const std::int64_t> coord);
 

@@ -1,0 +1,21 @@
+// The GEMM backend where OpenBLAS is absent: Eigen for every dtype.
+#include "dtensor/ops/detail/gemm.h"
+#include "dtensor/ops/detail/gemm_eigen_impl.h"
+
+namespace dtensor::cpu {
+
+void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    eigen_gemm<T>(trans_a, trans_b, m, n, k, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb,
+                  static_cast<T*>(c), ldc);
+  });
+}
+
+std::string_view gemm_backend() { return "eigen"; }
+
+std::string_view gemm_kernels() { return "eigen"; }
+
+}  // namespace dtensor::cpu

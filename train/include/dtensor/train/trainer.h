@@ -1,0 +1,82 @@
+#pragma once
+// Training the byte-level GPT on a text, on plain tensors (one rank) or on
+// DTensors under a parallel plan: the loop that examples/train_gpt.cpp runs
+// and the tests compare across meshes and plans.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <dtensor/dtensor.h>
+#include <dtensor/nn/modules.h>
+
+#include "dtensor/train/text_data.h"
+
+namespace dtensor::train {
+
+struct TrainOptions {
+  dtensor::nn::GPTConfig model;
+  dtensor::Shape mesh;             // empty: plain tensors on one rank
+  std::vector<std::string> dims;   // mesh dim names
+  std::vector<std::string> plans;  // one plan per mesh dim
+  std::int64_t batch = 8;          // sequences per micro-batch (all ranks together)
+  std::int64_t micro_batches = 1;  // gradients accumulated, one optimizer step
+  std::int64_t steps = 20;
+  std::int64_t warmup = 0;  // steps of linear warmup before the cosine
+  std::int64_t schedule_steps = 0;  // the learning-rate schedule's length (0: steps)
+  /// Saves the model and optimizer here after the last step (a checkpoint
+  /// any mesh and plan can resume from).
+  std::string save_dir;
+  /// Resumes from this checkpoint: its parameters, moments and step count;
+  /// the run continues from the saved step up to `steps`.
+  std::string resume_dir;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double clip = 0.0;  // max gradient norm; 0: no clipping
+  std::uint64_t seed = 1;
+  std::int64_t val_batches = 2;
+  std::int64_t eval_every = 0;  // validation loss every this many steps (0: at the end only)
+  std::int64_t generate = 0;    // bytes to sample greedily after training
+  bool explain = false;         // print rank 0's dispatch decisions during the last step
+  /// Records the last step as a Chrome trace in this file (every rank's ops
+  /// and collectives; runs on a mesh only).
+  std::string trace;
+  /// The text: an explicit path, else the fetched cache, else the slice.
+  std::string text;
+};
+
+/// The collectives of one phase of a step, as this rank counted them.
+struct PhaseComm {
+  std::string phase;  // "forward", "backward", "optimizer"
+  std::string kind;   // collective_name()
+  std::vector<std::string> mesh_dims;
+  std::uint64_t count = 0, bytes = 0;
+};
+
+struct TrainResult {
+  std::int64_t first_step = 0;  // the step losses[0] belongs to (after a resume: the saved step)
+  std::vector<double> losses;   // one per step run (the mean over its micro-batches)
+  double val_loss = 0;
+  std::vector<std::pair<std::int64_t, double>> val_points;  // (step, validation loss), the last at the end
+  std::vector<PhaseComm> comm;                              // the last step's
+  double tokens_per_second = 0;                             // over the steps after the first (which fills the caches)
+  /// Bytes of this rank's parameters, gradients and optimizer states; the
+  /// largest over the ranks.
+  std::uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
+  /// The most tensor bytes this rank held at once during the last step:
+  /// the above, activations kept for the backward, temporaries and buffers
+  /// of collectives (MemoryAccount); the largest over the ranks.
+  std::uint64_t peak_bytes = 0;
+  std::string generated;
+};
+
+/// Called on rank 0 after each step.
+using StepCallback = std::function<void(std::int64_t step, double loss, double seconds)>;
+
+/// Trains on plain tensors (`world` null, or options.mesh empty) or on
+/// DTensors on a mesh of `world`. Every rank calls it and gets the same
+/// losses. ValueError naming the value for a plan that does not fit.
+TrainResult train(const TrainOptions& options, const TextData& data, dtensor::Communicator* world,
+                  const StepCallback& on_step = {});
+
+}  // namespace dtensor::train
