@@ -61,7 +61,7 @@ void check_mpi(int rc, std::string_view call) {
       fmt::format("[collectives] {} failed: {}", call, std::string_view(text, static_cast<std::size_t>(len))));
 }
 
-// The backend's completion loop (mesh/mpi/mpi_communicator.cpp, wait/idle)
+// The backend's completion loop (mesh/src/mpi/mpi_communicator.cpp, wait/idle)
 // without its deadline check, which costs a clock read every 64 spins only.
 void poll_like_backend(MPI_Request& req) {
   for (int spins = 0;; ++spins) {

@@ -71,7 +71,7 @@ MatmulRow time_matmul(DType dtype, std::int64_t n, int reps) {
         cublasHandle_t handle;
         check_cublas(cublasCreate(&handle), "cublasCreate");
         check_cublas(cublasSetStream(handle, cuda::stream()), "cublasSetStream");
-        // The library's handle settings (ops/cuda/gemm_cublas.cpp): 16-bit
+        // The library's handle settings (ops/src/cuda/gemm_cublas.cpp): 16-bit
         // inputs reduce in f32 all the way, so both sides run the same math.
         check_cublas(cublasSetMathMode(handle,
                                        static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |

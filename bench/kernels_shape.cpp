@@ -1,6 +1,6 @@
 // bench/kernels: the shape-op rows. Every row but the last two moves each
 // element once (read + write), so its bytes are twice the output's; the
-// copies all go through the one CPU strided copy (libdtensor/core/strided_copy.h).
+// copies all go through the one CPU strided copy (core/include/dtensor/core/detail/strided_copy.h).
 // The op rows allocate their output on every call, as a caller sees them
 // (the first touch of a fresh 16 MiB output is part of their time); the
 // "[kernel]" rows run the strided copy alone into an output made once, which

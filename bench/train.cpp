@@ -1,5 +1,5 @@
 // Tokens per second of one training step of the byte-level GPT-2
-// (examples/gpt: separate q, k, v, proj with biases, pre-LN, exact GELU MLP
+// (train/ and nn::GPT: separate q, k, v, proj with biases, pre-LN, exact GELU MLP
 // 4x, untied lm_head, AdamW) for each parallel plan on 1, 2, 4 and 8 ranks,
 // with the share of the step spent inside collectives.
 //

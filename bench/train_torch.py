@@ -6,7 +6,7 @@ Usage:
       [--ranks=1,2,4,8] [--plans=ddp,zero1,fsdp2,tp] [--layers=6] [--d-model=384]
       [--heads=8] [--seq=64] [--batch=8] [--warmup=1] [--steps=5] [--rounds=1]
 
-The model is bench/train's (examples/gpt, nn::GPT): token and learned position
+The model is bench/train's (train/, nn::GPT): token and learned position
 embeddings, pre-LN blocks with separate q, k, v and proj linears (biases),
 causal attention (F.scaled_dot_product_attention, is_causal=True), an MLP
 4x with exact GELU, a final layer norm and an untied lm_head without bias;

@@ -381,7 +381,7 @@ BOOST_AUTO_TEST_CASE(float_to_bf16_matches_the_scalar_rounding) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// The one CPU strided copy (libdtensor/core/strided_copy.h) against its
+// The one CPU strided copy (core/include/dtensor/core/detail/strided_copy.h) against its
 // element-by-element reference: random shapes of 1-5 dims (sizes 0, 1 and
 // sizes that are not a multiple of any tile edge), random boxes of random
 // source and destination tensors, random permutations and broadcasts, every

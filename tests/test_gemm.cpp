@@ -1,4 +1,4 @@
-// The CPU GEMM backend (ops/cpu/gemm.h) on its own: results against a naive
+// The CPU GEMM backend (ops/include/dtensor/ops/detail/gemm.h) on its own: results against a naive
 // product over seeded random shapes (transpositions, leading dimensions
 // wider than the rows, m, n, k of 0 and 1, sizes past one block), and the
 // kernel set it chose against the CPU's features.

@@ -1,4 +1,4 @@
-// The GPT example's support (examples/gpt/): the text's split, batches that
+// The GPT trainer's support (train/): the text's split, batches that
 // depend on (seed, step) alone with targets one byte ahead of inputs, the
 // committed slice, where the text is looked for, the errors' messages, and
 // the loss plot's SVG.

@@ -1,4 +1,4 @@
-// The CPU's vectorised elementwise math (ops/cpu/vector_math.h) against the
+// The CPU's vectorised elementwise math (ops/include/dtensor/ops/detail/vector_math.h) against the
 // std:: functions in higher precision (double for f32, long double for f64):
 // seeded random inputs across each function's range plus edge values (+-0,
 // +-inf, NaN, the largest and smallest normals, subnormals, and the

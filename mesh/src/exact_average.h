@@ -4,7 +4,7 @@
 // each backend runs an int64 Avg over two or more ranks
 // (reduces_as_average_pairs, core/reduction_bytes.h) as one Sum collective,
 // over the same ranks, of the pairs (x / n, x % n) that
-// libdtensor/core/combine.h defines, and rebuilds sum / n (rounded toward
+// core/include/dtensor/core/detail/combine.h defines, and rebuilds sum / n (rounded toward
 // zero) from the summed pairs. The pairs take twice the bytes of the plain
 // collective, and the stats say so: the inner Sum call counts itself, once,
 // as the kind that was asked for, receiving exactly all_reduce_recv_bytes /

@@ -4,7 +4,7 @@
 // of mesh dims) and its process rank's totals, shared by every communicator
 // of the rank (Communicator::stats). Only the rank's own thread touches
 // either, as before the split: two increments, no lock, no allocation.
-// While a timeline records on the rank (mesh/timeline.h) each call also
+// While a timeline records on the rank (mesh/include/dtensor/mesh/detail/timeline.h) each call also
 // becomes one event, timed from begin() (where the backend calls it) to
 // record(); otherwise that costs one thread-local test per call.
 #include <array>

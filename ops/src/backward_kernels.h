@@ -1,9 +1,9 @@
 #pragma once
 // Internal: what each device gives the backward family
 // (ops/src/backward_ops.cpp), one table per device as device_kernels.h does
-// for the forward families: the CPU table in ops/cpu/backward_kernels.cpp,
-// the CUDA one in ops/cuda/backward_kernels.cu (null in a build without
-// CUDA, ops/cuda/backward_unavailable.cpp). Every entry works on the local
+// for the forward families: the CPU table in ops/src/cpu/backward_kernels.cpp,
+// the CUDA one in ops/src/cuda/backward_kernels.cu (null in a build without
+// CUDA, ops/src/cuda/backward_unavailable.cpp). Every entry works on the local
 // shards; the op's meta has checked dtypes and shapes. CPU entries see f32
 // and f64 (dispatch widens bf16/f16 around them) plus i64 index tensors;
 // CUDA entries see every floating dtype, computed in f32 for bf16/f16.
@@ -50,7 +50,7 @@ struct BackwardKernels {
   Tensor (*extremum_backward)(const Tensor& x, std::span<const bool> reduced, const Tensor& grad, bool max);
 };
 
-/// The CPU table (ops/cpu/backward_kernels.cpp).
+/// The CPU table (ops/src/cpu/backward_kernels.cpp).
 const BackwardKernels& cpu_backward();
 /// The CUDA table; null in a build without CUDA.
 const BackwardKernels* cuda_backward();

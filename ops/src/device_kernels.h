@@ -3,9 +3,9 @@
 // The families write each op's kernel once against a table (adapting
 // KernelArgs to its entries) and bind it once per device: OpDef::cpu_kernel
 // from cpu(), OpDef::cuda_kernel from cuda(). No kernel branches on a
-// tensor's device. The CPU table lives in ops/cpu/device_kernels.cpp, the
-// CUDA one in ops/cuda/device_kernels.cpp; a build without CUDA links
-// ops/cuda/unavailable.cpp, where cuda() is null, so the ops have no CUDA
+// tensor's device. The CPU table lives in ops/src/cpu/device_kernels.cpp, the
+// CUDA one in ops/src/cuda/device_kernels.cpp; a build without CUDA links
+// ops/src/cuda/unavailable.cpp, where cuda() is null, so the ops have no CUDA
 // kernel and dispatch says so.
 //
 // CPU entries see f32, f64 and i64 only (dispatch widens bf16/f16 around
@@ -66,10 +66,10 @@ struct Kernels {
   Tensor (*pick)(const Tensor& logits, const Tensor& targets, std::int64_t col0, std::int64_t classes);
 };
 
-/// The CPU table (ops/cpu/device_kernels.cpp).
+/// The CPU table (ops/src/cpu/device_kernels.cpp).
 const Kernels& cpu();
-/// The CUDA table (ops/cuda/device_kernels.cpp); null in a build without
-/// CUDA (ops/cuda/unavailable.cpp).
+/// The CUDA table (ops/src/cuda/device_kernels.cpp); null in a build without
+/// CUDA (ops/src/cuda/unavailable.cpp).
 const Kernels* cuda();
 
 /// Sets def's kernel for every device this build has, each made by

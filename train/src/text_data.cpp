@@ -11,7 +11,7 @@
 
 // meson passes the slice's absolute path in the source tree.
 #ifndef DTENSOR_SHAKESPEARE_SLICE
-#error "build with -DDTENSOR_SHAKESPEARE_SLICE=\"<source>/examples/gpt/data/shakespeare_slice.txt\""
+#error "build with -DDTENSOR_SHAKESPEARE_SLICE=\"<source>/train/data/shakespeare_slice.txt\""
 #endif
 
 namespace dtensor::train {

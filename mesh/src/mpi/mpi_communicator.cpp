@@ -93,7 +93,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 }
 
 // A user-defined MPI reduction through reduce_into, the element rule the
-// threads backend uses (libdtensor/core/combine.h): for bf16/f16 bits,
+// threads backend uses (core/include/dtensor/core/detail/combine.h): for bf16/f16 bits,
 // each pairwise step in float, rounded once; for floating max/min, NaN
 // propagates (MPI_MAX and MPI_MIN compare with < and drop it, so the result
 // depended on which rank held the NaN). Never throws (MPI calls it from C).

@@ -1,5 +1,5 @@
 // The CUDA table of the backward family's kernels (ops/src/backward_kernels.h),
-// as the CPU ones in ops/cpu/backward_kernels.cpp compute them: bf16 and f16
+// as the CPU ones in ops/src/cpu/backward_kernels.cpp compute them: bf16 and f16
 // in f32, rounded once. Plain kernels, one thread per element, row, column or
 // reduced group: the backward ops are here to be right on every layout;
 // their speed is the forward kernels' business first. An index or target

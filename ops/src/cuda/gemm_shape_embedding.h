@@ -22,7 +22,7 @@ namespace dtensor::cuda_kernels {
 
 // ---- GEMM (gemm_cublas.cpp) ---------------------------------------------------
 
-/// C[m,n] = op(A) op(B), all row-major, as cpu::gemm (ops/cpu/gemm.h): A is
+/// C[m,n] = op(A) op(B), all row-major, as cpu::gemm (ops/include/dtensor/ops/detail/gemm.h): A is
 /// m x k (k x m when trans_a) with leading dimension lda, B is k x n (n x k
 /// when trans_b) with ldb; C is overwritten. k = 0 gives zeros; m = 0 or
 /// n = 0 does nothing. f32, f64, bf16 and f16 through cuBLAS (bf16/f16 in

@@ -1,5 +1,5 @@
 #pragma once
-// Include first in every .cu of ops/cuda/. fmt 9 turns its constexpr off
+// Include first in every .cu of ops/src/cuda/. fmt 9 turns its constexpr off
 // under nvcc (FMT_USE_CONSTEXPR) but keeps FMT_CONSTEXPR20 on in C++20,
 // so its headers fail to compile there ("call to non-constexpr function").
 // nvcc 12+ handles fmt's constexpr code, so turn it back on; the functions

@@ -2,7 +2,7 @@
 // Internal to the CUDA build: the CUDA kernels of the pointwise and
 // reduction families, behind the CUDA table (device_kernels.cpp, see
 // ops/src/device_kernels.h). The same entry points as the CPU primitives
-// (ops/cpu/pointwise_kernels.h, reduction_kernels.h), on CUDA tensors:
+// (ops/src/cpu/pointwise_kernels.h, reduction_kernels.h), on CUDA tensors:
 // inputs live on the current device, outputs are allocated there, and every
 // kernel runs on the calling thread's stream. f32, f64 and i64 as on the
 // CPU, plus bf16 and f16 computed in f32 and rounded once. Dtypes are

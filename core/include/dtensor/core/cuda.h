@@ -2,7 +2,7 @@
 // The CUDA device as the ground types see it: devices, per-thread streams,
 // the caching allocator and the few device loops that Tensor itself needs
 // (fill, cast, box copies, seeded random values, elementwise reduction).
-// Implemented in libdtensor/core/cuda/ when meson finds CUDA; otherwise a
+// Implemented in core/src/cuda/ when meson finds CUDA; otherwise a
 // stub answers built() == false, device_count() == 0 and throws
 // UnsupportedError from everything else, so no code above needs an #ifdef.
 //

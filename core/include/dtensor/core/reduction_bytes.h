@@ -7,7 +7,7 @@
 // Every reduction carries its elements as they are, except an int64 Avg over
 // two or more ranks: summing the values first would overflow where the
 // average still fits, so every backend runs it as one Sum of 2 * count
-// int64, the pairs (x / n, x % n) (mesh/exact_average.h), which moves twice
+// int64, the pairs (x / n, x % n) (mesh/src/exact_average.h), which moves twice
 // the bytes of the same call in int64 Sum or f64. Over one rank nothing moves
 // and no pairs are formed.
 #include <cstdint>

@@ -18,7 +18,7 @@ namespace dtensor {
 
 /// Autograd's per-tensor record (requires_grad, the node that made the
 /// tensor, the accumulated gradient). Defined by the api layer
-/// (libdtensor/api/autograd_engine.h): core only carries the pointer, never
+/// (libdtensor/src/autograd_engine.h): core only carries the pointer, never
 /// looks inside, so the lowest layer stays ignorant of autograd.
 struct AutogradMeta;
 
@@ -93,7 +93,7 @@ class Tensor {
 
   // ---- Autograd (dtensor/api/autograd.h), the same on DTensor ----------------
   // Declared here so that Tensor and DTensor read alike; defined in the api
-  // layer (libdtensor/api/autograd.cpp), which owns the semantics. Copies of
+  // layer (libdtensor/src/autograd.cpp), which owns the semantics. Copies of
   // a tensor share its record; view() and the ops make new tensors.
   /// Marks a leaf as needing a gradient (DTypeError naming the dtype for
   /// integer tensors). Returns *this.

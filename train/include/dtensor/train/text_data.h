@@ -70,7 +70,7 @@ std::string find_text(const std::optional<std::string>& path);
 /// ${XDG_CACHE_HOME:-$HOME/.cache}/dtensor/shakespeare/shakespeare.txt.
 std::string cached_text_path();
 
-/// examples/gpt/data/shakespeare_slice.txt in the source tree this was built
+/// train/data/shakespeare_slice.txt in the source tree this was built
 /// from (at most 50 KB of Hamlet).
 std::string committed_slice_path();
 

@@ -1,6 +1,6 @@
 #pragma once
-// For sources compiled only in a CUDA build (libdtensor/core/cuda/,
-// ops/cuda/, mesh/nccl/): turns a failed runtime call into a DeviceError
+// For sources compiled only in a CUDA build (core/src/cuda/,
+// ops/src/cuda/, mesh/src/nccl/): turns a failed runtime call into a DeviceError
 // that names the call and the runtime's message. Never include it from a
 // header that a CPU build compiles.
 #include <cuda_runtime.h>

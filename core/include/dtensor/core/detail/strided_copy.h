@@ -10,7 +10,7 @@
 namespace dtensor::cpu {
 
 /// From this many bytes of output on, CPU kernels (these copies and the
-/// pointwise loops of ops/cpu/vector_math.cpp) write with non-temporal
+/// pointwise loops of ops/src/cpu/vector_math.cpp) write with non-temporal
 /// stores: the output would not stay in L2 anyway, and a plain store first
 /// reads each line in (a third of the traffic of y = a + b). Below it the
 /// output stays in cache for whatever reads it next.
