@@ -103,6 +103,13 @@ def main():
             if "cuda_runtime.h" in h.read_text():
                 print(f"FAILED: {h} includes <cuda_runtime.h>")
                 sys.exit(1)
+        # Every installed header, in one translation unit: none may include
+        # a header that was not installed (a detail/ one, a private one).
+        every = pathlib.Path(tmp) / "every_header.cpp"
+        include_root = pathlib.Path(root) / "include"
+        every.write_text("".join(f'#include <{h.relative_to(include_root)}>\n' for h in sorted(headers)))
+        run(cxx + ["-std=c++20", "-fsyntax-only", str(every)] + [f for f in flags if f.startswith("-I")], cwd=tmp)
+        print(f"all {len(headers)} installed headers compile together against the installed tree alone")
         src = pathlib.Path(tmp) / "main.cpp"
         src.write_text(PROGRAM)
         exe = pathlib.Path(tmp) / "main"
