@@ -12,7 +12,8 @@
            CONTRIBUTING.md, bench/README.md and docs/*.md names a file or
            folder that exists, and that every #anchor names a heading of the
            target Markdown file (GitHub's slugs). Links inside code are not
-           links; http(s) and mailto links are not checked.
+           links; http(s) and mailto links are not checked. A link must sit
+           on one line (one it cannot read is a failure, not a pass).
         Prints each failure; exits non-zero if any.
 
     test_docs.py --links-only SOURCE_ROOT
@@ -29,8 +30,9 @@ import sys
 OUTPUT_BLOCK = re.compile(r"<!-- output: (?P<name>[\w-]+) -->\n```text\n(?P<text>.*?)^```$", re.S | re.M)
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(?:.+?)\1")
-# [text](target) and ![alt](target), the target up to an optional "title".
-LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?(?P<target>[^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+# [text](target) and ![alt](target), the text allowed one level of brackets
+# ("S(0)[1],S(0)[0]"), the target up to an optional "title".
+LINK = re.compile(r"!?\[(?:[^\[\]\\]|\\.|\[[^\[\]]*\])*\]\(\s*<?(?P<target>[^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(?P<text>.*?)\s*#*\s*$")
 EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, ...
 TIMEOUT_SECONDS = 120
@@ -109,7 +111,10 @@ def check_links(root):
             continue
         checked = 0
         for number, line in prose_lines(read(doc)):
-            for match in LINK.finditer(line):
+            matches = list(LINK.finditer(line))
+            if line.count("](") > len(matches):
+                failures.append(f"{name}:{number}: a link this check cannot read (keep each link on one line)")
+            for match in matches:
                 target = match["target"]
                 if not target or EXTERNAL.match(target):
                     continue
