@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the benchmarks of one build directory and prints their tables; the
-# README's performance section quotes this output.
+# Runs the benchmarks of one build directory and prints their tables
+# (bench/README.md quotes them).
 #   bash bench/run.sh build           # collectives up to 64 MiB, plan cache;
 #                                     # under MPI: 2 processes, 16 MiB, matmul --quick
 #   FULL=1 bash bench/run.sh build    # collectives up to 256 MiB (needs ~4 GiB);
