@@ -148,10 +148,23 @@ BOOST_AUTO_TEST_CASE(counted_bytes_are_the_pairs_and_the_plan_predicts_them) {
 // stages: trunc(trunc(a / 2) + trunc(b / 2)) / 2 is not trunc(sum / 4)
 // ((1, 2), (1, 0) gives 0, not 1). Every route to another layout keeps the
 // one exact mean.
-BOOST_AUTO_TEST_CASE(partial_avg_dims_are_never_divided_in_stages) {
+// Two-dim meshes of this backend: a 1-D MPI job (2 or 3 processes) has no
+// two Partial dims, and the case is skipped there, counted as skipped.
+std::vector<Shape> two_dim_meshes() {
+  std::vector<Shape> out;
+  for (const Shape& mesh_shape : testing::backend_meshes({{2, 2}, {2, 3}}))
+    if (mesh_shape.size() == 2) out.push_back(mesh_shape);
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(partial_avg_dims_are_never_divided_in_stages,
+                     *boost::unit_test::precondition([](boost::unit_test::test_unit_id) {
+                       boost::test_tools::assertion_result has(!two_dim_meshes().empty());
+                       has.message() << "this job's size gives no two-dim mesh";
+                       return has;
+                     })) {
   const std::uint64_t seed = 0xA7B3;
-  for (const Shape& mesh_shape : testing::backend_meshes({{2, 2}, {2, 3}})) {
-    if (mesh_shape.size() != 2) continue;  // a 1-D job has no two Partial dims
+  for (const Shape& mesh_shape : two_dim_meshes()) {
     FailureLog log;
     testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
       DeviceMesh mesh(comm, mesh_shape);

@@ -12,6 +12,14 @@ counts once, failed if it failed on any rank. Prints the skipped and failed
 cases by name, each failure followed by the error lines its suite logged for
 it (a CI log cut to its tail must say why, not only what), then one line,
 "N passed, N failed, N skipped", and exits 1 if anything failed.
+
+A case that passed with no assertion (Boost's report says how many ran; an
+MPI job's ranks are added up) counts as failed: it checked nothing. A script
+that prints one line per check, `case: NAME: passed|failed|skipped[: why]`
+(tests/script_cases.py writes them), counts each of those as a case. A case
+skipped in several builds (the device cases of a CPU build and of a CUDA
+build on a machine without a GPU) counts once, naming the builds. A skipped
+test says why where its output does.
 """
 import json
 import re
@@ -19,9 +27,16 @@ import pathlib
 import sys
 import xml.etree.ElementTree as ET
 
+NO_ASSERTION = "passed without assertions"
+
+
+# A script's line for one of its checks (tests/script_cases.py).
+SCRIPT_CASE = re.compile(r"^case: (?P<name>.+?): (?P<result>passed|failed|skipped)(?:: (?P<why>.*))?$", re.M)
+
 
 def case_results(report: pathlib.Path) -> dict:
-    """{case path: result} of one Boost XML report."""
+    """{case path: result} of one Boost XML report; a passed case that ran no
+    assertion is "passed without assertions" (see merged_results)."""
     results = {}
 
     def walk(node, prefix):
@@ -37,7 +52,11 @@ def case_results(report: pathlib.Path) -> dict:
                     continue
                 walk(child, path + "/")
             elif child.tag == "TestCase":
-                results[prefix + child.get("name", "")] = child.get("result")
+                result = child.get("result")
+                ran = int(child.get("assertions_passed", "1")) + int(child.get("assertions_failed", "0"))
+                if result == "passed" and ran == 0:
+                    result = NO_ASSERTION
+                results[prefix + child.get("name", "")] = result
 
     walk(ET.parse(report).getroot(), "")
     return results
@@ -58,8 +77,11 @@ def merged_results(reports: pathlib.Path, name: str):
             # A rank that died before writing its report, or ran other cases.
             merged["(ranks disagree on the cases run: " + extra.name + ")"] = "failed"
         for case, r in other.items():
-            if r not in ("passed", "skipped") or case not in merged:
+            if case not in merged or r not in ("passed", "skipped", NO_ASSERTION):
                 merged[case] = r
+            elif merged[case] == NO_ASSERTION and r == "passed":
+                # Some rank asserted: the job's case checked something.
+                merged[case] = "passed"
     return merged
 
 
@@ -88,10 +110,20 @@ def main(args: list) -> int:
             names.append(f"skipped: {args.pop(0)}")
         else:
             dirs.append(a)
+    skips = {}  # case -> (builds it was skipped in, why)
     for build_dir in dirs or ["build"]:
         p, f, s, n = count_build(build_dir, prefix=f"{build_dir}: " if len(dirs) > 1 else "")
-        passed, failed, skipped = passed + p, failed + f, skipped + s
+        passed, failed = passed + p, failed + f
         names += n
+        for case, why_skipped in s:
+            builds, first_why = skips.get(case, ([], why_skipped))
+            skips[case] = (builds + [build_dir], first_why)
+    # A case skipped in several builds is one skip (the same device case of
+    # the CPU build and of a CUDA build without a GPU), named with its builds.
+    for case, (builds, why_skipped) in skips.items():
+        skipped += 1
+        where = f"{', '.join(builds)}: " if len(dirs) > 1 else ""
+        names.append(f"skipped: {where}{case}" + (f" ({why_skipped})" if why_skipped else ""))
     # Failures last, beside the count line: a log cut to its tail (CI keeps
     # only the end) still names them after hundreds of skips.
     for n in sorted(names, key=lambda n: n.startswith("failed:")):
@@ -106,14 +138,54 @@ def why(entry: dict, case: str) -> str:
     return "".join("\n    " + l for l in error_lines(output, case))
 
 
+def last_line(entry: dict) -> str:
+    """The last non-empty line a test printed: a skipped script's reason."""
+    lines = [l.strip() for l in ((entry.get("stdout") or "") + "\n" + (entry.get("stderr") or "")).splitlines()]
+    lines = [l for l in lines if l]
+    return lines[-1][:200] if lines else ""
+
+
+# Boost's log line for a unit skipped by its precondition.
+BOOST_SKIP = re.compile(r'Test (?:case|suite) "(?P<unit>[^"]+)" is skipped because (?:precondition failed: )?(?P<why>.*)$')
+
+
+def skip_reasons(entry: dict) -> dict:
+    """{unit name: why} of the units a Boost suite's log says it skipped."""
+    reasons = {}
+    for line in (entry.get("stdout") or "").splitlines():
+        m = BOOST_SKIP.search(re.sub(r"\x1b\[[0-9;]*m", "", line))
+        if m:
+            reasons[m["unit"]] = m["why"].strip()
+    return reasons
+
+
+def skip_reason(reasons: dict, case: str) -> str:
+    """The reason for CASE (a path): its own, or that of a suite above it."""
+    parts = case.split("/")
+    for k in range(len(parts), 0, -1):
+        if parts[k - 1] in reasons:
+            return reasons[parts[k - 1]]
+    return ""
+
+
+def script_cases(entry: dict) -> dict:
+    """{case: (result, why)} from a script's `case:` lines, or {}."""
+    cases = {}
+    for m in SCRIPT_CASE.finditer(entry.get("stdout") or ""):
+        cases[m["name"]] = (m["result"], m["why"] or "")
+    return cases
+
+
 def count_build(build_dir: str, prefix: str):
+    """(passed, failed, [(skipped case, why)], [named failures]) of one build."""
     build = pathlib.Path(build_dir)
     reports = build / "tests" / "reports"
     log = build / "meson-logs" / "testlog.json"
-    passed = failed = skipped = 0
+    passed = failed = 0
+    skipped = []
     names = []
     if not log.exists():
-        return 0, 1, 0, [f"failed: {prefix}no meson test log"]
+        return 0, 1, [], [f"failed: {prefix}no meson test log"]
     for line in log.read_text().splitlines():
         entry = json.loads(line)
         name, result = entry["name"], entry["result"]
@@ -124,12 +196,15 @@ def count_build(build_dir: str, prefix: str):
         except ET.ParseError:
             cases = None
         if cases:
+            reasons = skip_reasons(entry)
             for case, r in cases.items():
                 if r == "passed":
                     passed += 1
                 elif r == "skipped":
-                    skipped += 1
-                    names.append(f"skipped: {prefix}{name}/{case}")
+                    skipped.append((f"{name}/{case}", skip_reason(reasons, case)))
+                elif r == NO_ASSERTION:
+                    failed += 1
+                    names.append(f"failed: {prefix}{name}/{case} (it passed without running any assertion)")
                 else:
                     failed += 1
                     names.append(f"failed: {prefix}{name}/{case}" + why(entry, case))
@@ -139,12 +214,27 @@ def count_build(build_dir: str, prefix: str):
             if result not in ("OK", "EXPECTEDFAIL") and all(r in ("passed", "skipped") for r in cases.values()):
                 failed += 1
                 names.append(f"failed: {prefix}{name} (exited {result} after its cases passed)" + why(entry, ""))
+        checks = {} if counted else script_cases(entry)
+        if checks:
+            for case, (r, why_) in checks.items():
+                if r == "passed":
+                    passed += 1
+                elif r == "skipped":
+                    skipped.append((f"{name}/{case}", why_))
+                else:
+                    failed += 1
+                    names.append(f"failed: {prefix}{name}/{case}" + (f": {why_}" if why_ else ""))
+            counted = True
+            # A script whose checks all passed but which still failed (an
+            # error after them, a check it never reached) is a failure.
+            if result not in ("OK", "EXPECTEDFAIL", "SKIP") and all(r != "failed" for r, _ in checks.values()):
+                failed += 1
+                names.append(f"failed: {prefix}{name} ({result} after its checks)" + why(entry, ""))
         if not counted:
             if result in ("OK", "EXPECTEDFAIL"):
                 passed += 1
             elif result == "SKIP":
-                skipped += 1
-                names.append(f"skipped: {prefix}{name}")
+                skipped.append((name, last_line(entry)))
             else:
                 failed += 1
                 names.append(f"failed: {prefix}{name} ({result})" + why(entry, ""))
