@@ -108,87 +108,114 @@ class Bench {
   }
 
  private:
+  // One collective at `s` bytes, every variant timed on the same buffers.
   Row measure(Coll c, std::size_t s) {
     const auto n = static_cast<std::size_t>(n_);
     const std::size_t block = s / n / 4 * 4;  // whole f32 elements per rank
     const std::size_t total = block * n;
     Buffer send(total), recv(total);
-    Case k;
-    switch (c) {
-      case Coll::AllGather: {
-        // In place, as DTensor's all-gathers are: this rank's block already
-        // sits in its slot of the output.
-        std::byte* mine = recv.get() + block * static_cast<std::size_t>(rank_);
-        const int count = static_cast<int>(block);
-        std::vector<int> counts(n, count), displs(n);
-        for (std::size_t p = 0; p < n; ++p) displs[p] = static_cast<int>(block * p);
-        k.bare = [=, this, &recv] {
-          check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, recv.get(), count, MPI_BYTE, bare_comm_), "MPI_Allgather");
-        };
-        k.start = [=, this, &recv](MPI_Request& req) {
-          check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv.get(), counts.data(), displs.data(), MPI_BYTE,
-                                    bare_comm_, &req),
-                    "MPI_Iallgatherv");
-        };
-        k.dtensor = [=, this, &recv] { comm_.all_gather(mine, recv.get(), block); };
-        break;
-      }
-      case Coll::AllReduce: {
-        const int count = static_cast<int>(total / 4);
-        k.bare = [=, this, &send, &recv] {
-          check_mpi(MPI_Allreduce(send.get(), recv.get(), count, MPI_FLOAT, MPI_SUM, bare_comm_), "MPI_Allreduce");
-        };
-        k.start = [=, this, &send, &recv](MPI_Request& req) {
-          check_mpi(MPI_Iallreduce(send.get(), recv.get(), count, MPI_FLOAT, MPI_SUM, bare_comm_, &req),
-                    "MPI_Iallreduce");
-        };
-        k.dtensor = [=, this, &send, &recv] {
-          comm_.all_reduce(send.get(), recv.get(), total / 4, DType::Float32, ReduceOp::Sum);
-        };
-        break;
-      }
-      case Coll::ReduceScatter: {
-        const int count = static_cast<int>(block / 4);
-        std::vector<int> counts(n, count);
-        std::vector<std::size_t> elems(n, block / 4);
-        k.bare = [=, this, &send, &recv] {
-          check_mpi(MPI_Reduce_scatter_block(send.get(), recv.get(), count, MPI_FLOAT, MPI_SUM, bare_comm_),
-                    "MPI_Reduce_scatter_block");
-        };
-        k.start = [=, this, &send, &recv](MPI_Request& req) {
-          check_mpi(MPI_Ireduce_scatter(send.get(), recv.get(), counts.data(), MPI_FLOAT, MPI_SUM, bare_comm_, &req),
-                    "MPI_Ireduce_scatter");
-        };
-        k.dtensor = [=, this, &send, &recv] {
-          comm_.reduce_scatter(send.get(), recv.get(), elems, DType::Float32, ReduceOp::Sum);
-        };
-        break;
-      }
-      case Coll::AllToAll: {
-        const int count = static_cast<int>(block);
-        // The backend leaves its own block out of MPI and copies it itself.
-        std::vector<int> counts(n, count), displs(n);
-        for (std::size_t p = 0; p < n; ++p) displs[p] = static_cast<int>(block * p);
-        counts[static_cast<std::size_t>(rank_)] = 0;
-        std::vector<std::size_t> bytes(n, block), offsets(n);
-        for (std::size_t p = 0; p < n; ++p) offsets[p] = block * p;
-        const std::size_t self = block * static_cast<std::size_t>(rank_);
-        k.bare = [=, this, &send, &recv] {
-          check_mpi(MPI_Alltoall(send.get(), count, MPI_BYTE, recv.get(), count, MPI_BYTE, bare_comm_), "MPI_Alltoall");
-        };
-        k.start = [=, this, &send, &recv](MPI_Request& req) {
-          check_mpi(MPI_Ialltoallv(send.get(), counts.data(), displs.data(), MPI_BYTE, recv.get(), counts.data(),
-                                   displs.data(), MPI_BYTE, bare_comm_, &req),
-                    "MPI_Ialltoallv");
-        };
-        k.after_start = [=, &send, &recv] { std::memcpy(recv.get() + self, send.get() + self, block); };
-        k.dtensor = [=, this, &send, &recv] {
-          comm_.all_to_all(send.get(), bytes, offsets, recv.get(), bytes, offsets);
-        };
-        break;
-      }
-    }
+    const Case k = make_case(c, block, send.get(), recv.get());
+    const std::vector<std::function<void()>> variants = variants_of(k);
+    const int reps = opt_.reps > 0 ? opt_.reps : (s >= (64u << 20) ? 5 : 9);
+    const int warmup = s >= (64u << 20) ? 1 : 2;
+    const std::vector<double> times = time_variants(variants, warmup, reps);
+    return summarize(c, total, times, variants.size(), reps);
+  }
 
+  // The calls of one collective, `block` bytes per rank, on `send` and
+  // `recv` (each n * block bytes).
+  Case make_case(Coll c, std::size_t block, std::byte* send, std::byte* recv) {
+    switch (c) {
+      case Coll::AllGather: return all_gather_case(block, recv);
+      case Coll::AllReduce: return all_reduce_case(block, send, recv);
+      case Coll::ReduceScatter: return reduce_scatter_case(block, send, recv);
+      case Coll::AllToAll: return all_to_all_case(block, send, recv);
+    }
+    throw ValueError("[collectives] unknown collective");
+  }
+
+  Case all_gather_case(std::size_t block, std::byte* recv) {
+    const auto n = static_cast<std::size_t>(n_);
+    Case k;
+    // In place, as DTensor's all-gathers are: this rank's block already
+    // sits in its slot of the output.
+    std::byte* mine = recv + block * static_cast<std::size_t>(rank_);
+    const int count = static_cast<int>(block);
+    std::vector<int> counts(n, count), displs(n);
+    for (std::size_t p = 0; p < n; ++p) displs[p] = static_cast<int>(block * p);
+    k.bare = [=, this] {
+      check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, recv, count, MPI_BYTE, bare_comm_), "MPI_Allgather");
+    };
+    k.start = [=, this](MPI_Request& req) {
+      check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE, bare_comm_,
+                                &req),
+                "MPI_Iallgatherv");
+    };
+    k.dtensor = [=, this] { comm_.all_gather(mine, recv, block); };
+    return k;
+  }
+
+  Case all_reduce_case(std::size_t block, std::byte* send, std::byte* recv) {
+    const std::size_t total = block * static_cast<std::size_t>(n_);
+    Case k;
+    const int count = static_cast<int>(total / 4);
+    k.bare = [=, this] {
+      check_mpi(MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, bare_comm_), "MPI_Allreduce");
+    };
+    k.start = [=, this](MPI_Request& req) {
+      check_mpi(MPI_Iallreduce(send, recv, count, MPI_FLOAT, MPI_SUM, bare_comm_, &req), "MPI_Iallreduce");
+    };
+    k.dtensor = [=, this] { comm_.all_reduce(send, recv, total / 4, DType::Float32, ReduceOp::Sum); };
+    return k;
+  }
+
+  Case reduce_scatter_case(std::size_t block, std::byte* send, std::byte* recv) {
+    const auto n = static_cast<std::size_t>(n_);
+    Case k;
+    const int count = static_cast<int>(block / 4);
+    std::vector<int> counts(n, count);
+    std::vector<std::size_t> elems(n, block / 4);
+    k.bare = [=, this] {
+      check_mpi(MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, bare_comm_),
+                "MPI_Reduce_scatter_block");
+    };
+    k.start = [=, this](MPI_Request& req) {
+      check_mpi(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, bare_comm_, &req),
+                "MPI_Ireduce_scatter");
+    };
+    k.dtensor = [=, this] { comm_.reduce_scatter(send, recv, elems, DType::Float32, ReduceOp::Sum); };
+    return k;
+  }
+
+  Case all_to_all_case(std::size_t block, std::byte* send, std::byte* recv) {
+    const auto n = static_cast<std::size_t>(n_);
+    Case k;
+    const int count = static_cast<int>(block);
+    // The backend leaves its own block out of MPI and copies it itself.
+    std::vector<int> counts(n, count), displs(n);
+    for (std::size_t p = 0; p < n; ++p) displs[p] = static_cast<int>(block * p);
+    counts[static_cast<std::size_t>(rank_)] = 0;
+    std::vector<std::size_t> bytes(n, block), offsets(n);
+    for (std::size_t p = 0; p < n; ++p) offsets[p] = block * p;
+    const std::size_t self = block * static_cast<std::size_t>(rank_);
+    k.bare = [=, this] {
+      check_mpi(MPI_Alltoall(send, count, MPI_BYTE, recv, count, MPI_BYTE, bare_comm_), "MPI_Alltoall");
+    };
+    k.start = [=, this](MPI_Request& req) {
+      check_mpi(MPI_Ialltoallv(send, counts.data(), displs.data(), MPI_BYTE, recv, counts.data(), displs.data(),
+                               MPI_BYTE, bare_comm_, &req),
+                "MPI_Ialltoallv");
+    };
+    k.after_start = [=] { std::memcpy(recv + self, send + self, block); };
+    k.dtensor = [=, this] { comm_.all_to_all(send, bytes, offsets, recv, bytes, offsets); };
+    return k;
+  }
+
+  // What is timed for one case: the bare call, the communicator's call, its
+  // barrier and (with --variants) the nonblocking call completed by MPI_Wait
+  // and by the backend's polling loop. They refer to `k`, which must outlive
+  // them.
+  std::vector<std::function<void()>> variants_of(const Case& k) {
     // The communicator's barrier is one arrival and nothing else: the most
     // the mismatch check can add to a call (the arrival's signature table
     // is the check; large calls paid the same round trip before, as their
@@ -208,9 +235,14 @@ class Bench {
         poll_like_backend(req);
       });
     }
+    return variants;
+  }
+
+  // Runs every variant warmup + reps times, in an order that rotates from
+  // one repetition to the next, each after a barrier. Returns the slowest
+  // rank's seconds of each timed repetition r and variant v at r * nv + v.
+  std::vector<double> time_variants(const std::vector<std::function<void()>>& variants, int warmup, int reps) {
     const std::size_t nv = variants.size();
-    const int reps = opt_.reps > 0 ? opt_.reps : (s >= (64u << 20) ? 5 : 9);
-    const int warmup = s >= (64u << 20) ? 1 : 2;
     std::vector<double> times(static_cast<std::size_t>(reps) * nv);
     for (int i = 0; i < warmup + reps; ++i) {
       for (std::size_t j = 0; j < nv; ++j) {
@@ -226,6 +258,12 @@ class Bench {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX,
                             bare_comm_),
               "MPI_Allreduce");
+    return times;
+  }
+
+  // The table's row: per variant the median (or with --best the fastest)
+  // of its repetitions.
+  Row summarize(Coll c, std::size_t total, const std::vector<double>& times, std::size_t nv, int reps) const {
     Row row{c, n_, total, {}};
     for (std::size_t v = 0; v < nv; ++v) {
       std::vector<double> per_variant;

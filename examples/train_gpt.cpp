@@ -104,48 +104,218 @@ nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r
           {"generated", r.generated}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"train_gpt: a byte-level GPT-2 on Shakespeare, on any mesh and parallel plan"};
-  train::TrainOptions o;
-  o.model = {.vocab = 256, .seq = 32, .layers = 2, .d_model = 64, .heads = 4, .dtype = DType::Float32};
+// The command line as given: the training options and the texts still to be
+// read into them.
+struct CommandLine {
+  train::TrainOptions options;
   int ranks = 1;
   std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
   std::string trace_svg_path;
-  app.add_option("--ranks", ranks, "thread ranks (under mpirun: the job's processes)")->check(CLI::Range(1, 64));
-  app.add_option("--device", device, "cpu (read by the launcher)");
-  app.add_option("--mesh", mesh_text, "mesh shape, e.g. 8 or 2x4 (default: all ranks on one dim)");
-  app.add_option("--dims", dims_text, "mesh dim names, e.g. dp,tp (default dp, or d0,d1,...)");
-  app.add_option("--plan", plan_text, "one plan per mesh dim: ddp, zero1, tp, tp_sp (e.g. ddp,tp)");
-  app.add_option("--layers", o.model.layers)->check(CLI::PositiveNumber);
-  app.add_option("--d-model", o.model.d_model)->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.model.heads)->check(CLI::PositiveNumber);
-  app.add_option("--seq", o.model.seq, "sequence length")->check(CLI::PositiveNumber);
-  app.add_option("--batch", o.batch, "sequences per micro-batch, all ranks together")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batches", o.micro_batches, "accumulated per optimizer step")->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "warmup steps")->check(CLI::NonNegativeNumber);
+};
+
+// Declares every option, each described on one line with its default, in
+// three groups: where it runs and the model, the training, the outputs.
+void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
+  train::TrainOptions& o = cl.options;
+  app.add_option("--ranks", cl.ranks,
+                 fmt::format("thread ranks (under mpirun: the job's processes) (default: {})", cl.ranks))
+      ->check(CLI::Range(1, 64));
+  app.add_option("--device", cl.device,
+                 fmt::format("where the ranks keep their shards, read by the launcher: cpu only here, as the "
+                             "optimizers update CPU shards (default: {})",
+                             cl.device));
+  app.add_option("--mesh", cl.mesh_text, "mesh shape, e.g. 8 or 2x4 (default: all ranks on one dim)");
+  app.add_option("--dims", cl.dims_text, "mesh dim names, e.g. dp,tp (default: dp on one dim, else d0,d1,...)");
+  app.add_option("--plan", cl.plan_text,
+                 fmt::format("one plan per mesh dim, comma-separated, each ddp, zero1, fsdp, tp or tp_sp "
+                             "(e.g. ddp,tp) (default: {})",
+                             cl.plan_text));
+  app.add_option("--layers", o.model.layers, fmt::format("transformer blocks (default: {})", o.model.layers))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--d-model", o.model.d_model,
+                 fmt::format("width of the embeddings and the residual stream (default: {})", o.model.d_model))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.model.heads,
+                 fmt::format("attention heads per block, dividing --d-model (default: {})", o.model.heads))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.model.seq, fmt::format("sequence length in bytes (default: {})", o.model.seq))
+      ->check(CLI::PositiveNumber);
+}
+
+void add_training_options(CLI::App& app, CommandLine& cl) {
+  train::TrainOptions& o = cl.options;
+  app.add_option("--batch", o.batch,
+                 fmt::format("sequences per micro-batch, all ranks together (default: {})", o.batch))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", o.micro_batches,
+                 fmt::format("micro-batches accumulated per optimizer step (default: {})", o.micro_batches))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps,
+                 fmt::format("optimizer steps to train up to (after --resume: from the saved step) (default: {})",
+                             o.steps))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup,
+                 fmt::format("steps of linear learning-rate warmup before the cosine (default: {})", o.warmup))
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--schedule-steps", o.schedule_steps,
                  "the learning-rate schedule's length (default: --steps; a run saved to resume later passes the "
                  "final step count)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--save", o.save_dir, "save the model and optimizer to this checkpoint directory after the last step");
-  app.add_option("--resume", o.resume_dir, "resume from this checkpoint (any mesh and plan) up to --steps");
-  app.add_option("--lr", o.lr, "peak learning rate (AdamW)")->check(CLI::PositiveNumber);
-  app.add_option("--weight-decay", o.weight_decay)->check(CLI::NonNegativeNumber);
-  app.add_option("--clip", o.clip, "max gradient norm (0: off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed);
-  app.add_option("--dtype", dtype_text)->check(CLI::IsMember({"f32", "f64", "bf16"}));
-  app.add_option("--text", o.text, "training text (default: the fetched cache, else the committed slice)");
-  app.add_option("--eval-every", o.eval_every, "validation loss every N steps (default: at the end)")
+  app.add_option("--save", o.save_dir,
+                 "save the model and optimizer to this checkpoint directory after the last step (default: none)");
+  app.add_option("--resume", o.resume_dir,
+                 "resume from this checkpoint (any mesh and plan) up to --steps (default: none, start afresh)");
+  app.add_option("--lr", o.lr, fmt::format("peak learning rate (AdamW) (default: {})", o.lr))
+      ->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay", o.weight_decay, fmt::format("AdamW's weight decay (default: {})", o.weight_decay))
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--json", json_path, "write config, losses, collectives and memory as one JSON object");
-  app.add_option("--plot", plot_path, "draw the training and validation loss as an SVG");
-  app.add_flag("--explain", o.explain, "print rank 0's layout decisions and collectives during the last step");
-  app.add_option("--trace", o.trace, "record the last step as a Chrome trace (open in ui.perfetto.dev)");
-  app.add_option("--trace-svg", trace_svg_path, "draw the --trace file's timeline as an SVG (logical time)");
-  app.add_option("--generate", o.generate, "bytes to sample greedily after training")->check(CLI::NonNegativeNumber);
+  app.add_option("--clip", o.clip, fmt::format("max gradient norm, 0: off (default: {})", o.clip))
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, fmt::format("seed of the initial weights and the batches (default: {})", o.seed));
+  app.add_option("--dtype", cl.dtype_text,
+                 fmt::format("parameters and activations: f32, f64 or bf16 (default: {})", cl.dtype_text))
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}));
+  app.add_option("--text", o.text, "training text (default: the fetched cache, else the committed slice)");
+  app.add_option("--eval-every", o.eval_every,
+                 fmt::format("validation loss every N steps (default: {}, at the end only)", o.eval_every))
+      ->check(CLI::NonNegativeNumber);
+}
+
+void add_output_options(CLI::App& app, CommandLine& cl) {
+  train::TrainOptions& o = cl.options;
+  app.add_option("--json", cl.json_path,
+                 "write config, losses, collectives and memory as one JSON object (default: none)");
+  app.add_option("--plot", cl.plot_path, "draw the training and validation loss as an SVG (default: none)");
+  app.add_flag("--explain", o.explain,
+               "print rank 0's layout decisions and collectives during the last step (default: off)");
+  app.add_option("--trace", o.trace,
+                 "record the last step as a Chrome trace (open in ui.perfetto.dev) (default: none)");
+  app.add_option("--trace-svg", cl.trace_svg_path,
+                 "draw the --trace file's timeline as an SVG (logical time) (default: none)");
+  app.add_option("--generate", o.generate,
+                 fmt::format("bytes to sample greedily after training (default: {})", o.generate))
+      ->check(CLI::NonNegativeNumber);
+}
+
+// Reads the texts into cl.options and checks, before any rank starts, what
+// can be checked; ValueError (or another Error) naming the value otherwise.
+// Resolves the training text's path last.
+void check_command_line(CommandLine& cl) {
+  train::TrainOptions& o = cl.options;
+  o.model.dtype = parse_dtype(cl.dtype_text);
+  o.plans = split_list(cl.plan_text);
+  if (!cl.mesh_text.empty()) o.mesh = parse_mesh(cl.mesh_text);
+  if (!cl.dims_text.empty()) o.dims = split_list(cl.dims_text);
+  const std::size_t ndim = o.mesh.empty() ? o.plans.size() : o.mesh.size();
+  if (o.plans.size() != ndim)
+    throw ValueError(fmt::format("--plan '{}' names {} plans for a mesh of {} dims; expected one per dim", cl.plan_text,
+                                 o.plans.size(), ndim));
+  if (!cl.trace_svg_path.empty() && o.trace.empty())
+    throw ValueError(
+        fmt::format("--trace-svg '{}' draws the trace of --trace FILE; give --trace too", cl.trace_svg_path));
+  if (!o.dims.empty() && o.dims.size() != ndim)
+    throw ValueError(fmt::format("--dims '{}' names {} dims for a mesh of {} dims", cl.dims_text, o.dims.size(), ndim));
+  std::vector<nn::DimPlan> per_dim;
+  for (const auto& p : o.plans) per_dim.push_back(nn::plan_named(p));
+  o.model.check();
+  if (!o.mesh.empty() && launch_backend() == "threads" && numel(o.mesh) != cl.ranks)
+    throw ValueError(fmt::format("--mesh {} has {} ranks; --ranks is {}", cl.mesh_text, numel(o.mesh), cl.ranks));
+  // What the mesh's sizes decide, before any rank starts: on threads a
+  // 1-D mesh is all the ranks.
+  const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{cl.ranks} : Shape{};
+  if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
+  if (!o.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(o.resume_dir) / "manifest.json"))
+    throw ValueError(fmt::format("--resume '{}' is not a checkpoint: it has no manifest.json", o.resume_dir));
+  o.text = train::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
+}
+
+// The options as this job runs them: the mesh (all ranks on one dim unless
+// given) and its dim names filled in.
+train::TrainOptions options_for_job(const train::TrainOptions& o, const Communicator& world) {
+  train::TrainOptions mine = o;
+  if (mine.mesh.empty()) mine.mesh = {world.size()};
+  if (mine.dims.empty())
+    for (std::size_t m = 0; m < mine.mesh.size(); ++m)
+      mine.dims.push_back(mine.mesh.size() == 1 ? "dp" : fmt::format("d{}", m));
+  if (numel(mine.mesh) != world.size())
+    throw ValueError(fmt::format("--mesh {} has {} ranks; the job has {}", fmt::join(mine.mesh, "x"), numel(mine.mesh),
+                                 world.size()));
+  return mine;
+}
+
+// Rank 0's summary after the last step: validation loss, throughput, one
+// step's collectives, memory, and the generated bytes.
+void print_summary(const train::TrainResult& r) {
+  fmt::print("validation loss {:.6f}; {:.0f} tokens/s\n", r.val_loss, r.tokens_per_second);
+  fmt::print("collectives of one step on rank 0:\n");
+  for (const auto& c : r.comm)
+    fmt::print("  {:9s} {:15s} over {:8s} x{:<3d} {} bytes\n", c.phase, c.kind,
+               fmt::format("{}", fmt::join(c.mesh_dims, ",")), c.count, c.bytes);
+  if (r.comm.empty()) fmt::print("  none\n");
+  fmt::print("memory per rank (the busiest): parameters {}, gradients {}, optimizer states {}; peak of a step {}\n",
+             human_bytes(static_cast<std::int64_t>(r.parameter_bytes)),
+             human_bytes(static_cast<std::int64_t>(r.gradient_bytes)),
+             human_bytes(static_cast<std::int64_t>(r.optimizer_state_bytes)),
+             human_bytes(static_cast<std::int64_t>(r.peak_bytes)));
+  if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
+}
+
+// The files rank 0 writes after the run: --json, --plot and --trace-svg.
+void write_output_files(const CommandLine& cl, const train::TrainOptions& mine, const train::TrainResult& r,
+                        const std::string& mesh_desc) {
+  if (!cl.json_path.empty()) {
+    // A young model's bytes need not be UTF-8: invalid ones become U+FFFD.
+    std::ofstream(cl.json_path)
+        << to_json(mine, r, mesh_desc, cl.plan_text).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+        << "\n";
+  }
+  if (!cl.plot_path.empty()) {
+    const std::string title =
+        fmt::format("GPT {}L d{} h{} seq{} {} | mesh {} | plan {} | lr {}", mine.model.layers, mine.model.d_model,
+                    mine.model.heads, mine.model.seq, dtype_name(mine.model.dtype), mesh_desc, cl.plan_text, mine.lr);
+    train::write_loss_svg(cl.plot_path, title, r.losses, r.val_points);
+  }
+  if (!cl.trace_svg_path.empty()) {
+    std::ifstream in(mine.trace);
+    const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    pictures::TimelineOptions options;
+    options.title = fmt::format("one step of GPT {}L d{} | mesh {} | plan {}", mine.model.layers, mine.model.d_model,
+                                mesh_desc, cl.plan_text);
+    std::ofstream out(cl.trace_svg_path);
+    out << pictures::timeline_svg(trace, options);
+    if (!out) throw Error(fmt::format("could not write --trace-svg '{}'", cl.trace_svg_path));
+  }
+}
+
+// One rank's run: trains, prints the loss per step, and on rank 0 the
+// summary and the output files.
+void train_on_rank(Communicator& world, const CommandLine& cl, const train::TextData& data) {
+  const train::TrainOptions mine = options_for_job(cl.options, world);
+  const bool lead = world.rank() == 0;
+  const std::string mesh_desc = fmt::format("{}", fmt::join(mine.mesh, "x"));
+  if (lead)
+    fmt::print("train_gpt: {} layers, d_model {}, {} heads, seq {}, {} on mesh {} ({}), plan {}\n", mine.model.layers,
+               mine.model.d_model, mine.model.heads, mine.model.seq, dtype_name(mine.model.dtype), mesh_desc,
+               fmt::join(mine.dims, ","), cl.plan_text);
+  const train::TrainResult r = train::train(mine, data, &world, [&](std::int64_t step, double loss, double s) {
+    if (lead) fmt::print("step {:4d}  loss {:.6f}  {:.1f} ms\n", step, loss, 1e3 * s);
+  });
+  if (!lead) return;
+  print_summary(r);
+  write_output_files(cl, mine, r, mesh_desc);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train_gpt: a byte-level GPT-2 on Shakespeare, on any mesh and parallel plan"};
+  // Wide enough that every option and its description share one line.
+  app.get_formatter()->column_width(36);
+  CommandLine cl;
+  cl.options.model = {.vocab = 256, .seq = 32, .layers = 2, .d_model = 64, .heads = 4, .dtype = DType::Float32};
+  add_mesh_and_model_options(app, cl);
+  add_training_options(app, cl);
+  add_output_options(app, cl);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -157,31 +327,8 @@ int main(int argc, char** argv) {
 
   std::optional<train::TextData> data;
   try {
-    o.model.dtype = parse_dtype(dtype_text);
-    o.plans = split_list(plan_text);
-    if (!mesh_text.empty()) o.mesh = parse_mesh(mesh_text);
-    if (!dims_text.empty()) o.dims = split_list(dims_text);
-    const std::size_t ndim = o.mesh.empty() ? o.plans.size() : o.mesh.size();
-    if (o.plans.size() != ndim)
-      throw ValueError(fmt::format("--plan '{}' names {} plans for a mesh of {} dims; expected one per dim", plan_text,
-                                   o.plans.size(), ndim));
-    if (!trace_svg_path.empty() && o.trace.empty())
-      throw ValueError(fmt::format("--trace-svg '{}' draws the trace of --trace FILE; give --trace too", trace_svg_path));
-    if (!o.dims.empty() && o.dims.size() != ndim)
-      throw ValueError(fmt::format("--dims '{}' names {} dims for a mesh of {} dims", dims_text, o.dims.size(), ndim));
-    std::vector<nn::DimPlan> per_dim;
-    for (const auto& p : o.plans) per_dim.push_back(nn::plan_named(p));
-    o.model.check();
-    if (!o.mesh.empty() && launch_backend() == "threads" && numel(o.mesh) != ranks)
-      throw ValueError(fmt::format("--mesh {} has {} ranks; --ranks is {}", mesh_text, numel(o.mesh), ranks));
-    // What the mesh's sizes decide, before any rank starts: on threads a
-    // 1-D mesh is all the ranks.
-    const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{ranks} : Shape{};
-    if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
-    if (!o.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(o.resume_dir) / "manifest.json"))
-      throw ValueError(fmt::format("--resume '{}' is not a checkpoint: it has no manifest.json", o.resume_dir));
-    o.text = train::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));
-    data.emplace(o.text);
+    check_command_line(cl);
+    data.emplace(cl.options.text);
   } catch (const Error& e) {
     fmt::print(stderr, "train_gpt: {}\n", e.what());
     return 2;
@@ -189,60 +336,6 @@ int main(int argc, char** argv) {
 
   LaunchOptions launch_options;
   launch_options.default_ranks = 1;
-  std::mutex print;
   return launch(
-      argc, argv,
-      [&](Communicator& world) {
-        train::TrainOptions mine = o;
-        if (mine.mesh.empty()) mine.mesh = {world.size()};
-        if (mine.dims.empty())
-          for (std::size_t m = 0; m < mine.mesh.size(); ++m)
-            mine.dims.push_back(mine.mesh.size() == 1 ? "dp" : fmt::format("d{}", m));
-        if (numel(mine.mesh) != world.size())
-          throw ValueError(fmt::format("--mesh {} has {} ranks; the job has {}", fmt::join(mine.mesh, "x"),
-                                       numel(mine.mesh), world.size()));
-        const bool lead = world.rank() == 0;
-        const std::string mesh_desc = fmt::format("{}", fmt::join(mine.mesh, "x"));
-        if (lead)
-          fmt::print("train_gpt: {} layers, d_model {}, {} heads, seq {}, {} on mesh {} ({}), plan {}\n",
-                     mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
-                     dtype_name(mine.model.dtype), mesh_desc, fmt::join(mine.dims, ","), plan_text);
-        const train::TrainResult r = train::train(mine, *data, &world, [&](std::int64_t step, double loss, double s) {
-          if (lead) fmt::print("step {:4d}  loss {:.6f}  {:.1f} ms\n", step, loss, 1e3 * s);
-        });
-        if (!lead) return;
-        fmt::print("validation loss {:.6f}; {:.0f} tokens/s\n", r.val_loss, r.tokens_per_second);
-        fmt::print("collectives of one step on rank 0:\n");
-        for (const auto& c : r.comm)
-          fmt::print("  {:9s} {:15s} over {:8s} x{:<3d} {} bytes\n", c.phase, c.kind,
-                     fmt::format("{}", fmt::join(c.mesh_dims, ",")), c.count, c.bytes);
-        if (r.comm.empty()) fmt::print("  none\n");
-        fmt::print("memory per rank (the busiest): parameters {}, gradients {}, optimizer states {}; peak of a step {}\n",
-                   human_bytes(static_cast<std::int64_t>(r.parameter_bytes)), human_bytes(static_cast<std::int64_t>(r.gradient_bytes)),
-                   human_bytes(static_cast<std::int64_t>(r.optimizer_state_bytes)), human_bytes(static_cast<std::int64_t>(r.peak_bytes)));
-        if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
-        if (!json_path.empty()) {
-          // A young model's bytes need not be UTF-8: invalid ones become U+FFFD.
-          std::ofstream(json_path)
-              << to_json(mine, r, mesh_desc, plan_text).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
-              << "\n";
-        }
-        if (!plot_path.empty()) {
-          const std::string title = fmt::format("GPT {}L d{} h{} seq{} {} | mesh {} | plan {} | lr {}",
-                                                mine.model.layers, mine.model.d_model, mine.model.heads, mine.model.seq,
-                                                dtype_name(mine.model.dtype), mesh_desc, plan_text, mine.lr);
-          train::write_loss_svg(plot_path, title, r.losses, r.val_points);
-        }
-        if (!trace_svg_path.empty()) {
-          std::ifstream in(mine.trace);
-          const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-          pictures::TimelineOptions options;
-          options.title = fmt::format("one step of GPT {}L d{} | mesh {} | plan {}", mine.model.layers,
-                                      mine.model.d_model, mesh_desc, plan_text);
-          std::ofstream out(trace_svg_path);
-          out << pictures::timeline_svg(trace, options);
-          if (!out) throw Error(fmt::format("could not write --trace-svg '{}'", trace_svg_path));
-        }
-      },
-      launch_options);
+      argc, argv, [&](Communicator& world) { train_on_rank(world, cl, *data); }, launch_options);
 }
