@@ -2,12 +2,30 @@
 // Assertions shared by the suites.
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace dtensor::testing {
+
+// Numbers: every comparison of a computed number in the tests goes through
+// these, which treat NaN as a failure. The two forms that let NaN through,
+// `if (err > tol) fail` (NaN > tol is false) and `worst = std::max(worst,
+// err)` (which keeps `worst` when err is NaN), are not used.
+
+/// error <= tol; false when error is NaN.
+inline bool within(double error, double tol) { return error <= tol; }
+/// |got - want| <= tol; false when either is NaN.
+inline bool close(double got, double want, double tol) { return within(std::abs(got - want), tol); }
+/// The worse of two errors, NaN being worse than every number, so a fold over
+/// errors ends NaN if any was.
+inline double worse(double worst, double error) {
+  if (std::isnan(worst) || std::isnan(error)) return std::numeric_limits<double>::quiet_NaN();
+  return error > worst ? error : worst;
+}
 
 /// Runs fn() and says what is wrong, if anything: that it threw no E, or
 /// that the message lacks one of `needles` (the bad value it must name).

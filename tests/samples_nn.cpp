@@ -201,7 +201,7 @@ BOOST_AUTO_TEST_CASE(vocab_parallel_cross_entropy_never_gathers_the_logits) {
     if (c.recv_bytes * 4 > logits_bytes)
       log.add(fmt::format("rank {}: received {} bytes, the logits are {}", world.rank(), c.recv_bytes, logits_bytes));
     const double got = loss.full_tensor().get({});
-    if (std::abs(got - want) > 1e-9) log.add(fmt::format("rank {}: loss {} want {}", world.rank(), got, want));
+    if (!testing::close(got, want, 1e-9)) log.add(fmt::format("rank {}: loss {} want {}", world.rank(), got, want));
   });
   BOOST_TEST(log.failures.empty());
   testing::check_no_failures(log.failures);

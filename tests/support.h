@@ -1,5 +1,7 @@
 #pragma once
 #include <boost/test/unit_test.hpp>
+
+#include "checks.h"
 // Shared helpers of the redistribution and DTensor suites: building a rank's
 // source shard of a known global tensor under any layout (Partial included),
 // and the independent lower bound on what a rank must receive.

@@ -230,7 +230,7 @@ BOOST_DATA_TEST_CASE(finite_differences_agree_with_backward, boost::unit_test::d
         const double numeric = (fp - fm) / (2 * eps);
         const double analytic = got[i].data_as<double>()[k];
         const double err = std::abs(numeric - analytic) / (1 + std::abs(numeric));
-        if (err > tol) ++bad;
+        if (!testing::within(err, tol)) ++bad;
         if (err >= worst) {
           worst = err;
           worst_k = k;

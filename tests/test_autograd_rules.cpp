@@ -146,7 +146,7 @@ BOOST_AUTO_TEST_CASE(finite_differences_agree_with_backward) {
         minus[i].data_as<double>()[k] -= eps;
         const double numeric = (loss(plus) - loss(minus)) / (2 * eps);
         const double analytic = got[i].data_as<double>()[k];
-        worst = std::max(worst, std::abs(numeric - analytic) / (1e-6 + std::abs(numeric)));
+        worst = testing::worse(worst, std::abs(numeric - analytic) / (1e-6 + std::abs(numeric)));
       }
       BOOST_TEST(worst < 1e-5,
                  "case " << c.name << " input " << i << " seed " << seed << ": worst relative error " << worst);

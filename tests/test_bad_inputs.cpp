@@ -53,6 +53,22 @@ std::int64_t exact_average(const std::vector<std::int64_t>& xs) {
 }  // namespace bad_inputs
 using namespace bad_inputs;
 
+// The tests' own numeric checks (checks.h) fail on NaN, so a kernel, a
+// gradient or an optimizer step that outputs NaN cannot pass a suite.
+BOOST_AUTO_TEST_CASE(the_tests_numeric_checks_fail_on_nan) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  BOOST_TEST(!testing::within(nan, 1.0));
+  BOOST_TEST(!testing::close(nan, 0.0, 1.0));
+  BOOST_TEST(!testing::close(0.0, nan, 1.0));
+  BOOST_TEST(std::isnan(testing::worse(0.0, nan)));
+  BOOST_TEST(std::isnan(testing::worse(nan, 1.0)));
+  // and they still pass what they should
+  BOOST_TEST(testing::within(1.0, 1.0));
+  BOOST_TEST(testing::close(1.0, 1.5, 0.5));
+  BOOST_TEST(testing::worse(1.0, 2.0) == 2.0);
+  BOOST_TEST(testing::worse(2.0, 1.0) == 2.0);
+}
+
 BOOST_AUTO_TEST_SUITE(nan_propagates)
 
 // The element rule every backend shares: a NaN on either side wins.

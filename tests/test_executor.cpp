@@ -155,7 +155,7 @@ std::vector<std::string> run_case(const ExecCase& c) {
       }
       if (op == ReduceOp::Avg) acc /= static_cast<double>(group.size());
       double want = expect.get(idx);
-      if (std::abs(acc - want) > 1e-3 * (1 + std::abs(want))) {
+      if (!testing::close(acc, want, 1e-3 * (1 + std::abs(want)))) {
         failures.push_back(fmt::format("{}: rank {} element {} is {}, expected {}\n{}", what, r, i, acc, want, plan));
         break;
       }

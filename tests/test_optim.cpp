@@ -30,12 +30,16 @@ Tensor leaf(const Tensor& t) {
   return x;
 }
 
+// The largest relative difference of two f64 tensors: NaN if any element is
+// NaN, infinity if their shapes differ, so a comparison with a tolerance
+// (testing::within) fails on either.
 double max_rel_diff(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return std::numeric_limits<double>::infinity();
   double worst = 0;
   const double* x = a.data_as<double>();
   const double* y = b.data_as<double>();
   for (std::int64_t i = 0; i < a.numel(); ++i)
-    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+    worst = testing::worse(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
   return worst;
 }
 
@@ -288,7 +292,7 @@ BOOST_AUTO_TEST_CASE(one_all_reduce_gives_the_unsharded_norm) {
     const double plain = nn::clip_grad_norm<Tensor>(full_params, max_norm, norm_type);
     const std::string where = fmt::format("seed {} case {} mesh {} norm_type {} layouts {}", seed, c,
                                           fmt::join(mesh_shape, "x"), norm_type, fmt::join(layouts, " "));
-    if (std::abs(got - want) > 1e-12 * want || std::abs(plain - want) > 1e-12 * want)
+    if (!testing::close(got, want, 1e-12 * want) || !testing::close(plain, want, 1e-12 * want))
       log.add(fmt::format("{}: norm {} (plain {}), expected {}", where, got, plain, want));
     if (used.count(CollectiveKind::AllReduce) != 1 || used.data_collectives() != 1)
       log.add(fmt::format("{}: {} collectives, {} all_reduce; expected exactly one all_reduce", where,
@@ -296,8 +300,8 @@ BOOST_AUTO_TEST_CASE(one_all_reduce_gives_the_unsharded_norm) {
     const double coef = max_norm / (want + 1e-6);
     for (std::size_t i = 0; i < params.size(); ++i) {
       const Tensor scaled = grads[i] * coef;
-      if (max_rel_diff(params[i].grad()->full_tensor(), scaled) > 1e-12 ||
-          max_rel_diff(*full_params[i].grad(), scaled) > 1e-12)
+      if (!testing::within(max_rel_diff(params[i].grad()->full_tensor(), scaled), 1e-12) ||
+          !testing::within(max_rel_diff(*full_params[i].grad(), scaled), 1e-12))
         log.add(fmt::format("{}: gradient {} not scaled by {}", where, i, coef));
     }
   });
@@ -319,10 +323,11 @@ BOOST_AUTO_TEST_CASE(partial_gradients_are_reduced_first) {
     p.requires_grad_();
     p.set_grad(distribute_tensor(g, mesh, Layout::replicated(mesh.ndim()).with(0, Partial{})));
     const double got = nn::clip_grad_norm<DTensor>(std::span<const DTensor>(&p, 1), 1.0);
-    if (std::abs(got - want) > 1e-12 * want) log.add(fmt::format("norm {}, expected {}", got, want));
+    if (!testing::close(got, want, 1e-12 * want)) log.add(fmt::format("norm {}, expected {}", got, want));
     if (p.grad()->placements() != param_layout)
       log.add(fmt::format("gradient left in {}, expected {}", p.grad()->placements(), param_layout));
-    if (max_rel_diff(p.grad()->full_tensor(), g * (1.0 / (want + 1e-6))) > 1e-12) log.add("gradient not clipped");
+    if (!testing::within(max_rel_diff(p.grad()->full_tensor(), g * (1.0 / (want + 1e-6))), 1e-12))
+      log.add("gradient not clipped");
   });
   testing::check_no_failures(log.failures);
 }

@@ -154,12 +154,12 @@ std::string check_layout_picture(const Shape& mesh_shape, const Shape& shape, co
     if (col >= 0) {
       const double s = t.width / static_cast<double>(cols);
       if (sx < 0) sx = s;
-      if (std::abs(s - sx) > 0.02) return fmt::format("tile widths are not in proportion: {} vs {} per column", s, sx);
+      if (!testing::close(s, sx, 0.02)) return fmt::format("tile widths are not in proportion: {} vs {} per column", s, sx);
     }
     if (row >= 0) {
       const double s = t.height / static_cast<double>(rows);
       if (sy < 0) sy = s;
-      if (std::abs(s - sy) > 0.02) return fmt::format("tile heights are not in proportion: {} vs {} per row", s, sy);
+      if (!testing::close(s, sy, 0.02)) return fmt::format("tile heights are not in proportion: {} vs {} per row", s, sy);
     }
     if (t.hatched != (partial ? 1 : 0))
       return fmt::format("a tile has {} hatchings for a layout {} Partial", t.hatched, partial ? "with" : "without");
