@@ -188,16 +188,15 @@ BOOST_AUTO_TEST_CASE(meshes_beyond_the_limit_are_refused_up_front) {
   check_throws<ShapeError>([] { (void)plan_redistribute(request({128, 256}, {8}, "S(0),R", "R,S(0)")); }, "32768");
 }
 
-BOOST_AUTO_TEST_CASE(planning_at_the_limit_is_fast) {
-  // The limit is what keeps planning quick: the worst common moves on the
-  // largest mesh allowed finish well within a few seconds (about 0.1 s in a
-  // release build on one core; generous here for sanitizer builds).
-  const auto start = std::chrono::steady_clock::now();
-  (void)plan_redistribute(request({kMaxPlanRanks}, {kMaxPlanRanks * 2, 3}, "S(0)", "S(1)"));
-  (void)plan_redistribute(request({kMaxPlanRanks / 8, 8}, {kMaxPlanRanks, 16}, "S(0),S(1)", "S(1),S(0)"));
-  (void)plan_redistribute(request({kMaxPlanRanks}, {kMaxPlanRanks * 2}, "R", "S(0)"));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  BOOST_TEST(s < 30.0, "three plans on " << kMaxPlanRanks << " ranks took " << s << " s");
+BOOST_AUTO_TEST_CASE(the_worst_common_moves_plan_at_the_rank_limit) {
+  // The limit is what keeps planning quick (about 0.1 s for these three in a
+  // release build on one core; bench/plan_random measures it): the worst
+  // common moves on the largest mesh allowed plan, each to a real move. A
+  // planner that did not finish would fail the suite's timeout.
+  BOOST_TEST(!plan_redistribute(request({kMaxPlanRanks}, {kMaxPlanRanks * 2, 3}, "S(0)", "S(1)")).steps.empty());
+  BOOST_TEST(
+      !plan_redistribute(request({kMaxPlanRanks / 8, 8}, {kMaxPlanRanks, 16}, "S(0),S(1)", "S(1),S(0)")).steps.empty());
+  BOOST_TEST(!plan_redistribute(request({kMaxPlanRanks}, {kMaxPlanRanks * 2}, "R", "S(0)")).steps.empty());
 }
 
 BOOST_AUTO_TEST_CASE(tensors_beyond_the_dims_limit_are_refused_up_front) {
@@ -221,12 +220,9 @@ BOOST_AUTO_TEST_CASE(work_beyond_the_budget_is_refused_up_front) {
         (void)plan_redistribute(request({2, 2, 2, 2}, Shape(16, 1), "S(0),R,S(1),R", "R,S(1),R,S(0)"));
       },
       "at most 14 dims on this mesh");
-  const auto start = std::chrono::steady_clock::now();
   BOOST_TEST(
       plan_redistribute(request({2, 2, 2, 2}, Shape(14, 2), "P(sum),R,S(1),P(sum)", "R,S(1),R,S(0)")).steps.size() >=
       1u);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  BOOST_TEST(s < 30.0, "a 14-d plan on 2x2x2x2 took " << s << " s");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -383,7 +383,10 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(plan_cache)
 
-BOOST_AUTO_TEST_CASE(hits_are_cheap_and_misses_fast) {
+// A repeated request is answered from the cache, each time the same plan;
+// new requests are misses, counted. How fast either is belongs to
+// bench/plan_cache, not to a test.
+BOOST_AUTO_TEST_CASE(repeated_requests_are_hits_on_the_same_plan) {
   clear_plan_cache();
   PlanRequest req{{2, 2, 2},
                   {64, 64, 64},
@@ -395,12 +398,12 @@ BOOST_AUTO_TEST_CASE(hits_are_cheap_and_misses_fast) {
   BOOST_TEST(&cached_plan(req) == &first);
   BOOST_TEST(plan_cache_stats().hits == 1u);
 
-  constexpr int kHits = 100'000;
-  auto t0 = std::chrono::steady_clock::now();
-  std::int64_t sink = 0;
-  for (int i = 0; i < kHits; ++i) sink += cached_plan(req).max_recv_bytes();
-  double hit_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kHits;
-  BOOST_TEST(sink == first.max_recv_bytes() * kHits);
+  constexpr int kHits = 1'000;
+  int same = 0;
+  for (int i = 0; i < kHits; ++i) same += &cached_plan(req) == &first;
+  BOOST_TEST(same == kHits);
+  BOOST_TEST(plan_cache_stats().hits == 1u + kHits);
+  BOOST_TEST(plan_cache_stats().misses == 1u);
 
   // Misses: a few requests on small meshes, planned from scratch.
   const std::vector<PlanRequest> misses = {
@@ -410,16 +413,10 @@ BOOST_AUTO_TEST_CASE(hits_are_cheap_and_misses_fast) {
       {{2, 2, 2}, {8, 8, 8}, DType::Float32, Layout::parse("P(sum),P(sum),S(0)"), Layout::parse("S(1),R,S(2)")},
       {{8}, {13, 7}, DType::Float64, Layout::parse("S(0)"), Layout::parse("S(1)")},
   };
-  constexpr int kRounds = 20;
-  t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kRounds; ++i)
-    for (const PlanRequest& m : misses) sink += plan_redistribute(m).max_recv_bytes();
-  double miss_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                   (kRounds * static_cast<double>(misses.size()));
-  BOOST_TEST_MESSAGE(fmt::format("plan cache: hit {:.3f} us, miss {:.1f} us (average)", hit_us, miss_us));
-  fmt::print("plan cache: hit {:.3f} us, miss {:.1f} us (average)\n", hit_us, miss_us);
-  BOOST_TEST(hit_us < 5.0);
-  BOOST_TEST(miss_us < 20'000.0);  // loose: sanitizer builds
+  clear_plan_cache();
+  for (const PlanRequest& m : misses) BOOST_TEST(cached_plan(m).max_recv_bytes() > 0);
+  BOOST_TEST(plan_cache_stats().misses == misses.size());
+  BOOST_TEST(plan_cache_stats().hits == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(options_are_part_of_the_key) {

@@ -223,9 +223,12 @@ BOOST_AUTO_TEST_CASE(non_default_nesting_runs_where_it_lies) {
   testing::check_no_failures(failures);
 }
 
-BOOST_AUTO_TEST_CASE(decisions_are_cached_and_hits_are_cheap) {
+// A repeated decision is a cache hit, counted; how fast a hit is belongs to
+// bench/dispatch, not to a test.
+BOOST_AUTO_TEST_CASE(repeated_decisions_are_cache_hits) {
   twice();
-  double hit_ns = 0;
+  std::uint64_t hits = 0, misses = 0;
+  const int n = 1000;
   run_threads(1, [&](Communicator& comm) {
     DeviceMesh mesh(comm, {1});
     DTensor x = DTensor::from_local(Tensor::ones({4, 4}), mesh, Layout::parse("R"), Shape{4, 4});
@@ -234,15 +237,13 @@ BOOST_AUTO_TEST_CASE(decisions_are_cached_and_hits_are_cheap) {
     std::vector<Layout> layouts{x.placements()};
     clear_propagation_cache();
     decide(op, mesh.shape(), metas, layouts, {}, {});
-    const int n = 100000;
-    auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) decide(op, mesh.shape(), metas, layouts, {}, {});
-    hit_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
-    auto stats = propagation_cache_stats();
-    if (stats.misses != 1 || stats.hits != static_cast<std::uint64_t>(n)) throw Error("unexpected cache counts");
+    const auto stats = propagation_cache_stats();
+    hits = stats.hits;
+    misses = stats.misses;
   });
-  BOOST_TEST_MESSAGE("propagation cache hit: " << hit_ns << " ns");
-  BOOST_TEST(hit_ns < 2000.0);  // loose: the figure itself is in bench/dispatch
+  BOOST_TEST(misses == 1u);
+  BOOST_TEST(hits == static_cast<std::uint64_t>(n));
 }
 
 BOOST_AUTO_TEST_CASE(explain_mode_says_what_happened) {
