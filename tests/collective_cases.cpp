@@ -4,6 +4,7 @@
 // interface's contract (communicator.h); point to point with tags; the
 // argument checks; sub-groups via split.
 #include "collective_cases.h"
+#include "support.h"
 
 #include <algorithm>
 #include <cstring>
@@ -63,7 +64,7 @@ std::string where(const Engine& engine) {
 
 void all_reduce_values_and_bytes(const Engine& engine) {
   const int n = engine.n;
-  const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(n);
+  const std::uint64_t seed = testing::seeded(1000 + static_cast<std::uint64_t>(n));
   BOOST_TEST_CONTEXT(where(engine) << " seed " << seed) {
     Failures failures(n);
     engine.run(failures, [&](Communicator& comm) {
@@ -123,7 +124,7 @@ void all_reduce_values_and_bytes(const Engine& engine) {
 
 void all_gather_uneven_equal_and_in_place(const Engine& engine) {
   const int n = engine.n;
-  const std::uint64_t seed = 2000 + static_cast<std::uint64_t>(n);
+  const std::uint64_t seed = testing::seeded(2000 + static_cast<std::uint64_t>(n));
   BOOST_TEST_CONTEXT(where(engine) << " seed " << seed) {
     Failures failures(n);
     std::mt19937_64 rng(seed);
@@ -177,7 +178,7 @@ void all_gather_uneven_equal_and_in_place(const Engine& engine) {
 
 void reduce_scatter_values_and_bytes(const Engine& engine) {
   const int n = engine.n;
-  const std::uint64_t seed = 3000 + static_cast<std::uint64_t>(n);
+  const std::uint64_t seed = testing::seeded(3000 + static_cast<std::uint64_t>(n));
   BOOST_TEST_CONTEXT(where(engine) << " seed " << seed) {
     Failures failures(n);
     std::mt19937_64 rng(seed);
@@ -325,7 +326,7 @@ void check_scatter(const Engine& engine, Communicator& comm, Failures& failures,
 
 void all_to_all_broadcast_scatter_barrier(const Engine& engine) {
   const int n = engine.n;
-  const std::uint64_t seed = 4000 + static_cast<std::uint64_t>(n);
+  const std::uint64_t seed = testing::seeded(4000 + static_cast<std::uint64_t>(n));
   BOOST_TEST_CONTEXT(where(engine) << " seed " << seed) {
     Failures failures(n);
     std::mt19937_64 rng(seed);

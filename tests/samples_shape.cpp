@@ -327,7 +327,7 @@ BOOST_AUTO_TEST_CASE(split_keeps_the_shards_of_other_dims) {
 
 BOOST_AUTO_TEST_CASE(factories_match_the_full_tensor_on_every_layout) {
   const Shape shape{7, 5};
-  const std::uint64_t seed = 1234;
+  const std::uint64_t seed = testing::seeded(1234);
   const std::vector<std::pair<Shape, std::vector<const char*>>> cases = {
       {{4}, {"R", "S(0)", "S(1)", "P(sum)"}},
       {{2, 2}, {"S(0),S(1)", "S(1),S(0)", "S(0),S(0)", "S(0)[1],S(0)[0]", "P(sum),S(1)"}},

@@ -45,6 +45,20 @@ double test_scale() {
 
 bool reduced_scale() { return test_scale() < 1.0; }
 
+std::uint64_t seeded(std::uint64_t fixed) {
+  static const std::uint64_t offset = [] {
+    const char* text = std::getenv("DTENSOR_TEST_SEED");
+    if (text == nullptr || *text == '\0') return std::uint64_t{0};
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(text, &end, 0);
+    if (*end != '\0' || *text == '-')
+      throw ValueError(fmt::format("DTENSOR_TEST_SEED='{}': expected an unsigned integer", text));
+    BOOST_TEST_MESSAGE(fmt::format("DTENSOR_TEST_SEED={}: every property loop's seed is moved by it", v));
+    return static_cast<std::uint64_t>(v);
+  }();
+  return fixed + offset;
+}
+
 std::size_t scaled_cases(std::size_t full, std::size_t at_least) {
   const double scale = test_scale();
   const auto scaled = static_cast<std::size_t>(std::ceil(static_cast<double>(full) * scale));

@@ -49,6 +49,12 @@ Layout random_layout(std::mt19937_64& rng, int mesh_nd, int nd, ReduceOp op, int
 /// still reaches every path the sanitizers check; the plain build runs them
 /// all. A bad value is a ValueError naming it.
 std::size_t scaled_cases(std::size_t full, std::size_t at_least = 1);
+/// A property loop's seed: `fixed`, the same on every run (the default), or
+/// fixed + DTENSOR_TEST_SEED where that variable is set (an unsigned
+/// integer), to explore cases no run has tried. The suites print the seed
+/// they ran with in their failures (and DTENSOR_TEST_SEED in their log), so
+/// any failure can be rerun.
+std::uint64_t seeded(std::uint64_t fixed);
 /// Whether DTENSOR_TEST_SCALE is below 1 (property loops may then also skip
 /// their few cases that take seconds on their own).
 bool reduced_scale();

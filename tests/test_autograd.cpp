@@ -135,7 +135,7 @@ std::vector<Tensor> backward_grads(const Case& c, std::vector<Tensor> in, std::u
 BOOST_AUTO_TEST_SUITE(autograd)
 
 BOOST_AUTO_TEST_CASE(finite_differences_agree_with_backward) {
-  const std::uint64_t seed = 1234;
+  const std::uint64_t seed = testing::seeded(1234);
   int checked = 0;
   for (const Case& c : cases()) {
     const std::vector<Tensor> in = inputs_of(c, seed);
@@ -169,7 +169,7 @@ BOOST_AUTO_TEST_CASE(finite_differences_agree_with_backward) {
 // the plain gradient once gathered.
 BOOST_AUTO_TEST_CASE(dtensor_gradients_equal_the_unsharded_ones) {
   const std::vector<Shape> meshes = testing::backend_meshes({{4}, {2, 2}, {2, 3}});
-  const std::uint64_t seed = 99;
+  const std::uint64_t seed = testing::seeded(99);
   for (const Shape& mesh_shape : meshes) {
     std::vector<std::string> failures;
     std::mutex mu;

@@ -182,7 +182,7 @@ BOOST_AUTO_TEST_CASE(integer_outputs_never_require_a_gradient) {
 }
 
 BOOST_DATA_TEST_CASE(finite_differences_agree_with_backward, boost::unit_test::data::make(ops_with_rules()), op) {
-  const std::uint64_t seed = seed_of(op);
+  const std::uint64_t seed = testing::seeded(seed_of(op));
   std::mt19937_64 rng(seed);
   const Usable u = usable_samples(op, rng);
   std::size_t checked = 0, kinks = 0;
@@ -253,7 +253,7 @@ BOOST_DATA_TEST_CASE(finite_differences_agree_with_backward, boost::unit_test::d
 }
 
 BOOST_DATA_TEST_CASE(dtensor_gradients_equal_the_unsharded_ones, boost::unit_test::data::make(ops_with_rules()), op) {
-  const std::uint64_t seed = seed_of(op);
+  const std::uint64_t seed = testing::seeded(seed_of(op));
   std::mt19937_64 rng(seed);
   const Usable u = usable_samples(op, rng);
   std::size_t runs = 0;

@@ -234,7 +234,7 @@ BOOST_AUTO_TEST_SUITE(integer_average)
 // whose sum overflows average to sum / n rounded toward zero.
 BOOST_AUTO_TEST_CASE(avg_of_int64_does_not_overflow) {
   const int n = ranks();
-  const std::uint64_t seed = 29;
+  const std::uint64_t seed = testing::seeded(29);
   FailureLog log;
   testing::run_ranks(n, [&](Communicator& comm) {
     DeviceMesh mesh(comm, {n});
@@ -302,7 +302,7 @@ BOOST_AUTO_TEST_CASE(avg_of_int64_does_not_overflow) {
 
 // The pair rule itself, over random values and rank counts.
 BOOST_AUTO_TEST_CASE(average_pairs_are_exact) {
-  const std::uint64_t seed = 31;
+  const std::uint64_t seed = testing::seeded(31);
   std::mt19937_64 rng(seed);
   int bad = 0;
   for (int trial = 0; trial < 2000; ++trial) {

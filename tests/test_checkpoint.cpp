@@ -130,7 +130,7 @@ using namespace checkpoint_suite;
 BOOST_AUTO_TEST_SUITE(checkpoints)
 
 BOOST_AUTO_TEST_CASE(any_mesh_and_layout_to_any_other) {
-  const std::uint64_t seed = 20261202;
+  const std::uint64_t seed = testing::seeded(20261202);
   std::mt19937_64 rng(seed);
   const std::size_t cases = testing::scaled_cases(testing::test_backend() == "mpi" ? 12 : 60, 8);
   const TempDir tmp("property");

@@ -75,7 +75,7 @@ BOOST_AUTO_TEST_SUITE(coalesced_redistribution)
 // every output equals tensors[i].redistribute(targets[i]) bit for bit, in
 // the same layout (bf16 all_reduce: up to the rounding of the sum's order).
 BOOST_AUTO_TEST_CASE(values_equal_per_tensor_redistribute) {
-  const std::uint64_t seed = 20261203;
+  const std::uint64_t seed = testing::seeded(20261203);
   on_meshes({{4}, {3}, {2, 2}, {2, 3}}, [&](const DeviceMesh& mesh, testing::FailureLog& log) {
     for (std::size_t c = 0; c < testing::scaled_cases(40, 4); ++c) {
       std::mt19937_64 rng(seed + c);

@@ -3,6 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "checks.h"
+#include "support.h"
 
 #include <algorithm>
 #include <cstring>
@@ -85,7 +86,7 @@ BOOST_AUTO_TEST_SUITE(inline_vector)
 // Random edits applied to an InlineVector and a std::vector side by side,
 // across the inline/heap boundary (N = 6): every step must agree.
 BOOST_AUTO_TEST_CASE(random_edits_match_std_vector) {
-  const std::uint64_t seed = 20261202;
+  const std::uint64_t seed = testing::seeded(20261202);
   std::mt19937_64 rng(seed);
   for (int round = 0; round < 200; ++round) {
     Shape v;
@@ -451,7 +452,7 @@ CopyCase random_case(std::mt19937_64& rng) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(matches_the_element_by_element_copy, *boost::unit_test::timeout(120)) {
-  const std::uint64_t seed = 20261201;
+  const std::uint64_t seed = testing::seeded(20261201);
   std::mt19937_64 rng(seed);
   for (int k = 0; k < 400; ++k) {
     const CopyCase c = random_case(rng);
@@ -520,7 +521,7 @@ BOOST_AUTO_TEST_CASE(large_transposes_take_the_streaming_path, *boost::unit_test
   // need aligned rows: odd sizes (ragged tiles on both edges), destinations
   // one element off alignment and padded destination rows (every row
   // aligned differently), around planes of a batch too.
-  const std::uint64_t seed = 20261202;
+  const std::uint64_t seed = testing::seeded(20261202);
   std::mt19937_64 rng(seed);
   for (std::size_t is : {1, 2, 4, 8}) {
     const std::int64_t rows = 1031, cols = static_cast<std::int64_t>((std::size_t{4} << 20) / is) / rows + 5;

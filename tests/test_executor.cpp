@@ -188,7 +188,8 @@ BOOST_AUTO_TEST_CASE(random_cases) {
   const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
   std::mt19937_64 rng(99);
   int failures = 0, cases = 0;
-  for (int i = 0; i < 300 && failures < 10; ++i) {
+  const int n_cases = static_cast<int>(testing::scaled_cases(300, 26));
+  for (int i = 0; i < n_cases && failures < 10; ++i) {
     ExecCase c;
     c.mesh = meshes[static_cast<std::size_t>(i) % meshes.size()];
     int nd = rng() % 16 == 0 ? 0 : 1 + static_cast<int>(rng() % 3);

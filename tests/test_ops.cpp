@@ -59,7 +59,7 @@ BOOST_AUTO_TEST_CASE(every_registered_op_has_generated_cases) {
 BOOST_DATA_TEST_CASE(matches_the_unsharded_op, boost::unit_test::data::make(registered_ops()), op) {
   auto found = testing::op_samples().find(op);
   if (found == testing::op_samples().end()) return;  // reported by the test above
-  const std::uint64_t seed = std::hash<std::string>{}(op) % 100000;
+  const std::uint64_t seed = testing::seeded(std::hash<std::string>{}(op) % 100000);
   std::mt19937_64 rng(seed);
   std::vector<testing::OpSample> samples = found->second(rng);
   BOOST_TEST(!samples.empty(), "op '" << op << "' generated no samples");

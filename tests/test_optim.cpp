@@ -174,7 +174,7 @@ struct Spec {
 // tensors. The states are compared too, and each state keeps its
 // parameter's layout.
 BOOST_AUTO_TEST_CASE(dtensor_steps_equal_the_unsharded_steps) {
-  const std::uint64_t seed = 20261202;
+  const std::uint64_t seed = testing::seeded(20261202);
   on_every_mesh(testing::scaled_cases(12, 3), [&](const DeviceMesh& mesh, std::size_t c, testing::FailureLog& log) {
     const Shape& mesh_shape = mesh.shape();
     std::mt19937_64 rng(seed + c);
@@ -261,7 +261,7 @@ BOOST_AUTO_TEST_SUITE(gradient_clipping)
 // collective (an all_reduce), and the clipped gradients are the unsharded
 // ones scaled; for the 2-norm, the inf-norm and a 3-norm.
 BOOST_AUTO_TEST_CASE(one_all_reduce_gives_the_unsharded_norm) {
-  const std::uint64_t seed = 777;
+  const std::uint64_t seed = testing::seeded(777);
   on_every_mesh(testing::scaled_cases(9, 3), [&](const DeviceMesh& mesh, std::size_t c, testing::FailureLog& log) {
     const Shape& mesh_shape = mesh.shape();
     std::mt19937_64 rng(seed + c);
@@ -396,7 +396,7 @@ void set_gradients(Model& m, const DeviceMesh& mesh, std::uint64_t seed) {
 // plain optimizer's bit for bit; ZeRO's states live in the state layouts
 // with the local sizes those give.
 BOOST_AUTO_TEST_CASE(ddp_and_zero1_steps_take_one_collective_each_way) {
-  const std::uint64_t seed = 20261204;
+  const std::uint64_t seed = testing::seeded(20261204);
   on_every_mesh(testing::scaled_cases(8, 4), [&](const DeviceMesh& mesh, std::size_t c, testing::FailureLog& log) {
     std::mt19937_64 rng(seed + c);
     const bool adam = c % 2 == 1, zero = c % 4 >= 2;

@@ -440,7 +440,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(closed_form_prices)
 
 BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
-  const std::uint64_t seed = 314159;
+  const std::uint64_t seed = testing::seeded(314159);
   std::mt19937_64 rng(seed);
   const std::vector<Shape> meshes = {{2}, {3}, {4}, {8}, {2, 2}, {2, 3}, {1, 4}, {2, 4}, {4, 2}, {2, 2, 2}, {2, 1, 3}};
   const std::int64_t sizes[] = {0, 1, 2, 3, 5, 7, 8, 9, 13, 16, 64, 257, 4096};
@@ -452,7 +452,7 @@ BOOST_AUTO_TEST_CASE(equal_the_planner_on_random_moves) {
     return Replicate{};
   };
   int applied = 0, bounded = 0, by_kind[3] = {0, 0, 0}, all_reduce_steps = 0;
-  const int cases = 3000;
+  const int cases = static_cast<int>(testing::scaled_cases(3000, 100));
   for (int i = 0; i < cases; ++i) {
     const Shape& mesh = meshes[rng() % meshes.size()];
     const int mesh_nd = static_cast<int>(mesh.size());

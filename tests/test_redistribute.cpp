@@ -113,11 +113,12 @@ BOOST_AUTO_TEST_SUITE(property)
 BOOST_DATA_TEST_CASE(random_redistributions, boost::unit_test::data::make(testing::runnable_meshes(kMeshes)),
                      mesh_index) {
   const Shape mesh_shape = kMeshes[mesh_index];
-  const std::uint64_t base_seed = 0xD7E50000ull + mesh_index;
+  const std::uint64_t base_seed = testing::seeded(0xD7E50000ull + mesh_index);
   BOOST_TEST_MESSAGE("mesh " << fmt::format("{}", fmt::join(mesh_shape, "x")) << " base seed " << base_seed);
   std::mt19937_64 rng(base_seed);
   std::vector<Case> cases;
-  for (int i = 0; i < kCasesPerMesh; ++i) cases.push_back(random_case(rng, mesh_shape, base_seed * 1000 + i));
+  const int n_cases = static_cast<int>(testing::scaled_cases(kCasesPerMesh, 8));
+  for (int i = 0; i < n_cases; ++i) cases.push_back(random_case(rng, mesh_shape, base_seed * 1000 + i));
 
   const int world = static_cast<int>(numel(mesh_shape));
   FailureLog log;
