@@ -3,6 +3,8 @@
 // run's (1e-9 relative in f64, 1e-4 in f32), greedy generation gives the
 // same bytes, and each plan costs the collectives Megatron's and ZeRO's
 // analysis says, counted by phase.
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <unistd.h>
@@ -21,9 +23,9 @@ namespace fs = std::filesystem;
 
 namespace gpt_suite {
 
-train::TrainOptions small_model(DType dtype, std::int64_t steps = 20) {
+train::TrainOptions small_model(DType dtype, std::int64_t steps = 20, std::int64_t layers = 2) {
   train::TrainOptions o;
-  o.model = {.vocab = 256, .seq = 8, .layers = 2, .d_model = 16, .heads = 4, .dtype = dtype};
+  o.model = {.vocab = 256, .seq = 8, .layers = layers, .d_model = 16, .heads = 4, .dtype = dtype};
   o.batch = 4;
   o.steps = steps;
   o.warmup = std::min<std::int64_t>(2, steps);
@@ -159,7 +161,12 @@ BOOST_AUTO_TEST_CASE(generation_gives_one_rank_bytes) {
     BOOST_TEST(run(o, c.mesh, c.dims, c.plans).generated == plain.generated, name_of(c));
 }
 
-// Megatron's counts for L = 2 blocks on a tp dim of 2: an all_reduce where
+// The collective counts below are formulas in the number of blocks L; each
+// runs at two block counts, so that two formulas agreeing at one L (3L+1 and
+// 2L+2 at L = 1) cannot pass for each other.
+const auto kLayerCounts = boost::unit_test::data::make({1, 3});
+
+// Megatron's counts for L blocks on a tp dim of 2: an all_reduce where
 // each row-parallel projection and the vocab-parallel embedding leave their
 // Partial sums, 2L+1 in each direction. Two differences, each the planner's
 // choice by bytes, asserted as such:
@@ -171,9 +178,9 @@ BOOST_AUTO_TEST_CASE(generation_gives_one_rank_bytes) {
 //   incoming Partial gradient, so it passes the Partial on instead of
 //   reducing it first; the norms' weight and bias gradients are then reduced
 //   in the step's one coalesced all_reduce.
-BOOST_AUTO_TEST_CASE(tensor_parallel_collectives) {
-  const auto r = run(small_model(DType::Float64, 2), {2}, {"tp"}, {"tp"});
-  const std::uint64_t L = 2;
+BOOST_DATA_TEST_CASE(tensor_parallel_collectives, kLayerCounts, layers) {
+  const auto r = run(small_model(DType::Float64, 2, layers), {2}, {"tp"}, {"tp"});
+  const std::uint64_t L = static_cast<std::uint64_t>(layers);
   BOOST_TEST(count(r, "forward", "all_reduce") == 2 * L + 1 + 1);
   BOOST_TEST(count(r, "forward", "reduce_scatter") == 2u);
   BOOST_TEST(total(r, "forward") == 2 * L + 1 + 3);
@@ -190,9 +197,9 @@ BOOST_AUTO_TEST_CASE(tensor_parallel_collectives) {
 // the loss as under tp; the norms' and the position embedding's gradients,
 // Partial over tp, in the step's one coalesced all_reduce (Megatron's
 // all-reduce of sequence-parallel gradients).
-BOOST_AUTO_TEST_CASE(sequence_parallel_collectives) {
-  const auto r = run(small_model(DType::Float64, 2), {2}, {"tp"}, {"tp_sp"});
-  const std::uint64_t L = 2;
+BOOST_DATA_TEST_CASE(sequence_parallel_collectives, kLayerCounts, layers) {
+  const auto r = run(small_model(DType::Float64, 2, layers), {2}, {"tp"}, {"tp_sp"});
+  const std::uint64_t L = static_cast<std::uint64_t>(layers);
   BOOST_TEST(count(r, "forward", "all_gather") == 2 * L + 1);
   BOOST_TEST(count(r, "forward", "reduce_scatter") == 2 * L + 1 + 2);
   BOOST_TEST(count(r, "forward", "all_reduce") == 1u);
@@ -229,13 +236,13 @@ BOOST_AUTO_TEST_CASE(data_parallel_collectives) {
   }
 }
 
-// FSDP (ZeRO-3), L = 2: the forward gathers each block's unit and the root
+// FSDP (ZeRO-3), L blocks: the forward gathers each block's unit and the root
 // once (L+1); the backward gathers each block's again (its gathered
 // parameters were freed after the forward) and reduce_scatters every unit's
 // gradient (L+1); the step has nothing left to move.
-BOOST_AUTO_TEST_CASE(fully_sharded_collectives) {
-  const auto r = run(small_model(DType::Float64, 2), {4}, {"dp"}, {"fsdp"});
-  const std::uint64_t L = 2;
+BOOST_DATA_TEST_CASE(fully_sharded_collectives, kLayerCounts, layers) {
+  const auto r = run(small_model(DType::Float64, 2, layers), {4}, {"dp"}, {"fsdp"});
+  const std::uint64_t L = static_cast<std::uint64_t>(layers);
   BOOST_TEST(count(r, "forward", "all_gather") == L + 1);
   BOOST_TEST(total(r, "forward") == L + 1);
   BOOST_TEST(count(r, "backward", "all_gather") == L);
@@ -244,7 +251,7 @@ BOOST_AUTO_TEST_CASE(fully_sharded_collectives) {
   BOOST_TEST(total(r, "optimizer") == 0u);
 }
 
-// FSDP over tensor parallelism, L = 2: each parameter is its tp shard split
+// FSDP over tensor parallelism, L blocks: each parameter is its tp shard split
 // again over dp (S(0)[1],S(0)[0] where both split dim 0). The root
 // (embeddings, final norm, lm_head) is gathered over dp by one all_gather
 // before the embedding and kept, each block by one all_gather in the
@@ -256,9 +263,9 @@ BOOST_AUTO_TEST_CASE(fully_sharded_collectives) {
 // then a slice (L+1), so the step has nothing left to reduce. The tp dim's
 // collectives are tp's, and the blocks' forward ones again in the backward
 // (checkpointed).
-BOOST_AUTO_TEST_CASE(fully_sharded_over_tensor_parallel_collectives) {
-  const auto r = run(small_model(DType::Float64, 2), {2, 2}, {"dp", "tp"}, {"fsdp", "tp"});
-  const std::uint64_t L = 2;
+BOOST_DATA_TEST_CASE(fully_sharded_over_tensor_parallel_collectives, kLayerCounts, layers) {
+  const auto r = run(small_model(DType::Float64, 2, layers), {2, 2}, {"dp", "tp"}, {"fsdp", "tp"});
+  const std::uint64_t L = static_cast<std::uint64_t>(layers);
   const std::vector<std::string> dp{"dp"}, tp{"tp"}, both{"dp", "tp"};
   BOOST_TEST(count_over(r, "forward", "all_gather", dp) == L + 1);
   BOOST_TEST(count_over(r, "forward", "all_reduce", tp) == 2 * L + 1 + 1);
