@@ -1,10 +1,11 @@
-"""Prints the checks of a script test, one line each, and gives its exit code."""
+"""The checks of a script test as `case:` lines, and its exit code (the older
+form of tests/script_cases.py, kept for scripts that build a list of checks)."""
+from script_cases import Cases
 
 
 def report(checks) -> int:
-    """checks: (name, ok, detail) tuples; a failed one prints its detail. 1 if any failed."""
-    failed = 0
+    """checks: (name, ok, detail) tuples, each printed as one case; 1 if any failed."""
+    cases = Cases()
     for name, ok, detail in checks:
-        print(f"{'ok' if ok else 'FAILED'}: {name}" + ("" if ok else f"\n  {detail}"))
-        failed += not ok
-    return 1 if failed else 0
+        cases.check(name, ok, detail)
+    return cases.finish()

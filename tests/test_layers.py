@@ -16,7 +16,10 @@ It also reads every library source for the include spellings the layers rule
 out: no `#include "../..."` and no path from the source root (such as
 "libdtensor/..." or "mesh/src/...").
 
-Standard library only. Prints each violation; exits non-zero if any.
+Standard library only. Prints one `case:` line per check
+(tests/script_cases.py): per layer, its own and lower headers preprocess,
+each layer it must not see is refused, and its sources use no ruled-out
+include spelling. Exits 1 if any failed.
 """
 import json
 import os
@@ -25,6 +28,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases  # noqa: E402
 
 # Bottom to top; each layer with the layers it may use (transitively closed).
 BELOW = {
@@ -62,7 +68,7 @@ def layer_command(commands, layer):
         if source.startswith(prefix) and source.endswith(".cpp"):
             argv = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
             return entry["directory"], argv, entry["file"]
-    raise SystemExit(f"[test_layers] no compile command for a source under {prefix} in compile_commands.json")
+    return None
 
 
 def preprocess(directory, argv, source, includes, scratch):
@@ -87,49 +93,50 @@ def preprocess(directory, argv, source, includes, scratch):
     return proc.returncode == 0, proc.stderr
 
 
-def spelling_violations():
+def spelling_violations(layer):
     found = []
-    for layer in BELOW:
-        for folder, _, files in os.walk(os.path.join(SOURCE_ROOT, layer)):
-            for name in files:
-                if not name.endswith((".h", ".cpp", ".cu", ".cuh")):
-                    continue
-                path = os.path.join(folder, name)
-                with open(path, encoding="utf-8") as f:
-                    for match in ROOT_PATH.finditer(f.read()):
-                        found.append(f"{os.path.relpath(path, SOURCE_ROOT)}: {match.group(0).strip()}")
+    for folder, _, files in os.walk(os.path.join(SOURCE_ROOT, layer)):
+        for name in files:
+            if not name.endswith((".h", ".cpp", ".cu", ".cuh")):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                for match in ROOT_PATH.finditer(f.read()):
+                    found.append(f"{os.path.relpath(path, SOURCE_ROOT)}: {match.group(0).strip()}")
     return found
 
 
 def main():
     with open(os.path.join(BUILD_DIR, "compile_commands.json")) as f:
         commands = json.load(f)
-    failures = []
-    checks = 0
+    cases = Cases()
     with tempfile.TemporaryDirectory(prefix="dtensor-layers-") as scratch:
         for layer, below in BELOW.items():
-            directory, argv, source = layer_command(commands, layer)
+            command = layer_command(commands, layer)
+            own = f"{layer}: its own and lower headers preprocess with its compile command"
+            refused = [other for other in BELOW if other != layer and other not in below]
+            if command is None:
+                for name in [own] + [f"{layer}: including {HEADER[other]} fails ({other} is not below it)"
+                                     for other in refused]:
+                    cases.fail(name, f"no compile command for a source under {layer}/src/ in compile_commands.json")
+                continue
+            directory, argv, source = command
             allowed = [HEADER[l] for l in below + [layer]]
             ok, err = preprocess(directory, argv, source, allowed, scratch)
-            checks += 1
-            if not ok:
-                failures.append(f"{layer}: its own and lower headers do not preprocess with its command:\n{err}")
-            for other in BELOW:
-                if other == layer or other in below:
-                    continue
+            cases.check(own, ok, err)
+            for other in refused:
                 ok, err = preprocess(directory, argv, source, [HEADER[other]], scratch)
-                checks += 1
+                name = f"{layer}: including {HEADER[other]} fails ({other} is not below it)"
                 if ok:
-                    failures.append(f"{layer} can include {HEADER[other]} ({other} is not below it): "
-                                    "the build does not enforce the layers")
-                elif f"{HEADER[other]}: No such file" not in err:
-                    failures.append(f"{layer} including {HEADER[other]} failed, but not for want of it:\n{err}")
-    spellings = spelling_violations()
-    failures += [f"an include by path from the source root or by '..': {s}" for s in spellings]
-    for f in failures:
-        print(f"FAILED: {f}")
-    print(f"{checks} layer checks, {len(spellings)} include spellings ruled out, {len(failures)} failures")
-    return 1 if failures else 0
+                    cases.fail(name, f"{layer} can include {HEADER[other]}: the build does not enforce the layers")
+                else:
+                    cases.check(name, f"{HEADER[other]}: No such file" in err,
+                                f"it failed, but not for want of the header:\n{err}")
+    for layer in BELOW:
+        spellings = spelling_violations(layer)
+        cases.check(f"{layer}: no include by path from the source root or by '..'", not spellings,
+                    "\n".join(spellings))
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ not blank, and each rank's colour from the SVG covers a visible area, with no
 other strong colour as large. The page's hover is driven in the browser too:
 a mouseenter on each tile shows that tile's <title> in the panel and outlines
 it, a mouseleave undoes both, and the page loads with no network request
-(Chromium's net log). Exits 77 (meson's skip, counted and named as
-skipped) only where no Chromium can be found.
+(Chromium's net log). Prints one `case:` line per test
+(tests/script_cases.py): where no Chromium can be found, each test is a
+skip saying so, and the script exits 77 (meson's skip).
 
 Standard library only: the PNG is decoded here (zlib and the five filters).
 """
@@ -25,6 +26,9 @@ import tempfile
 import unittest
 import xml.etree.ElementTree as ET
 import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases, run_unittest  # noqa: E402
 
 PLAN = None
 CHROMIUM = None
@@ -144,6 +148,8 @@ def near(a, b, tolerance=3):
 
 class Render(unittest.TestCase):
     def setUp(self):
+        if CHROMIUM is None:
+            self.skipTest("no Chromium (chromium-headless-shell) on PATH")
         self.tmp = tempfile.TemporaryDirectory()
         self.addCleanup(self.tmp.cleanup)
 
@@ -251,11 +257,9 @@ def main():
     global PLAN, CHROMIUM
     PLAN = os.path.abspath(sys.argv[1])
     CHROMIUM = find_chromium()
-    if CHROMIUM is None:
-        print("SKIP: no Chromium (chromium-headless-shell) on PATH: the render tests did not run")
-        return 77
-    result = unittest.main(argv=sys.argv[:1], verbosity=2, exit=False).result
-    return 0 if result.wasSuccessful() else 1
+    cases = Cases()
+    run_unittest(cases)
+    return cases.finish()
 
 
 if __name__ == "__main__":

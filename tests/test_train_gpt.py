@@ -6,8 +6,9 @@ The example as a user runs it: the same seed gives the same losses (f64,
 plan, and (with --mpi) as a 4-process MPI job; --json writes every field
 docs/training.md names; --plot writes an SVG; bad values exit 2 with one
 line naming the value; --help describes every option on one line with its
-default and lists every plan the library knows. Prints one line per check;
-exits 1 if any failed.
+default and lists every plan the library knows. Prints one `case:` line
+per check (tests/script_cases.py), the MPI ones skipped, saying why, in a
+build without MPI; exits 1 if any failed.
 """
 import json
 import os
@@ -18,8 +19,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_report import report  # noqa: E402
 from run_mpi import mpi_sanitizer_env  # noqa: E402
+from script_cases import Cases  # noqa: E402
 
 SMALL = ["--layers", "2", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4",
          "--dtype", "f64", "--lr", "3e-3", "--generate", "10", "--clip", "0.5"]
@@ -35,7 +36,7 @@ def run(cmd, env):
     return p.returncode, p.stdout, p.stderr
 
 
-def check_help(exe, env, checks):
+def check_help(exe, env, cases):
     """--help: one line per option, naming it, describing it and giving its
     default; the --plan line names every plan that plan_named knows (read
     from its error for an unknown plan, so a new plan must be listed too)."""
@@ -46,16 +47,16 @@ def check_help(exe, env, checks):
         if line.startswith("  -") and words:
             lines[words[0]] = line
     missing = [o for o in OPTIONS if "(default: " not in lines.get(o, "")]
-    checks.append(("--help names every option, each on one line with a description and its default",
-                   rc == 0 and not missing, missing or out))
+    cases.check("--help names every option, each on one line with a description and its default",
+                rc == 0 and not missing, missing or out)
     # An option added later needs its line too.
     bare = [o for o, line in lines.items() if o != "-h,--help" and "(default: " not in line]
-    checks.append(("every option --help prints gives its default", rc == 0 and not bare, bare))
+    cases.check("every option --help prints gives its default", rc == 0 and not bare, bare)
     rc, _, err = run([exe, "--plan", "foo"], env)
     known = err.split("expected one of ")[-1].strip().split(", ") if "expected one of " in err else []
     plan_words = set(re.findall(r"[\w-]+", lines.get("--plan", "")))
-    checks.append(("--help's --plan lists every plan the library knows (fsdp among them)",
-                   "fsdp" in known and set(known) <= plan_words, (known, lines.get("--plan"))))
+    cases.check("--help's --plan lists every plan the library knows (fsdp among them)",
+                "fsdp" in known and set(known) <= plan_words, (known, lines.get("--plan")))
 
 
 def same_losses(a, b):
@@ -68,9 +69,10 @@ def main() -> int:
     env = dict(os.environ)
     env.pop("DTENSOR_BACKEND", None)
     env.pop("DTENSOR_RANKS", None)
-    checks = []
+    cases = Cases()
+    no_mpi = "this build has no MPI (-Dmpi=disabled, or no MPI found)"
     tmp = tempfile.mkdtemp()
-    check_help(exe, env, checks)
+    check_help(exe, env, cases)
 
     def train(extra, name, launcher=(), run_env=env):
         path = os.path.join(tmp, name + ".json")
@@ -79,81 +81,7 @@ def main() -> int:
         result = json.load(open(path)) if rc == 0 and os.path.exists(path) else None
         return rc, out, err, result
 
-    rc, out, err, one = train(["--plot", os.path.join(tmp, "loss.svg")], "one")
-    checks.append(("1 rank trains and writes --json", one is not None, err))
-    if one is None:
-        return report(checks)
-    want = {"config", "losses", "val_loss", "comm", "tokens_per_second", "peak_bytes_per_rank", "memory_per_rank",
-            "generated"}
-    checks.append(("--json has " + ", ".join(sorted(want)), want <= set(one), sorted(one)))
-    held = sum(one["memory_per_rank"].values())
-    checks.append(("the peak of a step holds parameters, gradients, states and activations",
-                   one["peak_bytes_per_rank"] > held > 0, (one["peak_bytes_per_rank"], one["memory_per_rank"])))
-    checks.append(("the loss goes down", one["losses"][-1] < one["losses"][0], one["losses"]))
-    svg = open(os.path.join(tmp, "loss.svg")).read()
-    checks.append(("--plot writes an SVG with its title", svg.startswith("<svg") and "plan ddp" in svg, svg[:200]))
-    checks.append(("step lines are printed", out.count("loss ") >= 6, out))
-
-    trace_path = os.path.join(tmp, "step.json")
-    trace_svg_path = os.path.join(tmp, "step.svg")
-    rc, out, err, tp = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
-                              "--trace", trace_path, "--trace-svg", trace_svg_path], "dp_tp")
-    checks.append(("4 thread ranks, ddp,tp_sp: the 1-rank losses and bytes",
-                   tp is not None and same_losses(one["losses"], tp["losses"]) and tp["generated"] == one["generated"],
-                   err + out))
-    kinds = {c["kind"] for c in tp["comm"]} if tp else set()
-    checks.append(("its comm names all_gather and reduce_scatter per phase",
-                   {"all_gather", "reduce_scatter"} <= kinds and
-                   all(set(c) == {"phase", "kind", "mesh_dims", "count", "bytes"} for c in tp["comm"]), tp and tp["comm"]))
-
-    # --trace: the last step as a Chrome trace, every rank a named process,
-    # each collective the step's comm names seen on the collectives tracks.
-    events = json.load(open(trace_path)) if os.path.exists(trace_path) else {}
-    events = events.get("traceEvents", events) if isinstance(events, dict) else events
-    processes = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    traced_kinds = {e["name"] for e in events if e.get("ph") == "X"}
-    checks.append(("--trace writes the last step: 4 named ranks, every kind of its comm",
-                   len(processes) == 4 and kinds <= traced_kinds, (sorted(processes), sorted(traced_kinds))))
-    # --trace-svg: the same step drawn, one row per rank, a box per collective event.
-    timeline = open(trace_svg_path).read() if os.path.exists(trace_svg_path) else ""
-    collective_events = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "collective")
-    checks.append(("--trace-svg draws the trace: 4 rank rows, every collective",
-                   timeline.startswith("<svg") and timeline.count('class="rank"') == 4 and
-                   timeline.count('<g class="collective"') == collective_events > 0,
-                   (timeline[:200], collective_events)))
-    # Writing the trace gathers the ranks' events: none of that may count as the step's.
-    rc, out, err, untraced = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp"],
-                                   "dp_tp_untraced")
-    checks.append(("--trace leaves the step's comm as it is without it",
-                   untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
-                   (untraced and untraced["comm"], tp and tp["comm"])))
-
-    if use_mpi:
-        mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
-        menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
-        menv.update(mpi_sanitizer_env(menv))
-        rc, out, err, mpi = train(["--mesh", "4", "--dims", "dp", "--plan", "fsdp"], "mpi", (mpirun, "-np", "4"), menv)
-        checks.append(("mpirun -np 4, fsdp: the 1-rank losses and bytes",
-                       mpi is not None and same_losses(one["losses"], mpi["losses"]) and
-                       mpi["generated"] == one["generated"], err + out))
-
-    # Saved after 3 of the 6 steps on 1 rank, resumed on 2x2 under ddp,tp_sp:
-    # steps 4-6 are the uninterrupted run's.
-    ckpt = os.path.join(tmp, "ckpt")
-    rc, out, err, first = train(["--steps", "3", "--schedule-steps", "6", "--save", ckpt], "first")
-    rc, out, err, rest = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
-                                "--resume", ckpt], "rest")
-    checks.append(("--save after 3 steps, --resume on 2x2: steps 4-6 equal the uninterrupted run's",
-                   first is not None and rest is not None and rest["first_step"] == 3 and
-                   same_losses(one["losses"][3:], rest["losses"]) and same_losses(one["losses"][:3], first["losses"]),
-                   err + out))
-    if use_mpi and first is not None:
-        rc, out, err, mpi_rest = train(["--mesh", "4", "--dims", "dp", "--plan", "fsdp", "--resume", ckpt],
-                                       "mpi_rest", (mpirun, "-np", "4"), menv)
-        checks.append(("mpirun -np 4 resumes it under fsdp: the same steps 4-6",
-                       mpi_rest is not None and same_losses(one["losses"][3:], mpi_rest["losses"]), err + out))
-
+    # Bad values first: they need no training run.
     for args, needle in [(["--plan", "foo"], "unknown plan 'foo'"),
                          (["--resume", tmp], "is not a checkpoint: it has no manifest.json"),
                          (["--ranks", "4", "--plan", "tp", "--heads", "6", "--d-model", "48"], "heads = 6"),
@@ -163,10 +91,92 @@ def main() -> int:
                          (["--steps", "0"], "--steps")]:
         rc, out, err = run([exe, *args], env)
         lines = err.strip().splitlines()
-        checks.append((f"{' '.join(args)} exits 2 naming the value", rc == 2 and len(lines) == 1 and needle in err,
-                       f"rc {rc}: {err}"))
+        # The temporary folder's name changes from run to run; the case's must not.
+        shown = " ".join(args).replace(tmp, "A_FOLDER")
+        cases.check(f"{shown} exits 2 naming the value", rc == 2 and len(lines) == 1 and needle in err,
+                    f"rc {rc}: {err}")
 
-    return report(checks)
+    rc, out, err, one = train(["--plot", os.path.join(tmp, "loss.svg")], "one")
+    # Every check below compares with the 1-rank run: without it, none can run.
+    if not cases.check("1 rank trains and writes --json", one is not None, err):
+        return cases.finish()
+    want = {"config", "losses", "val_loss", "comm", "tokens_per_second", "peak_bytes_per_rank", "memory_per_rank",
+            "generated"}
+    cases.check("--json has " + ", ".join(sorted(want)), want <= set(one), sorted(one))
+    held = sum(one["memory_per_rank"].values())
+    cases.check("the peak of a step holds parameters, gradients, states and activations",
+                one["peak_bytes_per_rank"] > held > 0, (one["peak_bytes_per_rank"], one["memory_per_rank"]))
+    cases.check("the loss goes down", one["losses"][-1] < one["losses"][0], one["losses"])
+    svg = open(os.path.join(tmp, "loss.svg")).read()
+    cases.check("--plot writes an SVG with its title", svg.startswith("<svg") and "plan ddp" in svg, svg[:200])
+    cases.check("step lines are printed", out.count("loss ") >= 6, out)
+
+    trace_path = os.path.join(tmp, "step.json")
+    trace_svg_path = os.path.join(tmp, "step.svg")
+    rc, out, err, tp = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
+                              "--trace", trace_path, "--trace-svg", trace_svg_path], "dp_tp")
+    cases.check("4 thread ranks, ddp,tp_sp: the 1-rank losses and bytes",
+                tp is not None and same_losses(one["losses"], tp["losses"]) and tp["generated"] == one["generated"],
+                err + out)
+    kinds = {c["kind"] for c in tp["comm"]} if tp else set()
+    cases.check("its comm names all_gather and reduce_scatter per phase",
+                {"all_gather", "reduce_scatter"} <= kinds and
+                all(set(c) == {"phase", "kind", "mesh_dims", "count", "bytes"} for c in tp["comm"]), tp and tp["comm"])
+
+    # --trace: the last step as a Chrome trace, every rank a named process,
+    # each collective the step's comm names seen on the collectives tracks.
+    events = json.load(open(trace_path)) if os.path.exists(trace_path) else {}
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    processes = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    traced_kinds = {e["name"] for e in events if e.get("ph") == "X"}
+    cases.check("--trace writes the last step: 4 named ranks, every kind of its comm",
+                len(processes) == 4 and kinds <= traced_kinds, (sorted(processes), sorted(traced_kinds)))
+    # --trace-svg: the same step drawn, one row per rank, a box per collective event.
+    timeline = open(trace_svg_path).read() if os.path.exists(trace_svg_path) else ""
+    collective_events = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "collective")
+    cases.check("--trace-svg draws the trace: 4 rank rows, every collective",
+                timeline.startswith("<svg") and timeline.count('class="rank"') == 4 and
+                timeline.count('<g class="collective"') == collective_events > 0,
+                (timeline[:200], collective_events))
+    # Writing the trace gathers the ranks' events: none of that may count as the step's.
+    rc, out, err, untraced = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp"],
+                                   "dp_tp_untraced")
+    cases.check("--trace leaves the step's comm as it is without it",
+                untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
+                (untraced and untraced["comm"], tp and tp["comm"]))
+
+    if use_mpi:
+        mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")
+        menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+        menv.update(mpi_sanitizer_env(menv))
+        rc, out, err, mpi = train(["--mesh", "4", "--dims", "dp", "--plan", "fsdp"], "mpi", (mpirun, "-np", "4"), menv)
+        cases.check("mpirun -np 4, fsdp: the 1-rank losses and bytes",
+                    mpi is not None and same_losses(one["losses"], mpi["losses"]) and
+                    mpi["generated"] == one["generated"], err + out)
+    else:
+        cases.skip("mpirun -np 4, fsdp: the 1-rank losses and bytes", no_mpi)
+
+    # Saved after 3 of the 6 steps on 1 rank, resumed on 2x2 under ddp,tp_sp:
+    # steps 4-6 are the uninterrupted run's.
+    ckpt = os.path.join(tmp, "ckpt")
+    rc, out, err, first = train(["--steps", "3", "--schedule-steps", "6", "--save", ckpt], "first")
+    rc, out, err, rest = train(["--ranks", "4", "--mesh", "2x2", "--dims", "dp,tp", "--plan", "ddp,tp_sp",
+                                "--resume", ckpt], "rest")
+    cases.check("--save after 3 steps, --resume on 2x2: steps 4-6 equal the uninterrupted run's",
+                first is not None and rest is not None and rest["first_step"] == 3 and
+                same_losses(one["losses"][3:], rest["losses"]) and same_losses(one["losses"][:3], first["losses"]),
+                err + out)
+    resumed = "mpirun -np 4 resumes it under fsdp: the same steps 4-6"
+    if not use_mpi:
+        cases.skip(resumed, no_mpi)
+    elif first is None:
+        cases.fail(resumed, "not run: the 3-step --save run failed")
+    else:
+        rc, out, err, mpi_rest = train(["--mesh", "4", "--dims", "dp", "--plan", "fsdp", "--resume", ckpt],
+                                       "mpi_rest", (mpirun, "-np", "4"), menv)
+        cases.check(resumed, mpi_rest is not None and same_losses(one["losses"][3:], mpi_rest["losses"]), err + out)
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
         exactly the block the document shows after `<!-- output: NAME -->`,
         that every program has such a block and every block a program, and
         that the programs the document runs with `--pictures` draw exactly
-        the SVG files committed in PICTURES_DIR. Prints a diff on mismatch;
-        exits non-zero if anything differs.
+        the SVG files committed in PICTURES_DIR. Prints one `case:` line
+        per check (tests/script_cases.py), a diff below a mismatch; exits 1
+        if anything differs.
 
     test_tutorial.py --write DOC PICTURES_DIR PROGRAM...
         Regenerates the pictures into PICTURES_DIR (meson's `docs` target).
@@ -19,6 +20,9 @@ import re
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases  # noqa: E402
 
 # `<!-- output: tutorial_01_mesh -->` followed by a ```text fenced block.
 OUTPUT_BLOCK = re.compile(r"<!-- output: (?P<name>[\w-]+) -->\n```text\n(?P<text>.*?)^```$", re.S | re.M)
@@ -63,33 +67,46 @@ def compare_pictures(name, drawn_dir, committed_dir):
 def check(doc_path, pictures_dir, programs):
     with open(doc_path, encoding="utf-8") as f:
         doc_text = f.read()
+    cases = Cases()
     outputs = documented_outputs(doc_text)
     drawing = set(m["name"] for m in DRAWS.finditer(doc_text))
     by_name = {os.path.basename(p): p for p in programs}
-    failures = [f"{name}: documented but not built" for name in sorted(set(outputs) - set(by_name))]
-    failures += [f"{name}: built but its output is not in {doc_path}" for name in sorted(set(by_name) - set(outputs))]
+    unbuilt = sorted(set(outputs) - set(by_name))
+    cases.check("every output block of the document has a program", not unbuilt,
+                f"documented but not built: {unbuilt}")
+    undocumented = sorted(set(by_name) - set(outputs))
+    cases.check("every program has an output block in the document", not undocumented,
+                f"built but their output is not in {doc_path}: {undocumented}")
     all_drawn = set()
     for name in sorted(set(by_name) & set(outputs)):
         with tempfile.TemporaryDirectory() as drawn:
             args = ["--pictures", drawn] if name in drawing else []
-            got = run(by_name[name], *args)
+            try:
+                got = run(by_name[name], *args)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                cases.fail(f"{name} prints exactly the document's output", e)
+                if name in drawing:
+                    cases.fail(f"{name} draws exactly the committed pictures", f"not run: {name} failed")
+                continue
             all_drawn |= set(os.listdir(drawn))
-            if got != outputs[name]:
-                diff = difflib.unified_diff(outputs[name].splitlines(keepends=True), got.splitlines(keepends=True),
-                                            f"{doc_path} ({name})", f"{name}'s stdout")
-                failures.append(f"{name}: output differs from the document:\n{''.join(diff)}")
+            diff = difflib.unified_diff(outputs[name].splitlines(keepends=True), got.splitlines(keepends=True),
+                                        f"{doc_path} ({name})", f"{name}'s stdout")
+            cases.check(f"{name} prints exactly the document's output", got == outputs[name],
+                        f"output differs from the document:\n{''.join(diff)}")
             if name in drawing:
-                failures += compare_pictures(name, drawn, pictures_dir)
-        print(f"{name}: checked{' (with pictures)' if name in drawing else ''}")
+                failures = compare_pictures(name, drawn, pictures_dir)
+                cases.check(f"{name} draws exactly the committed pictures", not failures, "\n".join(failures))
     # Every picture committed is drawn by some program (none left over from an
     # old version), and every picture the document shows is committed.
     committed = set(p for p in os.listdir(pictures_dir) if p.endswith(".svg")) if os.path.isdir(pictures_dir) else set()
-    failures += [f"{p}: in {pictures_dir} but no program draws it" for p in sorted(committed - all_drawn)]
+    left_over = sorted(committed - all_drawn)
+    cases.check("every committed picture is drawn by a program", not left_over,
+                f"in {pictures_dir} but no program draws them: {left_over}")
     shown = set(os.path.basename(m["path"]) for m in IMAGE.finditer(doc_text))
-    failures += [f"{p}: shown by {doc_path} but not in {pictures_dir}" for p in sorted(shown - committed)]
-    for failure in failures:
-        print(f"FAIL {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    missing = sorted(shown - committed)
+    cases.check("every picture the document shows is committed", not missing,
+                f"shown by {doc_path} but not in {pictures_dir}: {missing}")
+    return cases.finish()
 
 
 def write_pictures(doc_path, pictures_dir, programs):
