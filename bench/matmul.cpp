@@ -259,6 +259,42 @@ struct Variant {
   bool all_ranks = true;  // false: rank 0 alone, the others sleep
 };
 
+// Runs every variant 1 + reps times (the first a warm-up), in an order that
+// rotates from one repetition to the next: one on all ranks after a
+// barrier, one on rank 0 alone while the others sleep. Returns the slowest
+// rank's seconds of each timed repetition r and variant v at r * nv + v.
+std::vector<double> time_variants(const std::vector<Variant>& variants, int reps, bool root) {
+  const std::size_t nv = variants.size();
+  const int warmup = 1;
+  std::vector<double> times(static_cast<std::size_t>(reps) * nv);
+  for (int i = 0; i < warmup + reps; ++i) {
+    for (std::size_t j = 0; j < nv; ++j) {
+      const std::size_t v = (j + static_cast<std::size_t>(i)) % nv;
+      const Variant& var = variants[v];
+      double t = 0;
+      if (var.all_ranks) {
+        check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+        const auto t0 = Clock::now();
+        var.run();
+        t = std::chrono::duration<double>(Clock::now() - t0).count();
+      } else {
+        sleeping_barrier();
+        if (root) {
+          const auto t0 = Clock::now();
+          var.run();
+          t = std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+        sleeping_barrier();
+      }
+      if (i >= warmup) times[static_cast<std::size_t>(i - warmup) * nv + v] = t;
+    }
+  }
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX,
+                          MPI_COMM_WORLD),
+            "MPI_Allreduce");
+  return times;
+}
+
 void bench_size(Communicator& world, std::int64_t n, const Options& opt) {
   const int p = world.size();
   const bool root = world.rank() == 0;
@@ -310,33 +346,7 @@ void bench_size(Communicator& world, std::int64_t n, const Options& opt) {
   };
   constexpr std::size_t kPdgemm = 3;  // its index in `variants`; the BLAS rows follow it
   const std::size_t nv = variants.size();
-  const int warmup = 1;
-  std::vector<double> times(static_cast<std::size_t>(opt.reps) * nv);
-  for (int i = 0; i < warmup + opt.reps; ++i) {
-    for (std::size_t j = 0; j < nv; ++j) {
-      const std::size_t v = (j + static_cast<std::size_t>(i)) % nv;
-      const Variant& var = variants[v];
-      double t = 0;
-      if (var.all_ranks) {
-        check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
-        const auto t0 = Clock::now();
-        var.run();
-        t = std::chrono::duration<double>(Clock::now() - t0).count();
-      } else {
-        sleeping_barrier();
-        if (root) {
-          const auto t0 = Clock::now();
-          var.run();
-          t = std::chrono::duration<double>(Clock::now() - t0).count();
-        }
-        sleeping_barrier();
-      }
-      if (i >= warmup) times[static_cast<std::size_t>(i - warmup) * nv + v] = t;
-    }
-  }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX,
-                          MPI_COMM_WORLD),
-            "MPI_Allreduce");
+  const std::vector<double> times = time_variants(variants, opt.reps, root);
 
   // Correctness of each distributed result, worst over the ranks.
   double errors[4] = {check_dtensor(c_sharded, n), check_dtensor(c_replicated_b, n), check_dtensor(c_gathered_b, n),

@@ -136,6 +136,28 @@ std::string legend_label(const char* name, const Series& s, const char* unit) {
   return label;
 }
 
+// The legend's box, top right inside a plot whose right edge is at x =
+// `right` and top at y = `top`: a line in each entry's colour, its label.
+std::string legend(const std::vector<std::pair<std::string, const char*>>& entries, double right, double top) {
+  std::size_t longest = 0;
+  for (const auto& e : entries) longest = std::max(longest, e.first.size());
+  const double box_w = 40 + 6.5 * static_cast<double>(longest), box_h = 8 + 20 * static_cast<double>(entries.size());
+  const double bx = right - box_w - 10, by = top + 10;
+  std::string svg = fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"white\" fill-opacity=\"0.9\" "
+      "stroke=\"#999\"/>\n",
+      bx, by, box_w, box_h);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const double y = by + 18 + 20 * static_cast<double>(i);
+    svg +=
+        fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2\"/>",
+                    bx + 8, y - 4, bx + 30, y - 4, entries[i].second);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", bx + 36, y,
+                       xml_escape(entries[i].first));
+  }
+  return svg;
+}
+
 }  // namespace
 
 std::string loss_svg(const std::string& title, const std::vector<double>& train_losses,
@@ -225,23 +247,7 @@ std::string loss_svg(const std::string& title, const std::vector<double>& train_
   std::vector<std::pair<std::string, const char*>> entries;
   if (!train_losses.empty()) entries.emplace_back(legend_label("train", train, "step"), kTrainColour);
   if (!val_points.empty()) entries.emplace_back(legend_label("validation", val, "point"), kValColour);
-  if (!entries.empty()) {
-    std::size_t longest = 0;
-    for (const auto& e : entries) longest = std::max(longest, e.first.size());
-    const double box_w = 40 + 6.5 * static_cast<double>(longest), box_h = 8 + 20 * static_cast<double>(entries.size());
-    const double bx = kLeft + plot_w - box_w - 10, by = top + 10;
-    svg += fmt::format(
-        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"white\" fill-opacity=\"0.9\" "
-        "stroke=\"#999\"/>\n",
-        bx, by, box_w, box_h);
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const double y = by + 18 + 20 * static_cast<double>(i);
-      svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2\"/>",
-                         bx + 8, y - 4, bx + 30, y - 4, entries[i].second);
-      svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", bx + 36, y,
-                         xml_escape(entries[i].first));
-    }
-  }
+  if (!entries.empty()) svg += legend(entries, kLeft + plot_w, top);
   return svg + "</svg>\n";
 }
 

@@ -290,6 +290,57 @@ void load_moments(const std::string& dir, nn::GPT<typename Env::X>& model, nn::A
   opt.load_state_dict(env.load(dir, want), names, updates);
 }
 
+// One step's forward and backward passes over its micro-batches: the sum
+// of their losses and the collectives of each phase.
+struct Passes {
+  DimsStats forward, backward;
+  double loss_sum = 0;
+};
+
+template <class Env, class X, class BatchOf>
+Passes forward_backward(nn::GPT<X>& model, const Env& env, const TrainOptions& o, std::int64_t step,
+                        const BatchOf& batch_of) {
+  Passes out;
+  for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
+    const auto [tokens, targets] = batch_of(Split::Train, static_cast<std::uint64_t>(step * o.micro_batches + micro));
+    const DimsStats before = env.stats();
+    const X loss = [&] {
+      const CommScope named("forward");  // the timeline's scopes lane (backward and optimizer name themselves)
+      return model.loss(tokens, targets);
+    }();
+    const DimsStats forwarded = env.stats();
+    (o.micro_batches > 1 ? mul(loss, 1.0 / static_cast<double>(o.micro_batches)) : loss).backward();
+    const DimsStats after = env.stats();
+    out.forward = out.forward + (forwarded - before);
+    out.backward = out.backward + (after - forwarded);
+    out.loss_sum += env.value(loss);  // reading it is outside the phases (under dp it is a Partial sum)
+  }
+  return out;
+}
+
+// The busiest rank's bytes of parameters, gradients and optimizer states
+// after the run, and of the peak of a step (`step_peak` on this rank).
+template <class Env, class X>
+void record_memory(TrainResult& result, const std::vector<X>& params, const nn::AdamW<X>& optimizer, const Env& env,
+                   std::size_t step_peak) {
+  std::uint64_t param_bytes = 0, grad_bytes = 0, state_bytes = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto local_bytes = [](const auto& x) -> std::uint64_t {
+      if constexpr (std::is_same_v<std::decay_t<decltype(x)>, DTensor>)
+        return x.to_local().nbytes();
+      else
+        return x.nbytes();
+    };
+    param_bytes += local_bytes(params[i]);
+    grad_bytes += local_bytes(params[i]);  // a gradient takes its parameter's layout for the update
+    if (optimizer.exp_avg(i)) state_bytes += local_bytes(*optimizer.exp_avg(i)) + local_bytes(*optimizer.exp_avg_sq(i));
+  }
+  result.parameter_bytes = env.largest(param_bytes);
+  result.gradient_bytes = env.largest(grad_bytes);
+  result.optimizer_state_bytes = env.largest(state_bytes);
+  result.peak_bytes = env.largest(step_peak);
+}
+
 template <class Env>
 TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, const StepCallback& on_step) {
   using X = typename Env::X;
@@ -338,22 +389,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     if (!o.trace.empty() && step == o.steps - 1) env.start_trace(trace, o.trace);
     memory->reset_peak();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
-    DimsStats forward, backward;
-    double loss_sum = 0;
-    for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
-      const auto [tokens, targets] = batch_of(Split::Train, static_cast<std::uint64_t>(step * o.micro_batches + micro));
-      const DimsStats before = env.stats();
-      const X loss = [&] {
-        const CommScope named("forward");  // the timeline's scopes lane (backward and optimizer name themselves)
-        return model.loss(tokens, targets);
-      }();
-      const DimsStats forwarded = env.stats();
-      (o.micro_batches > 1 ? mul(loss, 1.0 / static_cast<double>(o.micro_batches)) : loss).backward();
-      const DimsStats after = env.stats();
-      forward = forward + (forwarded - before);
-      backward = backward + (after - forwarded);
-      loss_sum += env.value(loss);  // reading it is outside the phases (under dp it is a Partial sum)
-    }
+    const Passes passes = forward_backward(model, env, o, step, batch_of);
     const DimsStats before_update = env.stats();
     if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
     optimizer.step();
@@ -367,11 +403,11 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     // The first step builds the caches (propagation, plans, memory): the
     // rate is the steady one after it, when there is an after.
     if (step > first_step || o.steps - first_step == 1) seconds += took;
-    result.losses.push_back(loss_sum / static_cast<double>(o.micro_batches));
+    result.losses.push_back(passes.loss_sum / static_cast<double>(o.micro_batches));
     if (step == o.steps - 1) {
       result.comm.clear();
-      add_phase(result.comm, "forward", forward, env.dim_names());
-      add_phase(result.comm, "backward", backward, env.dim_names());
+      add_phase(result.comm, "forward", passes.forward, env.dim_names());
+      add_phase(result.comm, "backward", passes.backward, env.dim_names());
       add_phase(result.comm, "optimizer", update, env.dim_names());
     }
     if (on_step) on_step(step, result.losses.back(), took);
@@ -386,22 +422,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   result.val_loss = validation_loss();
   result.val_points.emplace_back(o.steps - 1, result.val_loss);
 
-  std::uint64_t param_bytes = 0, grad_bytes = 0, state_bytes = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    auto local_bytes = [](const auto& x) -> std::uint64_t {
-      if constexpr (std::is_same_v<std::decay_t<decltype(x)>, DTensor>)
-        return x.to_local().nbytes();
-      else
-        return x.nbytes();
-    };
-    param_bytes += local_bytes(params[i]);
-    grad_bytes += local_bytes(params[i]);  // a gradient takes its parameter's layout for the update
-    if (optimizer.exp_avg(i)) state_bytes += local_bytes(*optimizer.exp_avg(i)) + local_bytes(*optimizer.exp_avg_sq(i));
-  }
-  result.parameter_bytes = env.largest(param_bytes);
-  result.gradient_bytes = env.largest(grad_bytes);
-  result.optimizer_state_bytes = env.largest(state_bytes);
-  result.peak_bytes = env.largest(step_peak);
+  record_memory(result, params, optimizer, env, step_peak);
 
   if (o.generate > 0) {
     const Batch prompt = data.next_batch(Split::Validation, 1, std::max<std::int64_t>(1, seq / 4), 0, o.seed);
