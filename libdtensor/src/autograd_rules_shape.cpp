@@ -186,18 +186,7 @@ InputGrads<X> linear_backward(const BackwardArgs<X>& a) {
 
 // ---- Reductions ----------------------------------------------------------------------
 
-}  // namespace
-
-void add_einsum_rules(RuleList& r) {
-  r.emplace_back("einsum", make_backward([](const auto& a) { return einsum_backward(a); }));
-  r.emplace_back("matmul", make_backward([](const auto& a) { return matmul_backward(a); }));
-  r.emplace_back("bmm", make_backward([](const auto& a) { return matmul_backward(a); }));
-  r.emplace_back("linear", make_backward([](const auto& a) { return linear_backward(a); }));
-  r.emplace_back("linear_bias", make_backward([](const auto& a) { return linear_backward(a); }));
-}
-
-void add_shape_rules(RuleList& r) {
-  using rules::run;
+void add_reduction_rules(RuleList& r) {
   r.emplace_back("sum", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{
@@ -221,7 +210,12 @@ void add_shape_rules(RuleList& r) {
                    const X total = run<"sum">(ReduceAttrs{.dims = {dim}, .keepdim = true}, a.grad);
                    return InputGrads<X>{run<"sub">({}, a.grad, run<"mul">({}, run<"exp">({}, a.output), total))};
                  }));
-  // Shape ops: the gradient reshaped, transposed or summed back.
+}
+
+// ---- Shape ops -----------------------------------------------------------------------
+
+// The gradient reshaped, transposed, summed back or cast back.
+void add_view_rules(RuleList& r) {
   auto reshaped = make_backward([](const auto& a) {
     using X = std::decay_t<decltype(a.grad)>;
     return InputGrads<X>{reshape_to(a.grad, a.inputs[0].shape())};
@@ -259,6 +253,10 @@ void add_shape_rules(RuleList& r) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{run<"to">(ToAttrs{.dtype = a.inputs[0].dtype()}, a.grad)};
                  }));
+}
+
+// narrow, cat and stack: the gradient padded back, or sliced per input.
+void add_slice_rules(RuleList& r) {
   // narrow: the gradient padded with zeros back to the input's extent.
   r.emplace_back("narrow", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
@@ -299,6 +297,22 @@ void add_shape_rules(RuleList& r) {
   };
   r.emplace_back("cat", make_backward([pieces](const auto& a) { return pieces(a, false); }));
   r.emplace_back("stack", make_backward([pieces](const auto& a) { return pieces(a, true); }));
+}
+
+}  // namespace
+
+void add_einsum_rules(RuleList& r) {
+  r.emplace_back("einsum", make_backward([](const auto& a) { return einsum_backward(a); }));
+  r.emplace_back("matmul", make_backward([](const auto& a) { return matmul_backward(a); }));
+  r.emplace_back("bmm", make_backward([](const auto& a) { return matmul_backward(a); }));
+  r.emplace_back("linear", make_backward([](const auto& a) { return linear_backward(a); }));
+  r.emplace_back("linear_bias", make_backward([](const auto& a) { return linear_backward(a); }));
+}
+
+void add_shape_rules(RuleList& r) {
+  add_reduction_rules(r);
+  add_view_rules(r);
+  add_slice_rules(r);
 }
 
 }  // namespace dtensor

@@ -24,6 +24,16 @@ DTensor at_point(const DTensor& x, const ActivationLayouts& layouts, Point p) {
 
 namespace {
 
+// A module's parameters from its children's, in the order given: each
+// child's names under prefix + its name (children_parameters(prefix, out,
+// "q.", q, "k.", k) gives "<prefix>q.weight", ..., "<prefix>k.weight", ...).
+template <TensorOrDTensor X, class Child, class... Rest>
+void children_parameters(const std::string& prefix, NamedParameters<X>& out, const char* name, Child& child,
+                         Rest&... rest) {
+  child.named_parameters(prefix + name, out);
+  if constexpr (sizeof...(rest) > 0) children_parameters(prefix, out, rest...);
+}
+
 // A host tensor every rank builds alike, as a tensor like `ref`: itself on
 // one rank, replicated over `ref`'s mesh (each rank keeps its own copy, no
 // communication) on DTensors.
@@ -119,10 +129,7 @@ X CausalSelfAttention<X>::operator()(const X& x, const ActivationLayouts& layout
 }
 template <TensorOrDTensor X>
 void CausalSelfAttention<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
-  q.named_parameters(prefix + "q.", out);
-  k.named_parameters(prefix + "k.", out);
-  v.named_parameters(prefix + "v.", out);
-  proj.named_parameters(prefix + "proj.", out);
+  children_parameters(prefix, out, "q.", q, "k.", k, "v.", v, "proj.", proj);
 }
 
 template <TensorOrDTensor X>
@@ -131,8 +138,7 @@ X MLP<X>::operator()(const X& x, const ActivationLayouts& layouts) const {
 }
 template <TensorOrDTensor X>
 void MLP<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
-  fc.named_parameters(prefix + "fc.", out);
-  proj.named_parameters(prefix + "proj.", out);
+  children_parameters(prefix, out, "fc.", fc, "proj.", proj);
 }
 
 template <TensorOrDTensor X>
@@ -142,10 +148,7 @@ X Block<X>::operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>*
 }
 template <TensorOrDTensor X>
 void Block<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
-  ln1.named_parameters(prefix + "ln1.", out);
-  attn.named_parameters(prefix + "attn.", out);
-  ln2.named_parameters(prefix + "ln2.", out);
-  mlp.named_parameters(prefix + "mlp.", out);
+  children_parameters(prefix, out, "ln1.", ln1, "attn.", attn, "ln2.", ln2, "mlp.", mlp);
 }
 
 void GPTConfig::check() const {

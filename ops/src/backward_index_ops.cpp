@@ -9,6 +9,7 @@
 #include "backward_kernels.h"
 #include "device_kernels.h"
 #include "dtensor/core/error.h"
+#include "families.h"
 
 namespace dtensor {
 namespace {
@@ -209,14 +210,10 @@ void add_sum_to_shape(OpRegistry& registry) {
 }  // namespace
 
 void register_backward_index_ops(OpRegistry& registry) {
-  OpDef emb;
-  emb.name = "embedding_backward";
-  emb.num_inputs = 3;
-  emb.doc =
-      "embedding_backward(indices, grad, table): the table's gradient, grad's rows added at their indices (the "
-      "table gives the shape and layout; its values are not read)";
-  emb.meta = embedding_backward_meta;
-  emb.dim_strategy = embedding_backward_strategy;
+  OpDef emb = dim_strategy_op("embedding_backward", 3,
+                              "embedding_backward(indices, grad, table): the table's gradient, grad's rows added at "
+                              "their indices (the table gives the shape and layout; its values are not read)",
+                              embedding_backward_meta, embedding_backward_strategy);
   device::bind_backward_kernels(emb, [](const device::BackwardKernels& k) {
     return [&k](const KernelArgs& a) {
       return k.embedding_backward(a.inputs[0], a.inputs[1], a.output_box.offset[0], a.output_box.size[0],
@@ -225,14 +222,11 @@ void register_backward_index_ops(OpRegistry& registry) {
   });
   registry.add(std::move(emb));
 
-  OpDef ce;
-  ce.name = "cross_entropy_backward";
-  ce.num_inputs = 4;
-  ce.doc =
-      "cross_entropy_backward(z, targets, lse, grad): grad[n] * (softmax(z)[n, c] - (c == targets[n])) with "
-      "lse[n] = log(sum(exp(z[n, :]))), the logits' gradient of the per-row loss";
-  ce.meta = cross_entropy_backward_meta;
-  ce.dim_strategy = cross_entropy_backward_strategy;
+  OpDef ce = dim_strategy_op("cross_entropy_backward", 4,
+                             "cross_entropy_backward(z, targets, lse, grad): grad[n] * (softmax(z)[n, c] - (c == "
+                             "targets[n])) with lse[n] = log(sum(exp(z[n, :]))), the logits' gradient of the "
+                             "per-row loss",
+                             cross_entropy_backward_meta, cross_entropy_backward_strategy);
   device::bind_backward_kernels(ce, [](const device::BackwardKernels& k) {
     return [&k](const KernelArgs& a) {
       return k.cross_entropy_backward(a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3], a.boxes[0].offset[1],

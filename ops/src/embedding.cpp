@@ -81,21 +81,15 @@ Kernel pick_kernel(const device::Kernels& k) {
 }  // namespace
 
 void register_embedding_ops(OpRegistry& registry) {
-  OpDef emb;
-  emb.name = "embedding";
-  emb.num_inputs = 2;
-  emb.doc = "table[indices]: rows of a [V, D] table looked up by i64 indices, output [..., D]";
-  emb.meta = embedding_meta;
-  emb.dim_strategy = embedding_strategy;
+  OpDef emb = dim_strategy_op("embedding", 2,
+                              "table[indices]: rows of a [V, D] table looked up by i64 indices, output [..., D]",
+                              embedding_meta, embedding_strategy);
   device::bind_kernels(emb, embedding_kernel);
   registry.add(std::move(emb));
 
-  OpDef pick;
-  pick.name = "pick";
-  pick.num_inputs = 2;
-  pick.doc = "logits[n, targets[n]]: one entry per row of [N, C] logits by i64 targets [N]";
-  pick.meta = pick_meta;
-  pick.dim_strategy = pick_strategy;
+  OpDef pick =
+      dim_strategy_op("pick", 2, "logits[n, targets[n]]: one entry per row of [N, C] logits by i64 targets [N]",
+                      pick_meta, pick_strategy);
   device::bind_kernels(pick, pick_kernel);
   registry.add(std::move(pick));
 }

@@ -51,6 +51,16 @@ const OpDef& OpRegistry::add(OpDef def) {
   return *it->second;
 }
 
+OpDef dim_strategy_op(std::string name, int num_inputs, std::string doc, MetaFn meta, DimStrategyFn dim_strategy) {
+  OpDef def;
+  def.name = std::move(name);
+  def.num_inputs = num_inputs;
+  def.doc = std::move(doc);
+  def.meta = std::move(meta);
+  def.dim_strategy = std::move(dim_strategy);
+  return def;
+}
+
 bool OpRegistry::contains(std::string_view name) const { return defs_.find(name) != defs_.end(); }
 
 const OpDef& OpRegistry::get(std::string_view name) const {

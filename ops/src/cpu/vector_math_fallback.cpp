@@ -1,5 +1,6 @@
 // vector_math.h without Google Highway (libhwy-dev not found at configure
-// time): the same functions as plain loops over the std:: functions, which
+// time): the functions of vector_math.cpp (f32, f64) and vector_math_half.cpp
+// (bf16, f16) in one file, as plain loops over the std:: functions, which
 // the compiler vectorises only for the cheap ones.
 #include <cmath>
 #include <cstring>
