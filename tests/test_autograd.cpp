@@ -212,10 +212,10 @@ BOOST_AUTO_TEST_CASE(dtensor_gradients_equal_the_unsharded_ones) {
   }
 }
 
-// checkpoint(): the same gradients as the function recorded whole, on
+// recompute(): the same gradients as the function recorded whole, on
 // Tensors and on DTensors; the function runs once in the forward and once
 // more in the backward, so its collectives run twice (FSDP's re-gather).
-BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
+BOOST_AUTO_TEST_CASE(recompute_gives_the_same_gradients) {
   const Tensor w = uniform({4, 6}, 21), x = uniform({5, 6}, 22);
   auto block = [](const auto& in) { return tanh(linear(in[0], in[1])); };
   Tensor rw = w.detach().requires_grad_(), rx = x.detach().requires_grad_();
@@ -223,7 +223,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
   Tensor cw = w.detach().requires_grad_(), cx = x.detach().requires_grad_();
   int calls = 0;
   const Tensor in[] = {cx, cw};
-  sum(checkpoint(
+  sum(recompute(
           [&](std::span<const Tensor> v) {
             ++calls;
             return block(v);
@@ -250,7 +250,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
     };
     const DTensor inputs[] = {X, W};
     CommCounter forward(mesh);
-    const DTensor loss = sum(checkpoint(gathered_block, inputs));
+    const DTensor loss = sum(recompute(gathered_block, inputs));
     const CommStats f = forward.counts();
     CommCounter backward(mesh);
     loss.backward();
@@ -264,16 +264,16 @@ BOOST_AUTO_TEST_CASE(checkpoint_recomputes_and_gives_the_same_gradients) {
     if (!allclose(W.grad()->full_tensor(), *rw.grad(), 1e-12, 1e-12)) why += " wrong values";
     if (!why.empty()) {
       std::lock_guard lock(mu);
-      failures.push_back("checkpoint:" + why);
+      failures.push_back("recompute:" + why);
     }
   });
   testing::check_no_failures(failures);
 }
 
-// checkpoint_gathered(): two sharded weights gathered by one all_gather in
+// recompute_gathered(): two sharded weights gathered by one all_gather in
 // the forward and one again in the backward, their gradients sent back by
 // one reduce_scatter, equal to the unsharded gradients.
-BOOST_AUTO_TEST_CASE(checkpoint_gathered_moves_a_unit_in_one_call_each_way) {
+BOOST_AUTO_TEST_CASE(recompute_gathered_moves_a_unit_in_one_call_each_way) {
   const Tensor w1 = uniform({4, 6}, 31), w2 = uniform({3, 4}, 32), x = uniform({5, 6}, 33);
   Tensor r1 = w1.detach().requires_grad_(), r2 = w2.detach().requires_grad_();
   sum(tanh(linear(tanh(linear(x, r1)), r2))).backward();
@@ -293,7 +293,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_gathered_moves_a_unit_in_one_call_each_way) {
     const DTensor inputs[] = {X}, params[] = {W1, W2};
     const Layout whole[] = {Layout::parse("R"), Layout::parse("R")};
     CommCounter forward(mesh);
-    const DTensor loss = sum(checkpoint_gathered(f, inputs, params, whole));
+    const DTensor loss = sum(recompute_gathered(f, inputs, params, whole));
     const CommStats fc = forward.counts();
     CommCounter backward(mesh);
     loss.backward();
@@ -308,7 +308,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_gathered_moves_a_unit_in_one_call_each_way) {
       why += " wrong values";
     if (!why.empty()) {
       std::lock_guard lock(mu);
-      failures.push_back("checkpoint_gathered:" + why);
+      failures.push_back("recompute_gathered:" + why);
     }
   });
   testing::check_no_failures(failures);

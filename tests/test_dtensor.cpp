@@ -5,6 +5,9 @@
 
 #include <algorithm>
 
+// The old names of api/embedding.h and api/shape_ops.h still compile.
+#include "dtensor/api/nn.h"
+#include "dtensor/api/shape.h"
 #include "support.h"
 
 using namespace dtensor;
@@ -323,6 +326,28 @@ BOOST_AUTO_TEST_CASE(every_public_value_prints) {
   BOOST_TEST(fmt::format("{} {} {}", DType::Float64, ReduceOp::Max, Placement(Shard{1})) == "f64 max S(1)");
   BOOST_TEST(human_bytes(28672) == "28 KiB");
   BOOST_TEST(human_seconds(9.09e-6) == "9.09 us");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The deprecated names forward to the renamed functions: checkpoint() is
+// recompute(), with the same value and gradient.
+BOOST_AUTO_TEST_SUITE(old_names)
+
+BOOST_AUTO_TEST_CASE(checkpoint_forwards_to_recompute) {
+  const Tensor w = Tensor::arange({2, 3}, DType::Float64);
+  auto f = [](std::span<const Tensor> in) { return sum(mul(in[0], in[0])); };
+  Tensor a = w.detach().requires_grad_(), b = w.detach().requires_grad_();
+  const Tensor in_a[] = {a}, in_b[] = {b};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const Tensor old_name = checkpoint(f, in_a);
+#pragma GCC diagnostic pop
+  const Tensor new_name = recompute(f, in_b);
+  BOOST_TEST(old_name.get({}) == new_name.get({}));
+  old_name.backward();
+  new_name.backward();
+  BOOST_TEST(allclose(*a.grad(), *b.grad(), 0, 0));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -48,7 +48,7 @@ int main() {
 # Headers that must not be installed: every layer's detail/ folder (the
 # library's own machinery, for the layers above and the tests), among them
 # those that need what a user does not have (<cuda_runtime.h>).
-INTERNAL = ["cuda_check.h", "caching_allocator.h", "compact_layout.h", "timeline.h", "format.h"]
+INTERNAL = ["cuda_check.h", "caching_allocator.h", "compact_layout.h", "trace_recorder.h", "format.h"]
 
 CMAKE_PROJECT = """
 cmake_minimum_required(VERSION 3.20)

@@ -60,7 +60,7 @@ struct Searched {
 Searched search(const PlanRequest& req, bool lower_bound) {
   const Layout from = validate_layout(req.from, req.mesh_shape, req.global_shape);
   const Layout to = validate_layout(req.to, req.mesh_shape, req.global_shape);
-  planner::Pls src, dst;
+  CompactLayout src, dst;
   planner::Problem P = planner::make_problem(req, from, to, src, dst);
   P.lower_bound = lower_bound;
   planner::Search s(P, src, dst);
@@ -141,7 +141,7 @@ BOOST_AUTO_TEST_CASE(the_bound_never_exceeds_the_cost_from_a_reached_state) {
     if (trivial(r.req) || numel(r.req.mesh_shape) > 24) continue;
     const Layout from = validate_layout(r.req.from, r.req.mesh_shape, r.req.global_shape);
     const Layout to = validate_layout(r.req.to, r.req.mesh_shape, r.req.global_shape);
-    planner::Pls src, dst;
+    CompactLayout src, dst;
     planner::Problem P = planner::make_problem(r.req, from, to, src, dst);
     planner::Search s(P, src, dst);
     s.run();
@@ -156,8 +156,8 @@ BOOST_AUTO_TEST_CASE(the_bound_never_exceeds_the_cost_from_a_reached_state) {
         bytes_first.lower_bound = time_first.lower_bound = false;
         bytes_first.bytes_first = bytes_first.exact_busiest = true;
         time_first.bytes_first = time_first.exact_busiest = false;
-        planner::Search by_bytes(bytes_first, s.state(state).pl, dst);
-        planner::Search by_time(time_first, s.state(state).pl, dst);
+        planner::Search by_bytes(bytes_first, s.state(state).layout, dst);
+        planner::Search by_time(time_first, s.state(state).layout, dst);
         by_bytes.run();
         by_time.run();
         BOOST_TEST(b.bytes <= by_bytes.found().bytes, fmt::format("state {}", state));

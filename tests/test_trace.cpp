@@ -1,4 +1,4 @@
-// Timelines (dtensor/api/trace.h): a TraceScope around a small sharded
+// Traces (dtensor/api/trace.h): a TraceScope around a small sharded
 // program writes a Chrome trace that is valid trace-event JSON (every event
 // has ph, ts, pid, tid; complete events a dur >= 0; every process and track
 // named), shows one process per rank, and holds exactly as many collective
@@ -138,7 +138,7 @@ struct on_threads {
   }
 };
 
-BOOST_AUTO_TEST_SUITE(timelines)
+BOOST_AUTO_TEST_SUITE(traces)
 
 // The acceptance test of the format and of the counts: the trace agrees
 // with CommCounter kind by kind on every rank, names the ops, and labels

@@ -19,7 +19,7 @@
 #include "dtensor/checkpoint/detail/format.h"
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/dtensor.h"
-#include "plan_picture.h"
+#include "layout_text.h"
 
 namespace {
 
@@ -52,7 +52,7 @@ int info(const std::string& dir) {
     fmt::print("  saved from mesh {} ({}) as {}\n", fmt::join(t.mesh_shape, "x"), fmt::join(t.mesh_dims, ","),
                t.layout);
     const Layout layout = validate_layout(Layout::parse(t.layout), t.mesh_shape, t.shape);
-    fmt::print("{}", cli::draw_layout(t.mesh_shape, t.shape, itemsize(t.dtype), layout, "    "));
+    fmt::print("{}", cli::layout_text(t.mesh_shape, t.shape, itemsize(t.dtype), layout, "    "));
   }
   fmt::print("{} tensors, {}\n", manifest.tensors.size(), human_bytes(static_cast<std::int64_t>(total)));
   return 0;

@@ -22,7 +22,7 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/pictures/svg.h"
-#include "plan_picture.h"
+#include "layout_text.h"
 #include "plan_run.h"
 
 namespace {
@@ -242,7 +242,7 @@ void print_human(const Plan& plan, const CostModel& cost, const std::optional<cl
 
   fmt::print("\nBefore: {}\n", plan.from);
   fmt::print("{}", cli::explain_placements(plan.mesh_shape, plan.global_shape, plan.from, "  "));
-  fmt::print("{}", cli::draw_layout(plan.mesh_shape, plan.global_shape, is, plan.from, "  "));
+  fmt::print("{}", cli::layout_text(plan.mesh_shape, plan.global_shape, is, plan.from, "  "));
 
   fmt::print("\nPlan: ");
   if (plan.steps.empty()) {
@@ -268,7 +268,7 @@ void print_human(const Plan& plan, const CostModel& cost, const std::optional<cl
 
   fmt::print("\nAfter: {}\n", plan.to);
   fmt::print("{}", cli::explain_placements(plan.mesh_shape, plan.global_shape, plan.to, "  "));
-  fmt::print("{}", cli::draw_layout(plan.mesh_shape, plan.global_shape, is, plan.to, "  "));
+  fmt::print("{}", cli::layout_text(plan.mesh_shape, plan.global_shape, is, plan.to, "  "));
 
   if (run) {
     if (run->backend == "mpi")

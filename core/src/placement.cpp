@@ -302,7 +302,9 @@ std::size_t Layout::hash() const {
 
 Layout validate_layout(const Layout& layout, std::span<const std::int64_t> mesh_shape,
                        std::span<const std::int64_t> global_shape) {
-  // The mesh check comes before the shape check, as it always has.
+  // The placements must match the mesh before anything else is read: a
+  // layout made for another mesh is named as such whatever the shape. The
+  // shard dims are judged against the tensor's dims, so after the shape.
   auto problem = layout_problem(layout.placements(), mesh_shape.size(), global_shape.size());
   if (problem && problem->kind == LayoutProblem::Kind::MeshDims)
     throw LayoutError(fmt::format("[layout] {}", describe(*problem, layout, mesh_shape)));

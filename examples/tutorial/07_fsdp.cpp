@@ -1,5 +1,5 @@
 // Tutorial step 7: FSDP (ZeRO-3). Each parameter is stored split S(0) over
-// dp, a quarter per rank. checkpoint_gathered() gathers a unit's parameters
+// dp, a quarter per rank. recompute_gathered() gathers a unit's parameters
 // for use (one all_gather), frees them after the forward, gathers them
 // again for the backward (one more), and sends their gradients back to the
 // shards as S(0) (one reduce_scatter). The optimizer then updates each
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
                   for (int step = 1; step <= 2; ++step) {
                     const DTensor inputs[] = {x}, params[] = {w1, w2};
                     CommCounter forward(mesh);
-                    const DTensor out = checkpoint_gathered(mlp, inputs, params, whole);
+                    const DTensor out = recompute_gathered(mlp, inputs, params, whole);
                     const DTensor loss = sum(mul(out, out));
                     const CommStats forward_used = forward.counts();
                     CommCounter backward(mesh);

@@ -133,7 +133,7 @@ void tp_versus_fsdp(Communicator& world, const std::optional<std::filesystem::pa
   const Layout whole[] = {Layout::parse("R"), Layout::parse("R")};
   auto gathered = [&](const DTensor& x, const DTensor& a, const DTensor& b) {
     const DTensor inputs[] = {x}, params[] = {a, b};
-    return checkpoint_gathered(
+    return recompute_gathered(
         [&](std::span<const DTensor> in, std::span<const DTensor> w) { return mlp(in[0], w[0], w[1]); }, inputs,
         params, whole);
   };

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "dtensor/api/nn.h"
+#include "dtensor/api/embedding.h"
 #include "dtensor/core/error.h"
 #include "autograd_rules.h"
 

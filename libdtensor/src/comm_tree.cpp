@@ -11,7 +11,7 @@
 
 #include "comm_stats.h"
 #include "dtensor/core/error.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 namespace dtensor {
 namespace {
@@ -134,7 +134,7 @@ std::string CommTree::text() {
 
 std::string CommTree::json() { return node_json(root()).dump(); }
 
-CommScope::CommScope(std::string_view name) : traced_(timeline::ScopeSpan::open(name)) {
+CommScope::CommScope(std::string_view name) : traced_(trace::ScopeSpan::open(name)) {
   CommTree* tree = active_tree;
   if (tree == nullptr) return;
   if (!tree->path_.empty() && tree->open_node().name == name) return;  // already open: no nesting

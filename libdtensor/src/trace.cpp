@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/core/error.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 namespace dtensor {
 
@@ -22,10 +22,10 @@ TraceScope::TraceScope(const DeviceMesh& mesh, std::string path)
     : mesh_(mesh),
       path_(checked_path(std::move(path))),
       exceptions_at_start_(std::uncaught_exceptions()),
-      recorder_(std::make_unique<timeline::Recorder>(mesh.comm())) {
+      recorder_(std::make_unique<trace::Recorder>(mesh.comm())) {
   // The mesh names this rank's process and the groups its collectives run
   // on; a mesh built inside the scope adds its own groups.
-  timeline::name_mesh(*recorder_, mesh_, /*replace=*/true);
+  trace::name_mesh(*recorder_, mesh_, /*replace=*/true);
 }
 
 TraceScope::~TraceScope() {
@@ -44,6 +44,6 @@ void TraceScope::finish() { recorder_->finish(path_); }
 
 std::size_t TraceScope::recorded_events() const { return recorder_->events().size(); }
 
-bool trace_recording() { return timeline::current != nullptr; }
+bool trace_recording() { return trace::current != nullptr; }
 
 }  // namespace dtensor

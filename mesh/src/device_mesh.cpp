@@ -9,7 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 namespace dtensor {
 namespace {
@@ -76,8 +76,8 @@ struct MeshRoot {
     auto it = groups.find(key);
     if (it == groups.end()) {
       it = groups.emplace(std::move(key), make_group(dims)).first;
-      if (timeline::current != nullptr)
-        timeline::current->name_group(&it->second->own_stats(), group_label(shape, dims),
+      if (trace::current != nullptr)
+        trace::current->name_group(&it->second->own_stats(), group_label(shape, dims),
                                       group_members(shape, coord, dims));
     }
     return *it->second;
@@ -190,7 +190,7 @@ DeviceMesh::DeviceMesh(Communicator& world, Shape shape, std::vector<std::string
   state->rank = world.rank();
   state->coord = root->coord;
   state_ = std::move(state);
-  if (timeline::current != nullptr) timeline::name_mesh(*timeline::current, *this, /*replace=*/false);
+  if (trace::current != nullptr) trace::name_mesh(*trace::current, *this, /*replace=*/false);
 }
 
 const Shape& DeviceMesh::shape() const { return state_->shape; }
@@ -304,7 +304,7 @@ fmt::format_context::iterator fmt::formatter<dtensor::DeviceMesh>::format(const 
   return fmt::format_to(ctx.out(), "DeviceMesh({}, dims={})", fmt::join(m.shape(), "x"), fmt::join(m.dim_names(), ","));
 }
 
-namespace dtensor::timeline {
+namespace dtensor::trace {
 
 void name_mesh(Recorder& recorder, const DeviceMesh& mesh, bool replace) {
   const auto& shape = mesh.shape();
@@ -322,4 +322,4 @@ void name_mesh(Recorder& recorder, const DeviceMesh& mesh, bool replace) {
       replace);
 }
 
-}  // namespace dtensor::timeline
+}  // namespace dtensor::trace

@@ -13,7 +13,7 @@
 #include "dtensor/core/error.h"
 #include "dtensor/mesh/backends.h"
 #include "dtensor/mesh/threads.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 namespace dtensor {
 namespace {
@@ -158,7 +158,7 @@ std::function<void(Communicator&)> traced(const std::function<void(Communicator&
   const char* path = env("DTENSOR_TRACE");
   if (!path) return fn;
   return [&fn, file = std::string(path)](Communicator& world) {
-    timeline::Recorder recorder(world);
+    trace::Recorder recorder(world);
     recorder.name_group(&world.own_stats(), "world");
     fn(world);
     recorder.finish(file);

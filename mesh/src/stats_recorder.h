@@ -4,7 +4,7 @@
 // of mesh dims) and its process rank's totals, shared by every communicator
 // of the rank (Communicator::stats). Only the rank's own thread touches
 // either, as before the split: two increments, no lock, no allocation.
-// While a timeline records on the rank (mesh/include/dtensor/mesh/detail/timeline.h) each call also
+// While a trace records on the rank (mesh/include/dtensor/mesh/detail/trace_recorder.h) each call also
 // becomes one event, timed from begin() (where the backend calls it) to
 // record(); otherwise that costs one thread-local test per call.
 #include <array>
@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "dtensor/mesh/communicator.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 namespace dtensor::backend_detail {
 
@@ -23,14 +23,14 @@ class StatsRecorder {
 
   /// Notes when a call starts, for its timeline event.
   void begin() {
-    if (timeline::current != nullptr) [[unlikely]]
-      started_ = timeline::Clock::now();
+    if (trace::current != nullptr) [[unlikely]]
+      started_ = trace::Clock::now();
   }
   void record(CollectiveKind kind, std::uint64_t bytes) {
     own_.record(kind, bytes);
     rank_totals_->record(kind, bytes);
-    if (timeline::current != nullptr) [[unlikely]]
-      timeline::record_collective(&own_, kind, bytes, std::exchange(started_, timeline::Clock::time_point{}));
+    if (trace::current != nullptr) [[unlikely]]
+      trace::record_collective(&own_, kind, bytes, std::exchange(started_, trace::Clock::time_point{}));
   }
   /// One end of a point-to-point message: a send (`sending`) from `self` to
   /// `peer`, or a recv by `self` from `peer`, ranks of this communicator.
@@ -44,16 +44,16 @@ class StatsRecorder {
     own_.record(CollectiveKind::SendRecv, bytes);
     rank_totals_->record(CollectiveKind::SendRecv, bytes);
     const std::uint64_t sequence = messages_[route(sending, self, peer, tag)]++;
-    if (timeline::current != nullptr) [[unlikely]]
-      timeline::record_message(&own_, timeline::MessageEnd{sending, self, peer, tag, sequence}, bytes,
-                               std::exchange(started_, timeline::Clock::time_point{}));
+    if (trace::current != nullptr) [[unlikely]]
+      trace::record_message(&own_, trace::MessageEnd{sending, self, peer, tag, sequence}, bytes,
+                            std::exchange(started_, trace::Clock::time_point{}));
   }
   /// A message taken off its route and refused (its size did not match the
   /// recv's): gone, so the route's later messages keep their numbers; no
   /// event, and the call's start is forgotten.
   void drop_message(bool sending, int self, int peer, int tag) {
     ++messages_[route(sending, self, peer, tag)];
-    started_ = timeline::Clock::time_point{};
+    started_ = trace::Clock::time_point{};
   }
   const CommStats& own() const { return own_; }
   CommStats& rank_totals() { return *rank_totals_; }
@@ -61,7 +61,7 @@ class StatsRecorder {
  private:
   CommStats own_;
   CommStats* rank_totals_;
-  timeline::Clock::time_point started_{};  // set by begin() only while recording
+  trace::Clock::time_point started_{};  // set by begin() only while recording
   static std::array<int, 4> route(bool sending, int self, int peer, int tag) {
     return {sending ? 1 : 0, sending ? self : peer, sending ? peer : self, tag};
   }

@@ -1,12 +1,12 @@
 // FSDP (ZeRO-3) on the GPT: flat units sharded over the data-parallel mesh
-// dims, gathered for use, the blocks checkpointed so that their gathered
+// dims, gathered for use, the blocks recomputed so that their gathered
 // parameters are freed after the forward and gathered again for the
 // backward.
 #include <fmt/format.h>
 
 #include "dtensor/api/autograd.h"
 #include "dtensor/api/coalesced.h"
-#include "dtensor/api/shape.h"
+#include "dtensor/api/shape_ops.h"
 #include "dtensor/core/error.h"
 #include "dtensor/nn/modules.h"
 
@@ -89,7 +89,7 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
   return model.forward_with(tokens, cache, wte, wpe, ln_f, head, [&](const DTensor& x, std::size_t l) {
     const FlatUnit<DTensor>& unit = model.units[l + 1];
     // Gathers the block's unit, runs the block on views of it; run again
-    // by the backward (checkpoint), which gathers again.
+    // by the backward (recompute), which gathers again.
     auto run_block = [&model, &unit, l, cache](std::span<const DTensor> in) {
       Block<DTensor> block = model.blocks[l];
       NamedParameters<DTensor> members;
@@ -99,7 +99,7 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
       return block(in[0], model.layouts, cache, l);
     };
     const DTensor inputs[] = {x, unit.flat};
-    return checkpoint(run_block, std::span<const DTensor>(inputs));
+    return recompute(run_block, std::span<const DTensor>(inputs));
   });
 }
 
@@ -138,7 +138,7 @@ DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens,
                                 return block(in[0], model.layouts, cache, l);
                               };
                               const DTensor inputs[] = {x};
-                              return checkpoint_gathered(run_block, inputs, params, model.gathered_layouts[l]);
+                              return recompute_gathered(run_block, inputs, params, model.gathered_layouts[l]);
                             });
 }
 

@@ -7,10 +7,10 @@
 #include <fmt/format.h>
 
 #include "dtensor/api/linalg.h"
-#include "dtensor/api/nn.h"
+#include "dtensor/api/embedding.h"
 #include "dtensor/api/pointwise.h"
 #include "dtensor/api/reduction.h"
-#include "dtensor/api/shape.h"
+#include "dtensor/api/shape_ops.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor::nn {

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/api/pointwise.h"
-#include "dtensor/api/shape.h"
+#include "dtensor/api/shape_ops.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor::nn {

@@ -3,7 +3,7 @@
 // (ops/src/backward_ops.cpp), one table per device as device_kernels.h does
 // for the forward families: the CPU table in ops/src/cpu/backward_kernels.cpp,
 // the CUDA one in ops/src/cuda/backward_kernels.cu (null in a build without
-// CUDA, ops/src/cuda/backward_unavailable.cpp). Every entry works on the local
+// CUDA, ops/src/cuda/no_cuda.cpp). Every entry works on the local
 // shards; the op's meta has checked dtypes and shapes. CPU entries see f32
 // and f64 (dispatch widens bf16/f16 around them) plus i64 index tensors;
 // CUDA entries see every floating dtype, computed in f32 for bf16/f16.

@@ -5,7 +5,7 @@
 // from cpu(), OpDef::cuda_kernel from cuda(). No kernel branches on a
 // tensor's device. The CPU table lives in ops/src/cpu/device_kernels.cpp, the
 // CUDA one in ops/src/cuda/device_kernels.cpp; a build without CUDA links
-// ops/src/cuda/unavailable.cpp, where cuda() is null, so the ops have no CUDA
+// ops/src/cuda/no_cuda.cpp, where cuda() is null, so the ops have no CUDA
 // kernel and dispatch says so.
 //
 // CPU entries see f32, f64 and i64 only (dispatch widens bf16/f16 around
@@ -69,7 +69,7 @@ struct Kernels {
 /// The CPU table (ops/src/cpu/device_kernels.cpp).
 const Kernels& cpu();
 /// The CUDA table (ops/src/cuda/device_kernels.cpp); null in a build without
-/// CUDA (ops/src/cuda/unavailable.cpp).
+/// CUDA (ops/src/cuda/no_cuda.cpp).
 const Kernels* cuda();
 
 /// Sets def's kernel for every device this build has, each made by

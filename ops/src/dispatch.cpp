@@ -13,7 +13,7 @@
 #include "dtensor/redistribute/planner.h"
 #include "dtensor/core/detail/cache_capacity.h"
 #include "dtensor/core/detail/lru_list.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 namespace dtensor {
 
@@ -474,17 +474,17 @@ void fill_rank_parts(Entry& e, const DeviceMesh& mesh) {
   if (!e.output_meta) e.output_meta = std::make_shared<const ShardedMeta>(ShardedMeta{d.chosen.output, d.output.shape});
 }
 
-// What a timeline shows of the decision: the layouts the kernel runs on.
-void note_layouts(timeline::OpSpan& span, const OpDecision& d) {
-  span.note("inputs", timeline::json_quote(layouts_text(d.chosen.inputs)));
-  span.note("output", timeline::json_quote(fmt::format("{}", d.chosen.output)));
+// What a trace shows of the decision: the layouts the kernel runs on.
+void note_layouts(trace::OpSpan& span, const OpDecision& d) {
+  span.note("inputs", trace::json_quote(layouts_text(d.chosen.inputs)));
+  span.note("output", trace::json_quote(fmt::format("{}", d.chosen.output)));
 }
 
 }  // namespace
 
 ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const ShardedInput> inputs,
                        const OpAttrs& attrs, const CostModel& cost, std::vector<ShardedTensor>* moved) {
-  timeline::OpSpan span(op.name);  // a timeline event while one records, else one thread-local test
+  trace::OpSpan span(op.name);  // a trace event while one records, else one thread-local test
   const CallInputs call{inputs};
   Cache& c = cache;  // one thread-local lookup
   Entry* found = find_entry(c, key_hash(op, mesh.shape(), call, attrs), op, mesh.shape(), call, attrs, cost);

@@ -37,7 +37,7 @@ std::string horizontal_arrow(double x, double y, const std::string& label) {
                      R"(stroke-width="2"/><polygon points="{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}" fill="#444"/>)"
                      R"(<text x="{:.1f}" y="{:.1f}" font-size="11">{}</text></g>)",
                      x + 8, y, x + kArrowWidth - 14, y, x + kArrowWidth - 16, y - 6, x + kArrowWidth - 16, y + 6,
-                     x + kArrowWidth - 6, y, x + 8, y - 8, detail::escape(label));
+                     x + kArrowWidth - 6, y, x + 8, y - 8, xml_escape(label));
 }
 
 }  // namespace
@@ -56,7 +56,7 @@ std::string decision_svg(const ExplainedOp& e, const PictureOptions& options) {
   for (std::size_t i = 0; i < head.size(); ++i) {
     all.body += fmt::format(R"(<text class="{}" x="{}" y="{:.1f}" font-size="{}"{}>{}</text>)",
                             i == 0 ? "title" : "caption", kMargin, y + 12, i == 0 ? 14 : 11,
-                            i == 0 ? R"( font-weight="bold")" : "", detail::escape(head[i]));
+                            i == 0 ? R"( font-weight="bold")" : "", xml_escape(head[i]));
     y += i == 0 ? 20 : 15;
     all.width = std::max(all.width, static_cast<double>(head[i].size()) * (i == 0 ? 9.0 : 6.2) + 2 * kMargin);
   }

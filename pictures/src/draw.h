@@ -15,9 +15,6 @@ struct Drawing {
   double height = 0;
 };
 
-/// pictures::xml_escape, by its short name here.
-inline std::string escape(std::string_view text) { return xml_escape(text); }
-
 /// The layout picture as a fragment; `title` heads it (the layout's text
 /// form where empty). Validates the layout and options (LayoutError,
 /// ValueError).

@@ -239,8 +239,9 @@ void draw_tile(std::string& out, const Geometry& g, const Tile& t, const GridSca
   const std::int64_t bytes = t.box.numel() * static_cast<std::int64_t>(options.itemsize);
   out += fmt::format(R"(<g class="tile" data-panel="{}" data-ranks="{}" data-offset="{}" data-size="{}">)", panel,
                      fmt::join(t.ranks, " "), fmt::join(t.box.offset, ","), fmt::join(t.box.size, ","));
-  out += fmt::format("<title>{}&#10;{}&#10;{} per rank</title>", escape(fmt::format("{}", fmt::join(holders, ", "))),
-                     box_text(t.box), escape(human_bytes(bytes)));
+  out += fmt::format("<title>{}&#10;{}&#10;{} per rank</title>",
+                     xml_escape(fmt::format("{}", fmt::join(holders, ", "))), box_text(t.box),
+                     xml_escape(human_bytes(bytes)));
   const int shadows = std::min<int>(kMaxShadows, static_cast<int>(t.ranks.size()) - 1);
   for (int i = shadows; i >= 1; --i)
     out += fmt::format(R"(<rect class="copy" x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="{}" )"
@@ -267,7 +268,7 @@ void draw_tile(std::string& out, const Geometry& g, const Tile& t, const GridSca
   if (w >= static_cast<double>(widest) * font * 0.62 + 4 && h >= static_cast<double>(lines.size()) * (font + 2) + 2)
     for (std::size_t i = 0; i < lines.size(); ++i)
       out += fmt::format(R"(<text class="label" x="{:.2f}" y="{:.2f}" font-size="{}">{}</text>)", x + 3,
-                         y + (font + 1) * static_cast<double>(i + 1), font, escape(lines[i]));
+                         y + (font + 1) * static_cast<double>(i + 1), font, xml_escape(lines[i]));
   out += "</g>";
 }
 
@@ -325,7 +326,7 @@ Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const La
                                                                 fmt::join(mesh_shape, "x"))
                                                   : options.title;
   d.body += fmt::format(R"(<text class="title" x="{}" y="{}" font-size="14" font-weight="bold">{}</text>)", kMargin,
-                        kMargin + 12, escape(title));
+                        kMargin + 12, xml_escape(title));
   const double top = kMargin + 24;
   const bool headers = !g.other_dims.empty();
   const double cell_w = s.width + kPanelGap, cell_h = s.height + kPanelGap + (headers ? kPanelHeader : 0);
@@ -335,7 +336,7 @@ Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const La
     const double py = top + static_cast<double>(p / per_row) * cell_h;
     if (headers)
       d.body += fmt::format(R"(<text class="panel-title" x="{:.2f}" y="{:.2f}" font-size="11">{}</text>)", px,
-                            py + 11, escape(panel_header(g, g.panels[p])));
+                            py + 11, xml_escape(panel_header(g, g.panels[p])));
     const double gy = py + (headers ? kPanelHeader : 0) + 8;  // room for the copies' shadows
     d.body += fmt::format(R"~(<g class="panel" transform="translate({:.2f},{:.2f})">)~", px, gy);
     d.body += fmt::format(R"(<rect class="frame" x="0" y="0" width="{:.2f}" height="{:.2f}" fill="#f4f4f4" )"
@@ -349,7 +350,7 @@ Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const La
   std::size_t widest = title.size() * 9 + 2 * static_cast<std::size_t>(kMargin);  // 14 px bold: about 9 px a character
   for (const std::string& line : caption(g, options)) {
     d.body += fmt::format(R"(<text class="caption" x="{}" y="{:.2f}" font-size="11">{}</text>)", kMargin, y,
-                          escape(line));
+                          xml_escape(line));
     y += kLine;
     widest = std::max(widest, line.size() * 6 + 20);
   }

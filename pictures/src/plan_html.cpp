@@ -43,10 +43,10 @@ std::string steps_list(const Plan& plan, const PictureOptions& options) {
     std::vector<std::string> dims;
     for (int m : step.mesh_dims) dims.push_back(detail::mesh_dim_label(m, options));
     out += fmt::format("<li><b>{}</b> over {}: {} &rarr; {}; the busiest rank receives {}, estimated {}.<br>{}</li>",
-                       step_name(step.kind), detail::escape(fmt::format("{}", fmt::join(dims, ","))),
-                       detail::escape(fmt::format("{}", step.from)), detail::escape(fmt::format("{}", step.to)),
+                       step_name(step.kind), xml_escape(fmt::format("{}", fmt::join(dims, ","))),
+                       xml_escape(fmt::format("{}", step.from)), xml_escape(fmt::format("{}", step.to)),
                        human_bytes(step.max_recv_bytes()), human_seconds(step.est_seconds),
-                       detail::escape(step.reason));
+                       xml_escape(step.reason));
   }
   return out + "</ol>";
 }
@@ -61,9 +61,9 @@ std::string plan_html(const Plan& plan, const PictureOptions& options) {
       "<body><h1>{0}</h1><p>A {2} tensor of {3}: the busiest rank receives {4} in {5} step(s), estimated {6}.{10}</p>"
       "<main><div class=\"picture\">{7}</div><aside><h2>Hover</h2><div id=\"hover\">Point at a tile to see who "
       "holds it.</div><h2>Steps</h2>{8}</aside></main><script>{9}</script></body></html>\n",
-      detail::escape(title), kStyle, fmt::join(plan.global_shape, "x"), plan.dtype, human_bytes(plan.max_recv_bytes()),
+      xml_escape(title), kStyle, fmt::join(plan.global_shape, "x"), plan.dtype, human_bytes(plan.max_recv_bytes()),
       plan.steps.size(), human_seconds(plan.est_seconds), svg, steps_list(plan, options), kScript,
-      plan.runner_up ? " The " + detail::escape(runner_up_text(plan)) + "." : std::string());
+      plan.runner_up ? " The " + xml_escape(runner_up_text(plan)) + "." : std::string());
 }
 
 }  // namespace dtensor::pictures

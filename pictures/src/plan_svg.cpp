@@ -33,8 +33,8 @@ std::string arrow(double x, double y, const std::string& label, const std::strin
                      R"(<text class="reason" x="{:.1f}" y="{:.1f}" font-size="10" fill="#555">{}</text></g>)",
                      step, x, y + 4, x, y + kArrowHeight - 10, x - 6, y + kArrowHeight - 12, x + 6,
                      y + kArrowHeight - 12, x, y + kArrowHeight - 2, x + 14, y + kArrowHeight / 2 - 2,
-                     detail::escape(fmt::format("step {}: {}", step, label)), x + 14, y + kArrowHeight / 2 + 12,
-                     detail::escape(reason));
+                     xml_escape(fmt::format("step {}: {}", step, label)), x + 14, y + kArrowHeight / 2 + 12,
+                     xml_escape(reason));
 }
 
 }  // namespace
@@ -55,15 +55,15 @@ std::string plan_svg(const Plan& plan, const PictureOptions& options) {
                         plan.num_collectives(), human_bytes(plan.max_recv_bytes()), human_seconds(plan.est_seconds));
   const std::string title = fmt::format("{} -> {} on a {} mesh", plan.from, plan.to, fmt::join(plan.mesh_shape, "x"));
   all.body += fmt::format(R"(<text class="title" x="{}" y="{}" font-size="15" font-weight="bold">{}</text>)",
-                          kMargin, kMargin + 12, detail::escape(title));
+                          kMargin, kMargin + 12, xml_escape(title));
   all.width = static_cast<double>(title.size()) * 9.5 + 2 * kMargin;  // 15 px bold
   all.body += fmt::format(R"(<text class="caption" x="{}" y="{}" font-size="12">{}</text>)", kMargin, kMargin + 30,
-                          detail::escape(summary));
+                          xml_escape(summary));
   double y = kMargin + 40;
   const std::string runner_up = runner_up_text(plan);
   if (!runner_up.empty()) {
     all.body += fmt::format(R"(<text class="runner-up" x="{}" y="{}" font-size="12" fill="#555">{}</text>)", kMargin,
-                            kMargin + 46, detail::escape(runner_up));
+                            kMargin + 46, xml_escape(runner_up));
     all.width = std::max(all.width, static_cast<double>(runner_up.size()) * 7 + 2 * kMargin);
     y += 16;
   }

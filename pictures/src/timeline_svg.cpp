@@ -296,7 +296,7 @@ template <class XOf>
 std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XOf& x_of) {
   std::string out = fmt::format(R"(<g class="rank" data-pid="{}">)", rank.pid);
   out += fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11">{}</text>)", kMargin, y + kLane - 3,
-                     detail::escape(rank.name));
+                     xml_escape(rank.name));
   std::vector<std::pair<Lane, const char*>> lanes{{Lane::Ops, "ops"}, {Lane::Collectives, "collectives"}};
   if (row.scopes) lanes.insert(lanes.begin(), {Lane::Scopes, "scopes"});
   for (const auto& [lane, name] : lanes)
@@ -309,17 +309,17 @@ std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XO
       out += fmt::format(
           R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
           R"(fill="{}" stroke="#333" stroke-width="0.4"/><title>{}</title></g>)",
-          detail::escape(slice.name), x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
-          detail::escape(slice.tooltip));
+          xml_escape(slice.name), x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
+          xml_escape(slice.tooltip));
     } else if (slice.scope) {
       const double top = row.lane_y(y, Lane::Scopes);
       out += fmt::format(
           R"(<g class="scope"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" fill="#f3e9c6" )"
           R"(stroke="#a38b3c" stroke-width="0.6"/>{}<title>{}</title></g>)",
           x, top, w, kLane, labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="10">{}</text>)", x + 3,
-                                                   top + kLane - 4, detail::escape(slice.name))
+                                                   top + kLane - 4, xml_escape(slice.name))
                                      : std::string(),
-          detail::escape(slice.tooltip));
+          xml_escape(slice.tooltip));
     } else {
       const double top = row.lane_y(y, Lane::Ops), inset = std::min(2.0 * slice.depth, kLane / 2 - 2);
       out += fmt::format(
@@ -327,9 +327,9 @@ std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XO
           R"(fill="#c9d6e8" stroke="#6f86a8" stroke-width="0.4"/>{}<title>{}</title></g>)",
           slice.depth, x, top + inset, w, kLane - 2 * inset,
           labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="9">{}</text>)", x + 2, top + kLane - 4,
-                                 detail::escape(slice.name))
+                                 xml_escape(slice.name))
                    : std::string(),
-          detail::escape(slice.tooltip));
+          xml_escape(slice.tooltip));
     }
   }
   return out + "</g>";
@@ -367,7 +367,7 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
   const std::string title =
       options.title.empty() ? fmt::format("timeline of {} rank(s)", ranks.size()) : options.title;
   d.body += fmt::format(R"(<text class="title" x="{}" y="{}" font-size="15" font-weight="bold">{}</text>)", kMargin,
-                        kMargin + 12, detail::escape(title));
+                        kMargin + 12, xml_escape(title));
   const std::string clock_text =
       options.clock == TimelineClock::Logical
           ? fmt::format("logical time: each op one unit, each collective {:g}; a collective starts on all its ranks "
@@ -375,7 +375,7 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
                         kCollectiveUnits)
           : fmt::format("measured time: {} from left to right", human_seconds(span * 1e-6));
   d.body += fmt::format(R"(<text class="clock" x="{}" y="{}" font-size="11" fill="#555">{}</text>)", kMargin,
-                        kMargin + 30, detail::escape(clock_text));
+                        kMargin + 30, xml_escape(clock_text));
 
   double y = kMargin + 46;
   std::map<std::pair<std::size_t, std::size_t>, double> lane_top;  // (rank, slice): its collective lane's top
@@ -423,7 +423,7 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
     d.body += fmt::format(
         R"(<g class="legend"><rect x="{:.1f}" y="{:.1f}" width="12" height="12" fill="{}"/>)"
         R"(<text x="{:.1f}" y="{:.1f}" font-size="11">{}</text></g>)",
-        lx, y, kind_colour(kind), lx + 16, y + 10, detail::escape(text));
+        lx, y, kind_colour(kind), lx + 16, y + 10, xml_escape(text));
     lx += 16 + static_cast<double>(text.size()) * 6.6 + 14;
   }
   d.width = std::max({left + options.width + kMargin, lx + kMargin,

@@ -11,7 +11,7 @@
 
 #include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/core/error.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 #include "step_context.h"
 
 namespace dtensor {
@@ -187,8 +187,8 @@ Tensor execute_plan(const Plan& plan, const DeviceMesh& mesh, const Tensor& loca
   Ctx cx{plan, mesh, mesh.coordinate(), itemsize(plan.dtype)};
   Tensor cur = local;
   for (const PlanStep& s : plan.steps) {
-    // A timeline names the step behind each collective (formatted only when recording).
-    const timeline::PlanStepLabel label([&] { return fmt::format("{}", s); });
+    // A trace names the step behind each collective (formatted only when recording).
+    const trace::PlanStepLabel label([&] { return fmt::format("{}", s); });
     cur = run_step(cx, s, cur);
   }
   return cur;

@@ -13,7 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "dtensor/core/error.h"
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 #include "step_context.h"
 
 namespace dtensor {
@@ -182,9 +182,9 @@ std::vector<Tensor> execute_coalesced(std::span<const Plan* const> plans, const 
         Member{Ctx{*plans[i], mesh, mesh.coordinate(), itemsize(first->dtype)}, plans[i]->steps.front(), locals[i]});
   }
   Communicator& comm = mesh.group_comm(first->mesh_dims);
-  // A timeline names the one collective that stands for every plan's step.
+  // A trace names the one collective that stands for every plan's step.
   std::vector<Tensor> outs = [&] {
-    const timeline::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), *first); });
+    const trace::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), *first); });
     switch (first->kind) {
       case StepKind::AllReduce: return all_reduce_many(members, comm, *first->op);
       case StepKind::ReduceScatter: return reduce_scatter_many(members, comm, *first->op);

@@ -20,8 +20,6 @@ using planner::Edge;
 using planner::kPar;
 using planner::kRep;
 using planner::kShard;
-using planner::Pl;
-using planner::Pls;
 using planner::Problem;
 using planner::Search;
 
@@ -47,18 +45,18 @@ Layout check_layout(const Layout& l, std::string_view which, const PlanRequest& 
 }
 
 // Size-1 mesh dims are Replicate in intermediate layouts (always valid).
-Layout lift(const Pls& p, const Problem& P, int mesh_ndim) {
+Layout lift(const CompactLayout& p, const Problem& P, int mesh_ndim) {
   std::vector<Placement> pl(mesh_ndim, Replicate{});
   std::vector<std::pair<std::int64_t, std::vector<int>>> order;
-  for (int i = 0; i < P.k; ++i) {
-    if (p[i].kind == kPar) pl[P.full[i]] = Partial{p[i].op};
+  for (int i = 0; i < P.mesh_ndim; ++i) {
+    if (p[i].kind == kPar) pl[P.full_dim[i]] = Partial{p[i].op};
     if (p[i].kind != kShard) continue;
-    pl[P.full[i]] = Shard{p[i].dim};
+    pl[P.full_dim[i]] = Shard{p[i].dim};
     if (std::any_of(order.begin(), order.end(), [&](auto& o) { return o.first == p[i].dim; })) continue;
     std::vector<int> dims;
-    for (int lv = 0; lv < P.k; ++lv)
-      for (int j = 0; j < P.k; ++j)
-        if (p[j].kind == kShard && p[j].dim == p[i].dim && p[j].level == lv) dims.push_back(P.full[j]);
+    for (int lv = 0; lv < P.mesh_ndim; ++lv)
+      for (int j = 0; j < P.mesh_ndim; ++j)
+        if (p[j].kind == kShard && p[j].dim == p[i].dim && p[j].level == lv) dims.push_back(P.full_dim[j]);
     order.emplace_back(p[i].dim, std::move(dims));
   }
   return Layout(std::move(pl), order);
@@ -126,8 +124,8 @@ std::optional<std::string> plan_size_problem(std::span<const std::int64_t> mesh,
   // per miss), and formatting them eagerly was a fifth of a miss's work.
   const auto mesh_text = [&] { return fmt::format("mesh shape [{}]", fmt::join(mesh, ",")); };
   const auto shape_text = [&] { return fmt::format("global shape [{}]", fmt::join(g, ",")); };
-  if (mesh.empty() || mesh.size() > static_cast<std::size_t>(planner::kMaxDims))
-    return fmt::format("{} has {} dims: expected 1 to {}", mesh_text(), mesh.size(), planner::kMaxDims);
+  if (mesh.empty() || mesh.size() > static_cast<std::size_t>(kMaxMeshDims))
+    return fmt::format("{} has {} dims: expected 1 to {}", mesh_text(), mesh.size(), kMaxMeshDims);
   for (std::size_t m = 0; m < mesh.size(); ++m)
     if (mesh[m] < 1) return fmt::format("{}: mesh dim {} has size {}, expected at least 1", mesh_text(), m, mesh[m]);
   const std::optional<std::int64_t> ranks = checked_product(mesh);
@@ -214,12 +212,12 @@ PlanStep relabel_step(const Plan& plan, int ranks) {
 void exchange_as_slice(PlanStep& s, const Search& search, const Search::Link& l, const Problem& P) {
   s.kind = StepKind::Slice;
   s.blocks.clear();
-  const Pls& a = search.state(l.from).pl;
-  const Pls& b = search.state(l.to).pl;
-  for (int i = 0; i < P.k; ++i)
-    if (a[i] != b[i]) s.mesh_dims.push_back(P.full[i]);
-  for (int i = 0; i < P.k; ++i)
-    if (b[i].kind == kShard && std::find(s.mesh_dims.begin(), s.mesh_dims.end(), P.full[i]) != s.mesh_dims.end())
+  const CompactLayout& a = search.state(l.from).layout;
+  const CompactLayout& b = search.state(l.to).layout;
+  for (int i = 0; i < P.mesh_ndim; ++i)
+    if (a[i] != b[i]) s.mesh_dims.push_back(P.full_dim[i]);
+  for (int i = 0; i < P.mesh_ndim; ++i)
+    if (b[i].kind == kShard && std::find(s.mesh_dims.begin(), s.mesh_dims.end(), P.full_dim[i]) != s.mesh_dims.end())
       s.tensor_dim = s.tensor_dim == -1 || s.tensor_dim == b[i].dim ? b[i].dim : -2;
   if (s.tensor_dim == -2) s.tensor_dim = -1;
 }
@@ -232,9 +230,9 @@ PlanStep make_step(Search& search, const Search::Link& l, const Problem& P, cons
                    std::vector<std::int64_t>& bytes, bool with_blocks = true) {
   PlanStep s;
   s.kind = l.edge.kind;
-  for (int i = 0; i < l.edge.ng; ++i) s.mesh_dims.push_back(P.full[l.edge.g[i]]);
-  s.tensor_dim = l.edge.dim;
-  s.src_dim = l.edge.src;
+  for (int i = 0; i < l.edge.group_ndim; ++i) s.mesh_dims.push_back(P.full_dim[l.edge.group_dims[i]]);
+  s.tensor_dim = l.edge.tensor_dim;
+  s.src_dim = l.edge.src_dim;
   planner::Eval ev = l.edge.kind == StepKind::Exchange
                          ? search.exchange(l.from, bytes, with_blocks ? &s.blocks : nullptr)
                          : search.eval(l.from, l.to, l.edge, bytes);
@@ -328,10 +326,11 @@ Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats
   plan.recv_bytes.assign(ranks, 0);
   if (plan.from == plan.to) return plan;
 
-  Pls src, dst;
+  CompactLayout src, dst;
   Problem P = planner::make_problem(req, plan.from, plan.to, src, dst);
   P.lower_bound = lower_bound;
-  const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
+  const bool src_partial =
+      std::any_of(src.begin(), src.end(), [](const CompactPlacement& p) { return p.kind == kPar; });
   if (src == dst) {
     plan.steps.push_back(relabel_step(plan, ranks));
     return plan;
@@ -377,7 +376,7 @@ Plan plan_redistribute(const PlanRequest& req, bool lower_bound, PlanSearchStats
   // Layouts: the request's at both ends, size-1 dims Replicate in between.
   for (std::size_t i = 0; i < steps.size(); ++i) {
     steps[i].from = i == 0 ? plan.from : steps[i - 1].to;
-    steps[i].to = i + 1 == steps.size() ? plan.to : lift(search.state(step_target[i]).pl, P, mesh_ndim);
+    steps[i].to = i + 1 == steps.size() ? plan.to : lift(search.state(step_target[i]).layout, P, mesh_ndim);
   }
   // Reasons: what each step does; the first also says how the plan ranked.
   for (PlanStep& s : steps) s.reason = describe(s, s.from, req.dtype, req.mesh_shape);
@@ -397,42 +396,44 @@ namespace planner {
 
 // The request reduced to its mesh dims of size > 1, with the exchange links
 // between every pair of ranks.
-Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& to, Pls& src, Pls& dst) {
+Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& to, CompactLayout& src,
+                     CompactLayout& dst) {
   const int mesh_ndim = static_cast<int>(req.mesh_shape.size());
   const int ranks = static_cast<int>(numel(req.mesh_shape));
   Problem P;
   for (int m = 0; m < mesh_ndim; ++m)
     if (req.mesh_shape[m] > 1) {
-      P.full[P.k] = m;
-      P.n[P.k] = req.mesh_shape[m];
-      ++P.k;
+      P.full_dim[P.mesh_ndim] = m;
+      P.mesh_shape[P.mesh_ndim] = req.mesh_shape[m];
+      ++P.mesh_ndim;
     }
-  P.nd = static_cast<int>(req.global_shape.size());
+  P.tensor_ndim = static_cast<int>(req.global_shape.size());
   P.global = req.global_shape;
   P.ranks = ranks;
   P.dtype = req.dtype;
   P.itemsize = static_cast<std::int64_t>(itemsize(req.dtype));
   P.cost = &req.cost;
   P.avg_in_one_step = !is_floating(req.dtype);
-  P.coord.resize(static_cast<std::size_t>(ranks) * P.k);
+  P.coords.resize(static_cast<std::size_t>(ranks) * P.mesh_ndim);
   for (int r = 0; r < ranks; ++r) {
     Shape c = unravel_index(r, req.mesh_shape);
-    for (int i = 0; i < P.k; ++i) P.coord[static_cast<std::size_t>(r) * P.k + i] = c[P.full[i]];
+    for (int i = 0; i < P.mesh_ndim; ++i) P.coords[static_cast<std::size_t>(r) * P.mesh_ndim + i] = c[P.full_dim[i]];
   }
   std::vector<int> diff;
-  for (int mask = 0; mask < (1 << P.k); ++mask) {
+  for (int mask = 0; mask < (1 << P.mesh_ndim); ++mask) {
     diff.clear();
-    for (int i = 0; i < P.k; ++i)
-      if (mask & (1 << i)) diff.push_back(P.full[i]);
+    for (int i = 0; i < P.mesh_ndim; ++i)
+      if (mask & (1 << i)) diff.push_back(P.full_dim[i]);
     P.link_by_mask[static_cast<std::size_t>(mask)] = req.cost.group_link(diff);
     // Every subset of the reduced dims (each of size > 1) is what some pair
     // of distinct ranks differs on.
     if (mask != 0) P.max_bw = std::max(P.max_bw, P.link_by_mask[static_cast<std::size_t>(mask)].bandwidth_Bps);
   }
-  src = compact(from, std::span(P.full.data(), P.k));
-  dst = compact(to, std::span(P.full.data(), P.k));
+  src = compact(from, std::span(P.full_dim.data(), P.mesh_ndim));
+  dst = compact(to, std::span(P.full_dim.data(), P.mesh_ndim));
   // Partial on mesh dims of size 1 is already the full value.
-  const bool src_partial = std::any_of(src.begin(), src.end(), [](const Pl& p) { return p.kind == kPar; });
+  const bool src_partial =
+      std::any_of(src.begin(), src.end(), [](const CompactPlacement& p) { return p.kind == kPar; });
   P.bytes_first =
       !src_partial || bandwidth_dominates(byte_size(req.global_shape, itemsize(req.dtype)), P.max_bw, req.cost);
   P.exact_busiest = src_partial && P.bytes_first;

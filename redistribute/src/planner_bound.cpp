@@ -33,33 +33,34 @@
 namespace dtensor::planner {
 
 void Search::fill_bound(State& s) const {
-  const int R = P_.ranks;
-  s.rest.assign(R, 0);
+  const int ranks = problem_.ranks;
+  s.rest.assign(ranks, 0);
   s.rest_max = 0;
   s.rest_time = 0;
-  if (!P_.lower_bound) return;
+  if (!problem_.lower_bound) return;
   const State& T = states_[goal_];
-  const CostModel& cost = *P_.cost;
+  const CostModel& cost = *problem_.cost;
   bool owed = false;
   double reduce_latency = std::numeric_limits<double>::infinity();
-  for (int m = 0; m < P_.k; ++m) {
-    const Pl& p = s.pl[m];
-    if (p.kind != kPar || (T.pl[m].kind == kPar && T.pl[m].op == p.op)) continue;
+  for (int m = 0; m < problem_.mesh_ndim; ++m) {
+    const CompactPlacement& p = s.layout[m];
+    if (p.kind != kPar || (T.layout[m].kind == kPar && T.layout[m].op == p.op)) continue;
     owed = true;
-    reduce_latency = std::min(reduce_latency, static_cast<double>(P_.n[m] - 1) * cost.link(P_.full[m]).hop_latency_s);
+    reduce_latency = std::min(reduce_latency, static_cast<double>(problem_.mesh_shape[m] - 1) *
+                                                  cost.link(problem_.full_dim[m]).hop_latency_s);
   }
   bool lacks = false;
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     if (!needs(r)) continue;
-    const std::int64_t lack = T.numel[r] - inter_numel(s, r, T, r, P_.nd);
+    const std::int64_t lack = T.numel[r] - inter_numel(s, r, T, r, problem_.tensor_ndim);
     lacks = lacks || lack > 0;
-    s.rest[r] = checked_mul(owed ? T.numel[r] : lack, P_.itemsize, "bytes a rank must still receive");
+    s.rest[r] = checked_mul(owed ? T.numel[r] : lack, problem_.itemsize, "bytes a rank must still receive");
     s.rest_max = std::max(s.rest_max, s.rest[r]);
   }
   double t = 0;
   if (owed) t += cost.base_latency_s + reduce_latency;
   if (lacks) t += cost.base_latency_s;
-  if (P_.max_bw > 0) t += static_cast<double>(s.rest_max) / P_.max_bw;
+  if (problem_.max_bw > 0) t += static_cast<double>(s.rest_max) / problem_.max_bw;
   s.rest_time = t * (1 - 1e-9);
 }
 

@@ -9,25 +9,25 @@
 
 namespace dtensor::planner {
 
-Search::Search(Problem& problem, const Pls& src, const Pls& dst) : P_(problem) {
+Search::Search(Problem& problem, const CompactLayout& src, const CompactLayout& dst) : problem_(problem) {
   states_.reserve(64);
   intern(src);
   goal_ = intern(dst);
   limit_ = std::max(states_[0].max_numel, states_[goal_].max_numel);
-  goal_needs_.assign(P_.ranks, 1);
-  for (int r = 0; r < P_.ranks; ++r)
-    if (holds_zeros(dst, [&](int m) { return P_.c(r, m); })) goal_needs_[r] = 0;
+  goal_needs_.assign(problem_.ranks, 1);
+  for (int r = 0; r < problem_.ranks; ++r)
+    if (holds_zeros(dst, [&](int m) { return problem_.coord(r, m); })) goal_needs_[r] = 0;
   bounded_ = true;
   for (State& s : states_) fill_bound(s);
 }
 
-int Search::intern(const Pls& p) {
+int Search::intern(const CompactLayout& p) {
   std::uint64_t key = state_key(p);
   auto [it, inserted] = index_.try_emplace(key, static_cast<int>(states_.size()));
   if (!inserted) return it->second;
   State s;
-  s.pl = p;
-  for (int m = 0; m < P_.k; ++m) s.partial = s.partial || p[m].kind == kPar;
+  s.layout = p;
+  for (int m = 0; m < problem_.mesh_ndim; ++m) s.partial = s.partial || p[m].kind == kPar;
   fill_boxes(s);
   if (bounded_) fill_bound(s);
   states_.push_back(std::move(s));
@@ -35,180 +35,35 @@ int Search::intern(const Pls& p) {
 }
 
 void Search::fill_boxes(State& s) const {
-  fill_rank_boxes(s, s.pl, P_.global, P_.ranks, P_.n, [&](int r, int m) { return P_.c(r, m); });
+  fill_rank_boxes(s, s.layout, problem_.global, problem_.ranks, problem_.mesh_shape,
+                  [&](int r, int m) { return problem_.coord(r, m); });
 }
 
 void Search::fill_leaders(State& s) const {
   if (!s.leader.empty()) return;
-  dtensor::fill_leaders(s, P_.ranks, P_.nd, s.leader, s.leaders);
+  dtensor::fill_leaders(s, problem_.ranks, problem_.tensor_ndim, s.leader, s.leaders);
   // Buckets by leader, so that the exchange looks through each box's
   // holders only, not through every rank for every box.
   const std::size_t L = s.leaders.size();
-  std::vector<int> index(P_.ranks, -1);
+  std::vector<int> index(problem_.ranks, -1);
   for (std::size_t i = 0; i < L; ++i) index[s.leaders[i]] = static_cast<int>(i);
   s.holder_start.assign(L + 1, 0);
-  for (int r = 0; r < P_.ranks; ++r)
+  for (int r = 0; r < problem_.ranks; ++r)
     if (s.leader[r] >= 0) ++s.holder_start[index[s.leader[r]] + 1];
   for (std::size_t i = 0; i < L; ++i) s.holder_start[i + 1] += s.holder_start[i];
   s.holders.resize(s.holder_start[L]);
   std::vector<int> next(s.holder_start.begin(), s.holder_start.end() - 1);
-  for (int r = 0; r < P_.ranks; ++r)
+  for (int r = 0; r < problem_.ranks; ++r)
     if (s.leader[r] >= 0) s.holders[next[index[s.leader[r]]]++] = r;
 }
 
 bool Search::better(const Cost& a, const Cost& b) const {
-  if (P_.bytes_first) {
+  if (problem_.bytes_first) {
     if (a.bytes != b.bytes) return a.bytes < b.bytes;
     return a.time < b.time;
   }
   if (a.time != b.time) return a.time < b.time;
   return a.bytes < b.bytes;
-}
-
-namespace {
-
-void emit(Search::EdgeList& out, const Edge& e, Pls t) {
-  normalize(t);
-  out.emplace_back(e, t);
-}
-
-}  // namespace
-
-void Search::edges(int si, EdgeList& out) const {
-  const Pls p = states_[si].pl;
-  gather_edges(p, out);
-  reduce_edges(p, out);
-  all_to_all_edges(p, out);
-  local_edges(p, out);
-}
-
-// AllGather S(d) -> R on the innermost splits of d, outer to inner.
-void Search::gather_edges(const Pls& p, EdgeList& out) const {
-  const int k = P_.k, nd = P_.nd;
-  for (int d = 0; d < nd; ++d) {
-    std::array<int, kMaxDims> order{};
-    int L = 0;
-    for (int lv = 0; lv < k; ++lv)
-      for (int m = 0; m < k; ++m)
-        if (p[m].kind == kShard && p[m].dim == d && p[m].level == lv) order[L++] = m;
-    for (int len = 1; len <= L; ++len) {
-      Edge e = edge_of(StepKind::AllGather);
-      e.dim = d;
-      Pls t = p;
-      for (int i = L - len; i < L; ++i) {
-        e.g[e.ng++] = static_cast<std::int8_t>(order[i]);
-        t[order[i]] = Pl{};
-      }
-      emit(out, e, t);
-    }
-  }
-}
-
-// Partial mesh dims: AllReduce on any subset, ReduceScatter on any ordered subset.
-void Search::reduce_edges(const Pls& p, EdgeList& out) const {
-  const int k = P_.k, nd = P_.nd;
-  std::array<int, kMaxDims> q{};
-  int nq = 0;
-  for (int m = 0; m < k; ++m)
-    if (p[m].kind == kPar) q[nq++] = m;
-  if (nq == 0) return;
-  // The only group mask allowed, or -1 for any. An integer Avg reduces every
-  // Partial dim in one step, even those the target keeps as P(avg): a mean
-  // of some dims' truncated means is not the truncated mean (trunc((trunc(3 /
-  // 2) + trunc(1 / 2)) / 2) = 0, trunc(4 / 4) = 1), and the kept dims come
-  // back exactly by relabelling the replicated mean.
-  int must = -1;
-  if (P_.avg_in_one_step && p[q[0]].op == ReduceOp::Avg) must = (1 << nq) - 1;
-  for (int mask = 1; mask < (1 << nq); ++mask) {
-    if (must >= 0 && mask != must) continue;
-    Edge e = edge_of(StepKind::AllReduce);
-    Pls t = p;
-    for (int i = 0; i < nq; ++i)
-      if (mask & (1 << i)) {
-        e.g[e.ng++] = static_cast<std::int8_t>(q[i]);
-        t[q[i]] = Pl{};
-      }
-    emit(out, e, t);
-  }
-  // Every ordered sequence of distinct partial dims, by depth-first search.
-  std::array<int, kMaxDims> seq{};
-  auto dfs = [&](auto&& self, int len, int used) -> void {
-    if (len > 0 && (must < 0 || used == must)) {
-      for (int d = 0; d < nd; ++d) {
-        Edge e = edge_of(StepKind::ReduceScatter);
-        e.dim = d;
-        Pls t = p;
-        for (int i = 0; i < len; ++i) {
-          e.g[e.ng++] = static_cast<std::int8_t>(seq[i]);
-          t[seq[i]] = Pl{kShard, ReduceOp::Sum, d, kInnermost + i};
-        }
-        emit(out, e, t);
-      }
-    }
-    for (int i = 0; i < nq; ++i)
-      if (!(used & (1 << i))) {
-        seq[len] = q[i];
-        self(self, len + 1, used | (1 << i));
-      }
-  };
-  dfs(dfs, 0, 0);
-}
-
-// AllToAll: the innermost split of i moves to j (as j's innermost split).
-void Search::all_to_all_edges(const Pls& p, EdgeList& out) const {
-  const int k = P_.k, nd = P_.nd;
-  for (int m = 0; m < k; ++m) {
-    if (p[m].kind != kShard) continue;
-    bool innermost = true;
-    for (int o = 0; o < k; ++o)
-      if (p[o].kind == kShard && p[o].dim == p[m].dim && p[o].level > p[m].level) innermost = false;
-    if (!innermost) continue;
-    for (int j = 0; j < nd; ++j) {
-      if (j == p[m].dim) continue;
-      Edge e = edge_of(StepKind::AllToAll);
-      e.g[e.ng++] = static_cast<std::int8_t>(m);
-      e.dim = j;
-      e.src = p[m].dim;
-      Pls t = p;
-      t[m] = Pl{kShard, ReduceOp::Sum, j, kInnermost};
-      emit(out, e, t);
-    }
-  }
-}
-
-// Local steps on replicated mesh dims: a slice, or the target's Partial.
-void Search::local_edges(const Pls& p, EdgeList& out) const {
-  const int k = P_.k, nd = P_.nd;
-  const Pls& dst = states_[goal_].pl;
-  bool target_partial = false;
-  ReduceOp top = ReduceOp::Sum;
-  for (int m = 0; m < k; ++m)
-    if (dst[m].kind == kPar) {
-      target_partial = true;
-      top = dst[m].op;
-    }
-  bool op_ok = true;  // no Partial of another op in this state
-  for (int m = 0; m < k; ++m)
-    if (p[m].kind == kPar && (!target_partial || p[m].op != top)) op_ok = false;
-  for (int m = 0; m < k; ++m) {
-    if (p[m].kind != kRep) continue;
-    for (int d = 0; d < nd; ++d) {
-      Edge e = edge_of(StepKind::Slice);
-      e.g[e.ng++] = static_cast<std::int8_t>(m);
-      e.dim = d;
-      Pls t = p;
-      t[m] = Pl{kShard, ReduceOp::Sum, d, kInnermost};
-      emit(out, e, t);
-    }
-    // Only the target's Partial op is worth creating.
-    if (target_partial && op_ok) {
-      Edge e = edge_of(top == ReduceOp::Sum ? StepKind::ZeroFill : StepKind::Relabel);
-      e.g[e.ng++] = static_cast<std::int8_t>(m);
-      Pls t = p;
-      t[m] = Pl{kPar, top, -1, -1};
-      emit(out, e, t);
-    }
-  }
 }
 
 double local_step_seconds(std::int64_t max_numel, std::int64_t itemsize, const CostModel& cost) {
@@ -242,48 +97,75 @@ double exchange_seconds(const CostModel& cost, int max_peers, double max_lat, do
 Eval Search::eval(int from, int to, const Edge& e, std::vector<std::int64_t>& bytes) {
   const State& S = states_[from];
   const State& T = states_[to];
-  const int R = P_.ranks;
-  const std::int64_t isz = P_.itemsize;
-  bytes.assign(R, 0);
+  const int ranks = problem_.ranks;
+  const std::int64_t isz = problem_.itemsize;
+  bytes.assign(ranks, 0);
   switch (e.kind) {
-    case StepKind::Slice: return Eval{0, local_step_seconds(T.max_numel, isz, *P_.cost)};
-    case StepKind::ZeroFill: return Eval{0, local_step_seconds(S.max_numel, isz, *P_.cost)};
+    case StepKind::Slice: return Eval{0, local_step_seconds(T.max_numel, isz, *problem_.cost)};
+    case StepKind::ZeroFill: return Eval{0, local_step_seconds(S.max_numel, isz, *problem_.cost)};
     case StepKind::Relabel: return Eval{};
     case StepKind::Exchange: return exchange(from, bytes, nullptr);
     default: break;
   }
   std::int64_t n = 1;
-  auto& dims = P_.full_dims_scratch;
+  auto& dims = problem_.full_dims_scratch;
   dims.clear();
-  for (int i = 0; i < e.ng; ++i) {
-    n = checked_mul(n, P_.n[e.g[i]], "ranks of a group");
-    dims.push_back(P_.full[e.g[i]]);
+  for (int i = 0; i < e.group_ndim; ++i) {
+    n = checked_mul(n, problem_.mesh_shape[e.group_dims[i]], "ranks of a group");
+    dims.push_back(problem_.full_dim[e.group_dims[i]]);
   }
   // A reduction's op is its group's Partial's (one layout holds one kind).
-  const ReduceOp op = S.pl[e.g[0]].kind == kPar ? S.pl[e.g[0]].op : ReduceOp::Sum;
-  for (int r = 0; r < R; ++r) {
+  const ReduceOp op = S.layout[e.group_dims[0]].kind == kPar ? S.layout[e.group_dims[0]].op : ReduceOp::Sum;
+  for (int r = 0; r < ranks; ++r) {
     std::int64_t gr = 0;  // r's index in its group: mixed radix, first group dim most significant
-    for (int i = 0; i < e.ng; ++i) gr = gr * P_.n[e.g[i]] + P_.c(r, e.g[i]);
-    bytes[r] = collective_recv_bytes(e.kind, n, gr, S, T, r, P_.nd, P_.dtype, op);
+    for (int i = 0; i < e.group_ndim; ++i)
+      gr = gr * problem_.mesh_shape[e.group_dims[i]] + problem_.coord(r, e.group_dims[i]);
+    bytes[r] = collective_recv_bytes(e.kind, n, gr, S, T, r, problem_.tensor_ndim, problem_.dtype, op);
   }
-  return collective_step(e.kind, dims, n, *std::max_element(bytes.begin(), bytes.end()), *P_.cost);
+  return collective_step(e.kind, dims, n, *std::max_element(bytes.begin(), bytes.end()), *problem_.cost);
+}
+
+// The holder of leader li's box that sends to rank r: the replica reached
+// over the fastest link (sharing r's coordinates on slow dims), then the
+// least loaded so far, then the lowest rank.
+int Search::best_holder(const State& S, std::size_t li, int r, const std::vector<std::int64_t>& sent) const {
+  int best = -1;
+  for (int j = S.holder_start[li]; j < S.holder_start[li + 1]; ++j) {
+    const int h = S.holders[j];
+    if (best < 0) {
+      best = h;
+      continue;
+    }
+    const LinkParams& lh = problem_.link(h, r);
+    const LinkParams& lb = problem_.link(best, r);
+    if (lh.bandwidth_Bps != lb.bandwidth_Bps) {
+      if (lh.bandwidth_Bps > lb.bandwidth_Bps) best = h;
+      continue;
+    }
+    if (lh.hop_latency_s != lb.hop_latency_s) {
+      if (lh.hop_latency_s < lb.hop_latency_s) best = h;
+      continue;
+    }
+    if (sent[h] < sent[best]) best = h;
+  }
+  return best;
 }
 
 Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<ExchangeBlock>* blocks) {
   fill_leaders(states_[from]);
   const State& S = states_[from];
   const State& T = states_[goal_];
-  const int R = P_.ranks, nd = P_.nd;
-  const std::int64_t isz = P_.itemsize;
-  bytes.assign(R, 0);
-  std::vector<std::int64_t> sent(R, 0);
+  const int ranks = problem_.ranks, tensor_ndim = problem_.tensor_ndim;
+  const std::int64_t isz = problem_.itemsize;
+  bytes.assign(ranks, 0);
+  std::vector<std::int64_t> sent(ranks, 0);
   double max_lat = 0, max_bw_time = 0;
   int max_peers = 0;
   bool remote = false;
   auto make_box = [&](int a, int b) {
-    Box box{Shape(nd), Shape(nd)};
-    const std::size_t ia = static_cast<std::size_t>(a) * nd, ib = static_cast<std::size_t>(b) * nd;
-    for (int d = 0; d < nd; ++d) {
+    Box box{Shape(tensor_ndim), Shape(tensor_ndim)};
+    const std::size_t ia = static_cast<std::size_t>(a) * tensor_ndim, ib = static_cast<std::size_t>(b) * tensor_ndim;
+    for (int d = 0; d < tensor_ndim; ++d) {
       std::int64_t lo = std::max(S.off[ia + d], T.off[ib + d]);
       std::int64_t hi = std::min(S.off[ia + d] + S.sz[ia + d], T.off[ib + d] + T.sz[ib + d]);
       box.offset[d] = lo;
@@ -291,42 +173,22 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
     }
     return box;
   };
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     if (!needs(r) || T.numel[r] == 0) continue;
     const int own = S.leader[r];
     int peers = 0;
     double bw_time = 0;
     for (std::size_t li = 0; li < S.leaders.size(); ++li) {
       const int l = S.leaders[li];
-      std::int64_t n = inter_numel(S, l, T, r, nd);
+      std::int64_t n = inter_numel(S, l, T, r, tensor_ndim);
       if (n == 0) continue;
       if (l == own) {
         if (blocks) blocks->push_back(ExchangeBlock{r, r, make_box(l, r)});
         continue;
       }
-      // Holder: the replica reached over the fastest link (sharing the
-      // receiver's coordinates on slow dims), then the least loaded, then the lowest rank.
-      int best = -1;
-      for (int j = S.holder_start[li]; j < S.holder_start[li + 1]; ++j) {
-        const int h = S.holders[j];
-        if (best < 0) {
-          best = h;
-          continue;
-        }
-        const LinkParams& lh = P_.link(h, r);
-        const LinkParams& lb = P_.link(best, r);
-        if (lh.bandwidth_Bps != lb.bandwidth_Bps) {
-          if (lh.bandwidth_Bps > lb.bandwidth_Bps) best = h;
-          continue;
-        }
-        if (lh.hop_latency_s != lb.hop_latency_s) {
-          if (lh.hop_latency_s < lb.hop_latency_s) best = h;
-          continue;
-        }
-        if (sent[h] < sent[best]) best = h;
-      }
+      const int best = best_holder(S, li, r, sent);
       const std::int64_t b = checked_mul(n, isz, "bytes of an exchange block");
-      const LinkParams& link = P_.link(best, r);
+      const LinkParams& link = problem_.link(best, r);
       sent[best] = checked_add(sent[best], b, "bytes an exchange sends from one rank");
       bytes[r] = checked_add(bytes[r], b, "bytes an exchange sends to one rank");
       bw_time += static_cast<double>(b) / link.bandwidth_Bps;
@@ -347,9 +209,9 @@ Eval Search::exchange(int from, std::vector<std::int64_t>& bytes, std::vector<Ex
   Eval out;
   out.max_bytes = *std::max_element(bytes.begin(), bytes.end());
   if (!remote)  // every rank already holds what it needs: local copies only
-    out.time = local_step_seconds(T.max_numel, isz, *P_.cost);
+    out.time = local_step_seconds(T.max_numel, isz, *problem_.cost);
   else
-    out.time = exchange_seconds(*P_.cost, max_peers, max_lat, max_bw_time);
+    out.time = exchange_seconds(*problem_.cost, max_peers, max_lat, max_bw_time);
   return out;
 }
 
@@ -373,113 +235,116 @@ Cost Search::keyed(const Cost& c, int s) const {
   return Cost{checked_add(c.bytes, S.rest_max, "bytes of a plan"), c.time + S.rest_time};
 }
 
+namespace {
+
+constexpr Cost kUnreached{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
+
+}  // namespace
+
+// A*: states leave the queue by cost so far plus their bound, which is
+// consistent (planner_bound.cpp), so a state's cost is final when it
+// leaves, as in Dijkstra's search (the bound off). Once the goal leaves,
+// the search goes on a little for the runner-up (runner_up_may_win).
 std::vector<Search::Link> Search::run() {
   expanded_count_ = 0;
-  if (P_.exact_busiest) return run_exact();
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  const Cost unreached{std::numeric_limits<std::int64_t>::max(), kInf};
-  dist_.assign(states_.size(), unreached);
+  if (problem_.exact_busiest) return run_exact();
+  dist_.assign(states_.size(), kUnreached);
   pred_.assign(states_.size(), {-1, Edge{}});
-  std::vector<char> done(states_.size(), 0);
+  done_.assign(states_.size(), 0);
+  runner_ = RunnerUp{};
   dist_[0] = Cost{};
-  Queue pq(Later{this});
-  pq.push({keyed(Cost{}, 0), 0});
-
-  std::vector<std::int64_t> bytes;
-  EdgeList out_edges;
-  auto grow = [&] {
-    if (dist_.size() < states_.size()) {
-      dist_.resize(states_.size(), unreached);
-      pred_.resize(states_.size(), {-1, Edge{}});
-      done.resize(states_.size(), 0);
-    }
-  };
-  auto relax = [&](int u, int t, const Edge& e, const Eval& ev) {
-    Cost c{checked_add(dist_[u].bytes, ev.max_bytes, "bytes of a plan"), dist_[u].time + ev.time};
-    if (t == goal_) {
-      cands_.push_back(Candidate{c, u, e.kind});
-      if (e.kind != StepKind::Exchange) ++considered_;
-    }
-    if (better(c, dist_[t])) {
-      dist_[t] = c;
-      pred_[t] = {u, e};
-      pq.push({keyed(c, t), t});
-    }
-  };
-
-  // A*: states leave the queue by cost so far plus their bound, which is
-  // consistent (planner_bound.cpp), so a state's cost is final when it
-  // leaves, as in Dijkstra's search (the bound off).
-  //
-  // Once the goal leaves, the search goes on a little to find the runner-up
-  // the plan's reason names (the best complete plan whose last step differs):
-  // until no state left in the queue could lead to a cheaper one, within a
-  // budget of expansions; nothing it finds changes the chosen plan.
-  bool goal_done = false;
-  std::size_t runner_budget = 0;
-  Cost runner = unreached;
-  std::size_t runner_seen = 0;  // candidates already compared with the runner-up
-  auto note_runner = [&] {
-    for (; runner_seen < cands_.size(); ++runner_seen) {
-      const Candidate& c = cands_[runner_seen];
-      const bool chosen = c.pred == pred_[goal_].first && c.last == pred_[goal_].second.kind;
-      if (!chosen && better(c.cost, runner)) runner = c.cost;
-    }
-  };
-  while (!pq.empty()) {
-    const Queued top = pq.top();
-    pq.pop();
+  open_ = Queue(Later{this});
+  open_.push({keyed(Cost{}, 0), 0});
+  while (!open_.empty()) {
+    const Queued top = open_.top();
+    open_.pop();
     const int u = top.id;
-    if (done[u]) continue;
-    if (goal_done) {
-      note_runner();
-      if (!better(top.key, runner) || runner_budget-- == 0) break;
-    }
-    done[u] = 1;
-    if (!goal_done) ++expanded_count_;
+    if (done_[u]) continue;
+    if (runner_.goal_done && !runner_up_may_win(top.key)) break;
+    done_[u] = 1;
+    if (!runner_.goal_done) ++expanded_count_;
     if (u == goal_) {
-      goal_done = true;
-      runner_budget = std::max<std::size_t>(16, expanded_count_);
+      runner_.goal_done = true;
+      runner_.budget = std::max<std::size_t>(16, expanded_count_);
       continue;
     }
-    out_edges.clear();
-    edges(u, out_edges);
-    for (const auto& [e, tp] : out_edges) {
-      const int t = intern(tp);
-      grow();
-      if (t == u || (done[t] && t != goal_)) continue;
-      if (t != goal_ && states_[t].max_numel > limit_) continue;  // memory bound
-      relax(u, t, e, eval(u, t, e, bytes));
-    }
-    if (!states_[u].partial) {
-      // The holders are the costly part of an exchange: skip it when even a
-      // lower bound on its cost (its exact bytes, at the fastest bandwidth
-      // with no latency) cannot beat the best plan found so far (or, after
-      // the goal, the runner-up so far).
-      const State& S = states_[u];
-      const State& T = states_[goal_];
-      std::int64_t most = 0;
-      for (int r = 0; r < P_.ranks; ++r)
-        if (needs(r)) most = std::max(most, T.numel[r] - inter_numel(S, r, T, r, P_.nd));
-      most = checked_mul(most, P_.itemsize, "bytes a rank lacks");
-      const Cost bound{checked_add(dist_[u].bytes, most, "bytes of a plan"),
-                       dist_[u].time + static_cast<double>(most) / P_.max_bw};
-      ++considered_;
-      // After the goal, exchanges are priced only to beat a runner-up already
-      // found: pricing one from every state left would cost more than the
-      // search (the exchange from the source was priced before).
-      const bool worth =
-          goal_done ? runner.bytes != unreached.bytes && better(bound, runner) : better(bound, dist_[goal_]);
-      if (worth) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, bytes, nullptr));
-    }
+    expand(u);
+    if (!states_[u].partial) relax_exchange_if_useful(u);
   }
   if (pred_[goal_].first < 0) throw LayoutError("[redistribute] internal: no plan reaches the target layout");
   found_ = dist_[goal_];
-
   std::vector<Link> chain;
   for (int s = goal_; s != 0; s = pred_[s].first) chain.push_back(Link{pred_[s].first, s, pred_[s].second});
   std::reverse(chain.begin(), chain.end());
   return chain;
+}
+
+// The runner-up is the one the plan's reason names: the best complete plan
+// whose last step differs from the chosen one's. The search looks for it
+// until no state left in the queue could lead to a cheaper one, within a
+// budget of expansions; nothing it finds changes the chosen plan.
+bool Search::runner_up_may_win(const Cost& key) {
+  for (; runner_.seen < cands_.size(); ++runner_.seen) {
+    const Candidate& c = cands_[runner_.seen];
+    const bool chosen = c.pred == pred_[goal_].first && c.last == pred_[goal_].second.kind;
+    if (!chosen && better(c.cost, runner_.cost)) runner_.cost = c.cost;
+  }
+  return better(key, runner_.cost) && runner_.budget-- != 0;
+}
+
+// run(): every step out of u, each target reached more cheaply than before
+// queued again.
+void Search::expand(int u) {
+  out_edges_.clear();
+  edges(u, out_edges_);
+  for (const auto& [e, target] : out_edges_) {
+    const int t = intern(target);
+    if (dist_.size() < states_.size()) {  // new states were interned
+      dist_.resize(states_.size(), kUnreached);
+      pred_.resize(states_.size(), {-1, Edge{}});
+      done_.resize(states_.size(), 0);
+    }
+    if (t == u || (done_[t] && t != goal_)) continue;
+    if (t != goal_ && states_[t].max_numel > limit_) continue;  // memory bound
+    relax(u, t, e, eval(u, t, e, step_bytes_));
+  }
+}
+
+// run(): the path to u extended by one step to t, kept where it beats t's
+// best path so far; a step to the goal is also a candidate plan.
+void Search::relax(int u, int t, const Edge& e, const Eval& ev) {
+  const Cost c{checked_add(dist_[u].bytes, ev.max_bytes, "bytes of a plan"), dist_[u].time + ev.time};
+  if (t == goal_) {
+    cands_.push_back(Candidate{c, u, e.kind});
+    if (e.kind != StepKind::Exchange) ++considered_;
+  }
+  if (better(c, dist_[t])) {
+    dist_[t] = c;
+    pred_[t] = {u, e};
+    open_.push({keyed(c, t), t});
+  }
+}
+
+// run(): the direct exchange from u to the goal. The holders are the costly
+// part of pricing one: it is skipped when even a lower bound on its cost (its
+// exact bytes, at the fastest bandwidth with no latency) cannot beat the
+// best plan found so far (or, after the goal, the runner-up so far).
+void Search::relax_exchange_if_useful(int u) {
+  const State& S = states_[u];
+  const State& T = states_[goal_];
+  std::int64_t most = 0;
+  for (int r = 0; r < problem_.ranks; ++r)
+    if (needs(r)) most = std::max(most, T.numel[r] - inter_numel(S, r, T, r, problem_.tensor_ndim));
+  most = checked_mul(most, problem_.itemsize, "bytes a rank lacks");
+  const Cost bound{checked_add(dist_[u].bytes, most, "bytes of a plan"),
+                   dist_[u].time + static_cast<double>(most) / problem_.max_bw};
+  ++considered_;
+  // After the goal, exchanges are priced only to beat a runner-up already
+  // found: pricing one from every state left would cost more than the
+  // search (the exchange from the source was priced before).
+  const bool worth = runner_.goal_done ? runner_.cost.bytes != kUnreached.bytes && better(bound, runner_.cost)
+                                       : better(bound, dist_[goal_]);
+  if (worth) relax(u, goal_, edge_of(StepKind::Exchange), exchange(u, step_bytes_, nullptr));
 }
 
 // The busiest rank's total over a plan can be well below the sum of its
@@ -491,7 +356,7 @@ std::vector<Search::Link> Search::run() {
 // along a path, so the first label of the goal taken from the queue is the
 // best plan over these edges.
 std::vector<Search::Link> Search::run_exact() {
-  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, keyed(Cost{}, 0), std::vector<std::int64_t>(P_.ranks, 0), 0});
+  labels_.assign(1, Label{0, -1, Edge{}, Cost{}, keyed(Cost{}, 0), std::vector<std::int64_t>(problem_.ranks, 0), 0});
   dead_.assign(1, 0);
   live_.assign(states_.size(), {});
   live_[0].push_back(0);
@@ -558,14 +423,15 @@ void Search::price_exchange_if_useful(int label) {
   const State& S = states_[u];
   const State& T = states_[goal_];
   std::int64_t busiest = 0, most = 0;
-  for (int r = 0; r < P_.ranks; ++r) {
-    const std::int64_t b =
-        needs(r) ? checked_mul(T.numel[r] - inter_numel(S, r, T, r, P_.nd), P_.itemsize, "bytes a rank lacks") : 0;
+  for (int r = 0; r < problem_.ranks; ++r) {
+    const std::int64_t b = needs(r) ? checked_mul(T.numel[r] - inter_numel(S, r, T, r, problem_.tensor_ndim),
+                                                  problem_.itemsize, "bytes a rank lacks")
+                                    : 0;
     busiest = std::max(busiest, checked_add(f.total[r], b, "bytes a rank receives in a plan"));
     most = std::max(most, b);
   }
   ++considered_;
-  if (!better(Cost{busiest, f.cost.time + static_cast<double>(most) / P_.max_bw}, best_goal_)) return;
+  if (!better(Cost{busiest, f.cost.time + static_cast<double>(most) / problem_.max_bw}, best_goal_)) return;
   exchanged_[u] = 1;
   std::vector<std::int64_t> bytes;
   const Eval ev = exchange(u, bytes, nullptr);
@@ -573,11 +439,11 @@ void Search::price_exchange_if_useful(int label) {
 }
 
 int Search::offer(int from_label, const Out& o) {
-  const int R = P_.ranks;
+  const int ranks = problem_.ranks;
   const Label& from = labels_[from_label];
   const State& to = states_[o.to];
   Label next{o.to, from_label, o.edge, Cost{0, from.cost.time + o.ev.time}, Cost{}, from.total, 0};
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     next.total[r] = checked_add(next.total[r], o.bytes[r], "bytes a rank receives in a plan");
     next.cost.bytes = std::max(next.cost.bytes, next.total[r]);
     next.key.bytes = std::max(next.key.bytes, next.total[r] + to.rest[r]);
@@ -594,9 +460,9 @@ int Search::offer(int from_label, const Out& o) {
   if (o.to == goal_) best_goal_ = next.cost;
   // Whether a is nowhere worse than b (the totals' maximum and sum first:
   // they rule out most pairs).
-  auto covers = [R](const Label& a, const Label& b) {
+  auto covers = [ranks](const Label& a, const Label& b) {
     if (a.cost.time > b.cost.time || a.cost.bytes > b.cost.bytes || a.sum > b.sum) return false;
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < ranks; ++r)
       if (a.total[r] > b.total[r]) return false;
     return true;
   };

@@ -21,11 +21,9 @@ namespace {
 
 constexpr int kMaxRanks = 256;  // the exchange rule is quadratic in ranks
 
-// Per-rank boxes of one layout, in scratch that is reused between calls.
-using Boxes = RankBoxes;
-
+// Per-rank boxes of both layouts, in scratch that is reused between calls.
 struct Scratch {
-  Boxes from, to;
+  RankBoxes from, to;
   // What `from` and `coords` were computed for: propagation asks about one
   // source layout with many targets in a row.
   Shape mesh, shape;
@@ -46,24 +44,24 @@ Scratch& scratch() {
   return s;
 }
 
-void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+void fill_boxes(RankBoxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                 const std::vector<std::int64_t>& coords, int ranks);
 
 // Rank coordinates for `mesh`, and the source boxes for `from`, unless the
 // scratch already holds them.
 void prepare(Scratch& s, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, const Layout& from,
              bool source_boxes) {
-  const int M = static_cast<int>(mesh.size());
+  const int mesh_ndim = static_cast<int>(mesh.size());
   const std::int64_t ranks = numel(mesh);
   if (!std::equal(mesh.begin(), mesh.end(), s.mesh.begin(), s.mesh.end())) {
     s.mesh.assign(mesh.begin(), mesh.end());
     s.from_valid = false;
     s.to_valid = false;
-    s.coords.resize(static_cast<std::size_t>(ranks) * M);
+    s.coords.resize(static_cast<std::size_t>(ranks) * mesh_ndim);
     for (int r = 0, left; r < ranks; ++r) {
       left = r;
-      for (int m = M - 1; m >= 0; --m) {
-        s.coords[static_cast<std::size_t>(r) * M + m] = left % mesh[m];
+      for (int m = mesh_ndim - 1; m >= 0; --m) {
+        s.coords[static_cast<std::size_t>(r) * mesh_ndim + m] = left % mesh[m];
         left /= static_cast<int>(mesh[m]);
       }
     }
@@ -95,11 +93,11 @@ std::int64_t shard_dim(const Layout& l, int m, int nd) {
   return s->dim < 0 ? s->dim + nd : s->dim;
 }
 
-void fill_boxes(Boxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
+void fill_boxes(RankBoxes& b, const Layout& l, std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                 const std::vector<std::int64_t>& coords, int ranks) {
-  const int M = static_cast<int>(mesh.size());
+  const int mesh_ndim = static_cast<int>(mesh.size());
   fill_rank_boxes(b, compact(l), shape, ranks, mesh,
-                  [&](int r, int m) { return coords[static_cast<std::size_t>(r) * M + m]; });
+                  [&](int r, int m) { return coords[static_cast<std::size_t>(r) * mesh_ndim + m]; });
 }
 
 // The planner's exchange sources.
@@ -126,12 +124,12 @@ bool innermost(const Layout& l, int m, int nd) {
 // rank count, or 0 if the request is left to the planner.
 int admissible_ranks(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape, DType dtype,
                      const Layout& from, const Layout& to) {
-  const std::size_t M = mesh.size();
+  const std::size_t mesh_ndim = mesh.size();
   if (plan_size_problem(mesh, shape, dtype)) return 0;
   const std::int64_t ranks = numel(mesh);
   if (ranks > kMaxRanks) return 0;
   for (const Layout* l : {&from, &to})
-    if (layout_problem(l->placements(), M, shape.size()) || has_negative_shard_dim(l->placements())) return 0;
+    if (layout_problem(l->placements(), mesh_ndim, shape.size()) || has_negative_shard_dim(l->placements())) return 0;
   return static_cast<int>(ranks);
 }
 
@@ -141,14 +139,14 @@ struct Move {
   const Layout& from;
   const Layout& to;
   const CostModel& cost;
-  int M, nd, R;
+  int mesh_ndim, tensor_ndim, ranks;
   DType dtype;
-  std::int64_t isz;
+  std::int64_t itemsize;
   int differ;   // the one mesh dim that changes, if ndiffer == 1
   int ndiffer;  // how many mesh dims change
   Scratch& s;
 
-  std::int64_t coord(int r, int m) const { return s.coords[static_cast<std::size_t>(r) * M + m]; }
+  std::int64_t coord(int r, int m) const { return s.coords[static_cast<std::size_t>(r) * mesh_ndim + m]; }
 };
 
 // Replicate to Partial on one mesh dim, everything else kept, from a source
@@ -160,7 +158,7 @@ std::optional<double> to_partial(const Move& mv, ReduceOp op) {
     return std::nullopt;
   if (op != ReduceOp::Sum) return 0.0;
   // The Partial dim does not split: the target's boxes are the source's.
-  const double t = planner::local_step_seconds(mv.s.to.max_numel, mv.isz, mv.cost);
+  const double t = planner::local_step_seconds(mv.s.to.max_numel, mv.itemsize, mv.cost);
   if (!(t < mv.cost.base_latency_s)) return std::nullopt;
   return t;
 }
@@ -173,7 +171,7 @@ std::optional<double> to_partial(const Move& mv, ReduceOp op) {
 std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
   if (mv.ndiffer != 1 || !is_replicate(mv.to[mv.differ])) return std::nullopt;
   int npartial = 0;
-  for (int m = 0; m < mv.M; ++m) npartial += is_partial(mv.from[m]);
+  for (int m = 0; m < mv.mesh_ndim; ++m) npartial += is_partial(mv.from[m]);
   if (npartial != 1 || !is_partial(mv.from[mv.differ])) return std::nullopt;
   if (op == ReduceOp::Avg && !is_floating(dtype)) return std::nullopt;  // the planner's integer-avg rule
   // Without elements a reduce_scatter followed by a free local copy wins.
@@ -181,17 +179,17 @@ std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
   // Where the planner ranks by bytes, splitting over a replicated mesh dim
   // before reducing can receive less than the all_reduce.
   double fastest = 0;
-  for (int o = 0; o < mv.M; ++o)
+  for (int o = 0; o < mv.mesh_ndim; ++o)
     if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
-  if (planner::bandwidth_dominates(byte_size(mv.shape, static_cast<std::size_t>(mv.isz)), fastest, mv.cost))
+  if (planner::bandwidth_dominates(byte_size(mv.shape, static_cast<std::size_t>(mv.itemsize)), fastest, mv.cost))
     return std::nullopt;
   const int m = mv.differ;
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
-  for (int r = 0; r < mv.R; ++r)
+  for (int r = 0; r < mv.ranks; ++r)
     // The source box equals the target box: the Partial dim does not split.
     busiest = std::max(busiest, planner::collective_recv_bytes(StepKind::AllReduce, n, mv.coord(r, m), mv.s.to, mv.s.to,
-                                                               r, mv.nd, dtype, op));
+                                                               r, mv.tensor_ndim, dtype, op));
   const std::array<int, 1> dims{m};
   const double t = planner::collective_step(StepKind::AllReduce, dims, n, busiest, mv.cost).time;
   if (!(t < 2 * mv.cost.base_latency_s)) return std::nullopt;
@@ -203,24 +201,24 @@ std::optional<double> from_partial(const Move& mv, DType dtype, ReduceOp op) {
 // m alone, so that its best holder is reached over m's link; nullopt if not.
 std::optional<double> one_dim_exchange(const Move& mv, int m) {
   Scratch& s = mv.s;
-  fill_leaders(s, mv.R, mv.nd);
+  fill_leaders(s, mv.ranks, mv.tensor_ndim);
   const LinkParams& link = mv.cost.link(m);
   std::int64_t step = 1;  // rank stride of mesh dim m
-  for (int o = mv.M - 1; o > m; --o) step *= mv.mesh[o];
+  for (int o = mv.mesh_ndim - 1; o > m; --o) step *= mv.mesh[o];
   int max_peers = 0;
   double max_bw_time = 0;
-  for (int r = 0; r < mv.R; ++r) {
+  for (int r = 0; r < mv.ranks; ++r) {
     if (s.to.numel[r] == 0) continue;
     const int own = s.leader[r];
     int peers = 0;
     double bw_time = 0;
     for (int l : s.leaders) {
-      const std::int64_t k = inter_numel(s.from, l, s.to, r, mv.nd);
+      const std::int64_t k = inter_numel(s.from, l, s.to, r, mv.tensor_ndim);
       if (k == 0 || l == own) continue;
       // The rank with r's coordinates except l's on m.
       const std::int64_t h = r + (mv.coord(l, m) - mv.coord(r, m)) * step;
       if (s.leader[h] != l) return std::nullopt;
-      bw_time += static_cast<double>(checked_mul(k, mv.isz, "bytes of an exchange block")) / link.bandwidth_Bps;
+      bw_time += static_cast<double>(checked_mul(k, mv.itemsize, "bytes of an exchange block")) / link.bandwidth_Bps;
       ++peers;
     }
     max_peers = std::max(max_peers, peers);
@@ -237,7 +235,7 @@ std::optional<double> one_dim_exchange(const Move& mv, int m) {
 // still.
 std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   if (mv.ndiffer != 1) return std::nullopt;
-  const int m = mv.differ, nd = mv.nd;
+  const int m = mv.differ, nd = mv.tensor_ndim;
   if (!is_shard(mv.from[m]) || !innermost(mv.from, m, nd)) return std::nullopt;
   StepKind kind = StepKind::AllGather;
   if (is_shard(mv.to[m])) {
@@ -248,7 +246,7 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   }
   const std::int64_t n = mv.mesh[m];
   std::int64_t busiest = 0;
-  for (int r = 0; r < mv.R; ++r)
+  for (int r = 0; r < mv.ranks; ++r)
     busiest = std::max(busiest, planner::collective_recv_bytes(kind, n, mv.coord(r, m), mv.s.from, mv.s.to, r, nd,
                                                                mv.dtype, ReduceOp::Sum));
   const std::array<int, 1> dims{m};
@@ -260,10 +258,10 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
   // Two communicating steps cost at least two base latencies plus the
   // least bytes over the fastest link; keep a margin for rounding.
   double fastest = 0;
-  for (int o = 0; o < mv.M; ++o)
+  for (int o = 0; o < mv.mesh_ndim; ++o)
     if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
   const double two_steps = 2 * mv.cost.base_latency_s +
-                           static_cast<double>(checked_mul(most_lacking, mv.isz, "bytes a rank lacks")) / fastest;
+                           static_cast<double>(checked_mul(most_lacking, mv.itemsize, "bytes a rank lacks")) / fastest;
   if (!(two_steps > best * (1 + 1e-9))) return std::nullopt;
   return best;
 }
@@ -272,14 +270,14 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
 
 std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                                           DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
-  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  const int mesh_ndim = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
   if (!(cost.base_latency_s > 0) || !(cost.local_copy_Bps > 0)) return std::nullopt;
   const int R = admissible_ranks(mesh, shape, dtype, from, to);
   if (R == 0) return std::nullopt;
   // Mixed Partial ops across the two layouts are left to the planner.
   const Partial* partial = nullptr;
   for (const Layout* l : {&from, &to})
-    for (int m = 0; m < M; ++m)
+    for (int m = 0; m < mesh_ndim; ++m)
       if (const auto* q = std::get_if<Partial>(&(*l)[m])) {
         if (partial && partial->op != q->op) return std::nullopt;
         partial = q;
@@ -287,7 +285,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
   if (from == to) return 0.0;
   // The planner relabels moves on size-1 mesh dims for free; leave those to it.
   int differ = -1, ndiffer = 0;
-  for (int m = 0; m < M; ++m) {
+  for (int m = 0; m < mesh_ndim; ++m) {
     if (same_on(from, to, m, nd)) continue;
     if (mesh[m] == 1) return std::nullopt;
     differ = m;
@@ -296,7 +294,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
   Scratch& s = scratch();
   prepare(s, mesh, shape, from, false);
   prepare_target(s, mesh, shape, to, R);
-  const Move mv{mesh,   shape,   from, to, cost, M, nd, R, dtype, static_cast<std::int64_t>(itemsize(dtype)),
+  const Move mv{mesh,   shape,   from, to, cost, mesh_ndim, nd, R, dtype, static_cast<std::int64_t>(itemsize(dtype)),
                 differ, ndiffer, s};
 
   if (to.has_partial()) return to_partial(mv, partial->op);
@@ -311,7 +309,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
     // slice, or its exchange without remote blocks) costs the largest new
     // shard at copy speed. Any other plan needs a collective, which costs at
     // least the base latency.
-    const double t = planner::local_step_seconds(s.to.max_numel, mv.isz, cost);
+    const double t = planner::local_step_seconds(s.to.max_numel, mv.itemsize, cost);
     if (!(t < cost.base_latency_s)) return std::nullopt;
     return t;
   }
@@ -320,7 +318,7 @@ std::optional<double> closed_form_seconds(std::span<const std::int64_t> mesh, st
 
 double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                                         DType dtype, const Layout& from, const Layout& to, const CostModel& cost) {
-  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  const int mesh_ndim = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
   if (from == to || !(cost.base_latency_s > 0)) return 0;
   const int R = admissible_ranks(mesh, shape, dtype, from, to);
   if (R == 0) return 0;
@@ -329,7 +327,7 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   constexpr double kSlack = 1 - 1e-9;
   if (from.has_partial()) {
     // A Partial mesh dim that does not stay the same Partial must be reduced.
-    for (int m = 0; m < M; ++m)
+    for (int m = 0; m < mesh_ndim; ++m)
       if (mesh[m] > 1 && is_partial(from[m]) && !(to[m] == from[m])) return cost.base_latency_s * kSlack;
     return 0;
   }
@@ -338,11 +336,11 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   prepare_target(s, mesh, shape, to, R);
   std::int64_t most_lacking = 0;
   for (int r = 0; r < R; ++r)
-    if (!holds_zeros(to, std::span(s.coords.data() + static_cast<std::size_t>(r) * M, M)))
+    if (!holds_zeros(to, std::span(s.coords.data() + static_cast<std::size_t>(r) * mesh_ndim, mesh_ndim)))
       most_lacking = std::max(most_lacking, s.to.numel[r] - inter_numel(s.from, r, s.to, r, nd));
   if (most_lacking == 0) return 0;
   double fastest = 0;
-  for (int o = 0; o < M; ++o)
+  for (int o = 0; o < mesh_ndim; ++o)
     if (mesh[o] > 1) fastest = std::max(fastest, cost.link(o).bandwidth_Bps);
   const auto isz = static_cast<std::int64_t>(itemsize(dtype));
   return (cost.base_latency_s + static_cast<double>(checked_mul(most_lacking, isz, "bytes a rank lacks")) / fastest) *
@@ -351,9 +349,9 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
 
 std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh, std::span<const std::int64_t> shape,
                                               DType dtype, const Layout& layout, int mesh_dim, const CostModel& cost) {
-  const int M = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
+  const int mesh_ndim = static_cast<int>(mesh.size()), nd = static_cast<int>(shape.size());
   const int R = admissible_ranks(mesh, shape, dtype, layout, layout);
-  if (R == 0 || mesh_dim < 0 || mesh_dim >= M || mesh[mesh_dim] == 1 || numel(shape) == 0) return std::nullopt;
+  if (R == 0 || mesh_dim < 0 || mesh_dim >= mesh_ndim || mesh[mesh_dim] == 1 || numel(shape) == 0) return std::nullopt;
   const auto* q = std::get_if<Partial>(&layout[mesh_dim]);
   if (!q || (q->op == ReduceOp::Avg && !is_floating(dtype))) return std::nullopt;
   Scratch& s = scratch();
@@ -363,9 +361,10 @@ std::optional<double> all_reduce_step_seconds(std::span<const std::int64_t> mesh
   std::int64_t busiest = 0;
   for (int r = 0; r < R; ++r)
     // The Partial dim does not split: the boxes before and after are the same.
-    busiest = std::max(busiest, planner::collective_recv_bytes(StepKind::AllReduce, n,
-                                                               s.coords[static_cast<std::size_t>(r) * M + mesh_dim],
-                                                               s.to, s.to, r, nd, dtype, q->op));
+    busiest =
+        std::max(busiest, planner::collective_recv_bytes(StepKind::AllReduce, n,
+                                                         s.coords[static_cast<std::size_t>(r) * mesh_ndim + mesh_dim],
+                                                         s.to, s.to, r, nd, dtype, q->op));
   const std::array<int, 1> dims{mesh_dim};
   return planner::collective_step(StepKind::AllReduce, dims, n, busiest, cost).time;
 }

@@ -25,9 +25,9 @@
 #include "dtensor/api/functional.h"           // IWYU pragma: export
 #include "dtensor/api/comm_tree.h"            // IWYU pragma: export
 #include "dtensor/api/coalesced.h"            // IWYU pragma: export
+#include "dtensor/api/embedding.h"            // IWYU pragma: export
 #include "dtensor/api/linalg.h"               // IWYU pragma: export
-#include "dtensor/api/nn.h"                   // IWYU pragma: export
 #include "dtensor/api/pointwise.h"            // IWYU pragma: export
 #include "dtensor/api/reduction.h"            // IWYU pragma: export
-#include "dtensor/api/shape.h"                // IWYU pragma: export
+#include "dtensor/api/shape_ops.h"            // IWYU pragma: export
 #include "dtensor/api/trace.h"                // IWYU pragma: export

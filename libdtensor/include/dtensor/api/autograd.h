@@ -64,7 +64,7 @@ class NoGradGuard {
 };
 
 /// Switches recording back on while alive, inside a NoGradGuard or a
-/// backward pass (checkpoint's recomputation records that way).
+/// backward pass (recompute's second forward records that way).
 class EnableGradGuard {
  public:
   EnableGradGuard();
@@ -78,15 +78,16 @@ class EnableGradGuard {
 
 /// f(inputs), computed without recording anything but this call: the
 /// backward runs f again on the saved inputs, recording, and differentiates
-/// that (PyTorch's torch.utils.checkpoint). What f makes in between is
-/// freed after the forward and made again for the backward: memory traded
-/// for a second forward, and f's collectives run again (FSDP's re-gather of
-/// a block's parameters for its backward). f must compute the same values
-/// both times, and every rank must call it alike.
-Tensor checkpoint(const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs);
-DTensor checkpoint(const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs);
+/// that (PyTorch's torch.utils.checkpoint, activation checkpointing; the
+/// checkpoints that save a model are dtensor/checkpoint/). What f makes in
+/// between is freed after the forward and made again for the backward:
+/// memory traded for a second forward, and f's collectives run again
+/// (FSDP's re-gather of a block's parameters for its backward). f must
+/// compute the same values both times, and every rank must call it alike.
+Tensor recompute(const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs);
+DTensor recompute(const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs);
 
-/// checkpoint for FSDP's units: f(inputs, gathered), where `gathered` is
+/// recompute for FSDP's units: f(inputs, gathered), where `gathered` is
 /// `params` brought to `gathered_layouts` by one redistribute_all (one
 /// coalesced all_gather where they are shards of one mesh dim). Nothing f
 /// makes is kept, the gathered parameters included; the backward gathers
@@ -94,9 +95,24 @@ DTensor checkpoint(const std::function<DTensor(std::span<const DTensor>)>& f, st
 /// gradients back to the parameters' layouts (Partial replaced by
 /// Replicate) by one more redistribute_all (one coalesced reduce_scatter).
 /// ValueError unless there is one gathered layout per parameter.
-DTensor checkpoint_gathered(
+DTensor recompute_gathered(
     const std::function<DTensor(std::span<const DTensor> inputs, std::span<const DTensor> gathered)>& f,
     std::span<const DTensor> inputs, std::span<const DTensor> params, std::span<const Layout> gathered_layouts);
+
+/// The old names of recompute and recompute_gathered.
+[[deprecated("renamed recompute; checkpoints are what dtensor/checkpoint/ saves")]] inline Tensor checkpoint(
+    const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs) {
+  return recompute(f, inputs);
+}
+[[deprecated("renamed recompute; checkpoints are what dtensor/checkpoint/ saves")]] inline DTensor checkpoint(
+    const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs) {
+  return recompute(f, inputs);
+}
+[[deprecated("renamed recompute_gathered")]] inline DTensor checkpoint_gathered(
+    const std::function<DTensor(std::span<const DTensor> inputs, std::span<const DTensor> gathered)>& f,
+    std::span<const DTensor> inputs, std::span<const DTensor> params, std::span<const Layout> gathered_layouts) {
+  return recompute_gathered(f, inputs, params, gathered_layouts);
+}
 
 /// What a backward rule is given. Saved tensors are detached copies (same
 /// storage).

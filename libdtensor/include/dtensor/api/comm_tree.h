@@ -19,7 +19,7 @@
 
 namespace dtensor {
 
-namespace timeline {
+namespace trace {
 class ScopeSpan;
 }
 
@@ -77,7 +77,7 @@ class CommTree {
 };
 
 /// Names a region for the CommTree recording on this thread and, while a
-/// TraceScope records, for its timeline (an event on the rank's "scopes"
+/// TraceScope records, for its trace (an event on the rank's "scopes"
 /// track); nothing when neither records: two thread-local reads. A scope
 /// named as the one already open does not nest (a "backward" inside the
 /// user's own "backward").
@@ -90,7 +90,7 @@ class CommScope {
 
  private:
   CommTree* tree_ = nullptr;
-  std::unique_ptr<timeline::ScopeSpan> traced_;
+  std::unique_ptr<trace::ScopeSpan> traced_;
 };
 
 }  // namespace dtensor

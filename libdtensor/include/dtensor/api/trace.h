@@ -1,5 +1,5 @@
 #pragma once
-// Timelines: what each rank did, when, as a Chrome trace (open the file in
+// Traces: what each rank did, when, as a Chrome trace (open the file in
 // https://ui.perfetto.dev or chrome://tracing).
 //
 //   {
@@ -35,7 +35,7 @@
 
 namespace dtensor {
 
-namespace timeline {
+namespace trace {
 class Recorder;
 }
 
@@ -66,7 +66,7 @@ class TraceScope {
   DeviceMesh mesh_;
   std::string path_;
   int exceptions_at_start_;
-  std::unique_ptr<timeline::Recorder> recorder_;
+  std::unique_ptr<trace::Recorder> recorder_;
 };
 
 /// Whether a TraceScope (or DTENSOR_TRACE) is recording on this thread.

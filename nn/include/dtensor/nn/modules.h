@@ -179,7 +179,7 @@ struct GPT {
   /// FSDP over tensor parallelism (FSDP2's per-parameter sharding): when
   /// not empty, block l's parameters (named_parameters() order) are shards
   /// of the fsdp dims, gathered to `gathered_layouts[l]` for the block by
-  /// checkpoint_gathered: one all_gather in the forward, one again in the
+  /// recompute_gathered: one all_gather in the forward, one again in the
   /// backward, one reduce_scatter of the gradients where they allow.
   std::vector<std::vector<Layout>> gathered_layouts;
   /// The same for the root's parameters (wte, wpe, ln_f, lm_head in
@@ -214,7 +214,7 @@ struct GPT {
 /// the sharding mesh dims, Replicate on the others). A forward gathers the
 /// root once (kept for the backward) and each block's unit before the block
 /// (one all_gather each), and frees a block's gathered parameters after it:
-/// the block is checkpointed, so its backward gathers them again, and its
+/// the block is recomputed, so its backward gathers them again, and its
 /// gradient leaves as one reduce_scatter into the flat's shard. Values are
 /// the unsharded model's. LayoutError unless every parameter is replicated
 /// (fully sharding a tensor-parallel model is not supported).

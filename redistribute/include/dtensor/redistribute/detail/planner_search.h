@@ -3,6 +3,7 @@
 // their per-rank boxes, the edges between them and the Dijkstra search.
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <queue>
 #include <span>
 #include <utility>
@@ -18,24 +19,20 @@
 
 namespace dtensor::planner {
 
-// The search runs on compact layouts (dtensor/redistribute/detail/compact_layout.h).
-constexpr int kMaxDims = kMaxMeshDims;
-using Pl = CompactPlacement;
-using Pls = CompactLayout;
-constexpr auto kRep = CompactPlacement::kRep;
-constexpr auto kPar = CompactPlacement::kPar;
-constexpr auto kShard = CompactPlacement::kShard;
+// The search runs on compact layouts (dtensor/redistribute/detail/compact_layout.h);
+// kRep, kPar and kShard name their placements' kinds.
+using enum CompactPlacement::Kind;
 
 /// The request reduced to the mesh dims of size > 1 (size-1 dims never split,
 /// so ranks are numbered the same in the full and the reduced mesh).
 struct Problem {
-  int k = 0;                               // reduced mesh ndim
-  std::array<int, kMaxDims> full{};        // reduced -> full mesh dim
-  std::array<std::int64_t, kMaxDims> n{};  // sizes
-  int nd = 0;                              // tensor ndim
+  int mesh_ndim = 0;                                    // of the reduced mesh
+  std::array<int, kMaxMeshDims> full_dim{};             // reduced -> full mesh dim
+  std::array<std::int64_t, kMaxMeshDims> mesh_shape{};  // of the reduced mesh
+  int tensor_ndim = 0;
   Shape global;
   int ranks = 1;
-  std::vector<std::int64_t> coord;  // ranks * k
+  std::vector<std::int64_t> coords;  // ranks * mesh_ndim: rank r's coordinates at [r * mesh_ndim]
   DType dtype = DType::Float32;
   std::int64_t itemsize = 4;
   const CostModel* cost = nullptr;
@@ -51,24 +48,25 @@ struct Problem {
   // Exchange links: a pair's link depends only on the reduced mesh dims the
   // two ranks differ on (the slowest link among them), so one entry per
   // subset of them, not per pair (ranks^2 of them would not fit for large meshes).
-  std::array<LinkParams, 1 << kMaxDims> link_by_mask{};
+  std::array<LinkParams, 1 << kMaxMeshDims> link_by_mask{};
   double max_bw = 0;  // the fastest link between two distinct ranks
   std::vector<int> full_dims_scratch;
   // Whether the search is guided by Search::bound (A*); off only to compare
   // against the plain search, which must find plans of the same cost.
   bool lower_bound = true;
 
-  std::int64_t c(int r, int m) const { return coord[static_cast<std::size_t>(r) * k + m]; }
+  /// Rank r's coordinate on reduced mesh dim m.
+  std::int64_t coord(int r, int m) const { return coords[static_cast<std::size_t>(r) * mesh_ndim + m]; }
   const LinkParams& link(int a, int b) const {
     int mask = 0;
-    for (int i = 0; i < k; ++i)
-      if (c(a, i) != c(b, i)) mask |= 1 << i;
+    for (int i = 0; i < mesh_ndim; ++i)
+      if (coord(a, i) != coord(b, i)) mask |= 1 << i;
     return link_by_mask[static_cast<std::size_t>(mask)];
   }
 };
 
 struct State : RankBoxes {
-  Pls pl{};
+  CompactLayout layout{};
   bool partial = false;
   // Exchange sources, computed on first use: per rank the first rank holding
   // the same non-empty box (-1 for an empty box), and the leaders in order.
@@ -84,12 +82,14 @@ struct State : RankBoxes {
   double rest_time = 0;
 };
 
+/// One step of the search, in the reduced mesh's terms (PlanStep's fields
+/// once lifted to the full mesh).
 struct Edge {
   StepKind kind = StepKind::Relabel;
-  std::int8_t ng = 0;
-  std::array<std::int8_t, kMaxDims> g{};  // reduced mesh dims, group order
-  std::int32_t dim = -1;                  // gathered / scattered / new shard dim
-  std::int32_t src = -1;                  // AllToAll: old shard dim
+  std::int8_t group_ndim = 0;                          // group_dims in use
+  std::array<std::int8_t, kMaxMeshDims> group_dims{};  // reduced mesh dims, group order
+  std::int32_t tensor_dim = -1;                        // gathered / scattered / new shard dim
+  std::int32_t src_dim = -1;                           // AllToAll: the old shard dim
 };
 
 inline Edge edge_of(StepKind kind) {
@@ -140,8 +140,8 @@ struct Candidate {
 
 class Search {
  public:
-  using EdgeList = std::vector<std::pair<Edge, Pls>>;
-  Search(Problem& problem, const Pls& src, const Pls& dst);
+  using EdgeList = std::vector<std::pair<Edge, CompactLayout>>;
+  Search(Problem& problem, const CompactLayout& src, const CompactLayout& dst);
 
   /// Runs the search (A* where Problem::lower_bound, else Dijkstra);
   /// returns the chain of (from state, to state, edge).
@@ -179,18 +179,21 @@ class Search {
   std::size_t considered() const { return considered_; }
 
  private:
-  int intern(const Pls& p);
+  int intern(const CompactLayout& p);
   void fill_boxes(State& s) const;
   void fill_bound(State& s) const;
   void fill_leaders(State& s) const;
   bool needs(int r) const { return goal_needs_[r] != 0; }
-  /// Every edge out of state s, one function per transition case; each
-  /// target is normalised.
+  /// exchange(): which holder of leader li's box sends it to rank r, given
+  /// the bytes each rank sends so far.
+  int best_holder(const State& S, std::size_t li, int r, const std::vector<std::int64_t>& sent) const;
+  /// Every edge out of state s (planner_edges.cpp), one function per
+  /// transition case; each target is normalised.
   void edges(int s, EdgeList& out) const;
-  void gather_edges(const Pls& p, EdgeList& out) const;
-  void reduce_edges(const Pls& p, EdgeList& out) const;
-  void all_to_all_edges(const Pls& p, EdgeList& out) const;
-  void local_edges(const Pls& p, EdgeList& out) const;
+  void gather_edges(const CompactLayout& p, EdgeList& out) const;
+  void reduce_edges(const CompactLayout& p, EdgeList& out) const;
+  void all_to_all_edges(const CompactLayout& p, EdgeList& out) const;
+  void local_edges(const CompactLayout& p, EdgeList& out) const;
   // run_exact and its parts: a state's steps priced once; the exchange
   // from it, once a lower bound says it could win; a path extended by a step
   // (the new label, or -1 where a label there is nowhere worse).
@@ -212,19 +215,42 @@ class Search {
   };
   using Queue = std::priority_queue<Queued, std::vector<Queued>, Later>;
   Cost keyed(const Cost& c, int s) const;
+  // run's parts: after the goal, whether a state with this key could still
+  // lead to a better runner-up; a state's steps; one path extended by one
+  // step; the direct exchange from a state, once a lower bound says it
+  // could win.
+  bool runner_up_may_win(const Cost& key);
+  void expand(int u);
+  void relax(int u, int t, const Edge& e, const Eval& ev);
+  void relax_exchange_if_useful(int u);
   std::vector<Link> run_exact();
   void expand_exact(int u);
   void price_exchange_if_useful(int label);
   int offer(int from_label, const Out& o);
 
-  Problem& P_;
+  Problem& problem_;
   std::vector<State> states_;
   std::unordered_map<std::uint64_t, int> index_;
   int goal_ = 0;
   std::int64_t limit_ = 0;
   std::vector<char> goal_needs_;
+  // run: per state the best known cost and the step it came by, whether it
+  // left the queue; the queue; and scratch for a state's steps.
   std::vector<Cost> dist_;
   std::vector<std::pair<int, Edge>> pred_;
+  std::vector<char> done_;
+  Queue open_;
+  EdgeList out_edges_;
+  std::vector<std::int64_t> step_bytes_;
+  // run, once the goal left the queue: the runner-up so far, the candidates
+  // already compared with it, and the expansions left to find it.
+  struct RunnerUp {
+    bool goal_done = false;
+    std::size_t budget = 0;
+    Cost cost{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<double>::infinity()};
+    std::size_t seen = 0;
+  };
+  RunnerUp runner_;
   std::vector<Candidate> cands_;
   std::size_t considered_ = 0;
   std::size_t expanded_count_ = 0;
@@ -250,6 +276,7 @@ class Search {
 
 /// The request reduced for the search (its layouts validated): the problem
 /// with its objective chosen, and the two ends as compact layouts.
-Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& to, Pls& src, Pls& dst);
+Problem make_problem(const PlanRequest& req, const Layout& from, const Layout& to, CompactLayout& src,
+                     CompactLayout& dst);
 
 }  // namespace dtensor::planner

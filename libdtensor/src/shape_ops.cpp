@@ -1,4 +1,4 @@
-#include "dtensor/api/shape.h"
+#include "dtensor/api/shape_ops.h"
 
 #include <functional>
 #include <optional>

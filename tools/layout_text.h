@@ -1,6 +1,7 @@
 #pragma once
-// Pictures of layouts for dtensor-plan: which rank holds which block of a
-// tensor, drawn for a person learning sharding.
+// Layouts as text, for dtensor-plan and dtensor-ckpt: which rank holds which
+// block of a tensor, drawn in ASCII for a person learning sharding (the SVG
+// pictures are dtensor/pictures/svg.h's).
 #include <cstdint>
 #include <string>
 
@@ -22,7 +23,7 @@ std::string explain_placements(const Shape& mesh_shape, const Shape& global_shap
 /// boxes for tensors of other ranks (or grids too dense to draw). `layout`
 /// must be validated against the mesh and shape. Every line starts with
 /// `indent` and ends with '\n'.
-std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize, const Layout& layout,
+std::string layout_text(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize, const Layout& layout,
                         const std::string& indent);
 
 }  // namespace dtensor::cli

@@ -1,9 +1,9 @@
 #pragma once
 // The recorder behind TraceScope (dtensor/api/trace.h) and DTENSOR_TRACE:
-// a per-rank timeline of ops and collectives, written as Chrome trace event
-// JSON. Not installed: the layers that produce events (the backends' stats
-// recorders, DeviceMesh, the op dispatcher, the plan executor) include it
-// by path.
+// a trace, each rank's ops and collectives in time, written as Chrome trace
+// event JSON (pictures::timeline_svg draws one). Not installed: the layers
+// that produce events (the backends' stats recorders, DeviceMesh, the op
+// dispatcher, the plan executor) include it by path.
 //
 // Cost when nothing records: every hook first reads one thread-local
 // pointer, `current`, which is null unless a recording is active on this
@@ -25,7 +25,7 @@ namespace dtensor {
 class DeviceMesh;
 }
 
-namespace dtensor::timeline {
+namespace dtensor::trace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -218,4 +218,4 @@ class PlanStepLabel {
   std::string previous_;
 };
 
-}  // namespace dtensor::timeline
+}  // namespace dtensor::trace

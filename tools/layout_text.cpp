@@ -1,4 +1,4 @@
-#include "plan_picture.h"
+#include "layout_text.h"
 
 #include "dtensor/redistribute/plan.h"
 
@@ -236,7 +236,7 @@ std::string explain_placements(const Shape& mesh_shape, const Shape& global_shap
   return out;
 }
 
-std::string draw_layout(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize, const Layout& layout,
+std::string layout_text(const Shape& mesh_shape, const Shape& global_shape, std::size_t itemsize, const Layout& layout,
                         const std::string& indent) {
   const std::vector<RankBox> boxes = rank_boxes(mesh_shape, global_shape, layout);
   std::string out = fmt::format("{}{}\n", indent, shard_summary(boxes, itemsize));

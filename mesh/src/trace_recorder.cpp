@@ -3,7 +3,7 @@
 // microseconds), each rank one process (pid = its rank in the world given),
 // named by a metadata event, with one thread per track. Perfetto and
 // chrome://tracing open it as it is.
-#include "dtensor/mesh/detail/timeline.h"
+#include "dtensor/mesh/detail/trace_recorder.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -16,7 +16,7 @@
 
 #include "dtensor/core/error.h"
 
-namespace dtensor::timeline {
+namespace dtensor::trace {
 
 constinit thread_local Recorder* current = nullptr;
 
@@ -279,7 +279,7 @@ void Recorder::finish(const std::string& path) {
   std::uint8_t failed = failure.empty() ? 0 : 1;
   world_->broadcast_host(&failed, sizeof(failed), 0);
   if (failed)
-    throw Error(fmt::format("[trace] rank 0 could not write the timeline to '{}'{}", path,
+    throw Error(fmt::format("[trace] rank 0 could not write the trace to '{}'{}", path,
                             failure.empty() ? std::string() : ": " + failure));
 }
 
@@ -343,7 +343,7 @@ void OpSpan::end() noexcept {
   try {
     recorder_->add(Event{std::string(name_), Track::Ops, start_, Clock::now() - start_, std::move(args_)});
   } catch (...) {
-    // Out of memory while recording: the timeline loses this op rather than
+    // Out of memory while recording: the trace loses this op rather than
     // the op failing (a destructor must not throw).
   }
 }
@@ -375,10 +375,10 @@ ScopeSpan::~ScopeSpan() {
   try {
     recorder_->add(Event{name_, Track::Scopes, start_, Clock::now() - start_, {}});
   } catch (...) {
-    // Out of memory while recording: the timeline loses this region.
+    // Out of memory while recording: the trace loses this region.
   }
 }
 
 void PlanStepLabel::restore() noexcept { recorder_->set_plan_step(std::move(previous_)); }
 
-}  // namespace dtensor::timeline
+}  // namespace dtensor::trace

@@ -1,4 +1,4 @@
-// checkpoint(): one node standing for a whole function, whose backward
+// recompute(): one node standing for a whole function, whose backward
 // recomputes the function with recording on and runs a backward through it.
 #include <fmt/format.h>
 
@@ -10,18 +10,18 @@ namespace dtensor {
 namespace {
 
 template <class X>
-class CheckpointNode final : public Node {
+class RecomputeNode final : public Node {
  public:
-  CheckpointNode(std::function<X(std::span<const X>)> f, std::span<const X> inputs) : f_(std::move(f)) {
+  RecomputeNode(std::function<X(std::span<const X>)> f, std::span<const X> inputs) : f_(std::move(f)) {
     for (const X& x : inputs) {
       saved_.push_back(detached(x));
       needs_.push_back(in_graph(x.autograd_meta()));
     }
   }
-  std::string name() const override { return "checkpoint"; }
+  std::string name() const override { return "recompute"; }
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     if (released)
-      throw AutogradError("[checkpoint] the saved inputs were freed by an earlier backward; pass retain_graph = true");
+      throw AutogradError("[recompute] the saved inputs were freed by an earlier backward; pass retain_graph = true");
     // The recomputation's own graph: fresh leaves for the inputs that need
     // a gradient, so that its backward stops at them.
     EnableGradGuard recording;
@@ -33,7 +33,7 @@ class CheckpointNode final : public Node {
     }
     const X out = f_(std::span<const X>(inputs));
     if (!in_graph(out.autograd_meta()))
-      throw AutogradError("[checkpoint] the recomputed output does not depend on any input that needs a gradient");
+      throw AutogradError("[recompute] the recomputed output does not depend on any input that needs a gradient");
     out.backward(std::get<X>(grad));
     std::vector<std::optional<AnyTensor>> grads(saved_.size());
     for (std::size_t i = 0; i < saved_.size(); ++i)
@@ -53,7 +53,7 @@ class CheckpointNode final : public Node {
 };
 
 template <class X>
-X checkpoint_impl(const std::function<X(std::span<const X>)>& f, std::span<const X> inputs) {
+X recompute_impl(const std::function<X(std::span<const X>)>& f, std::span<const X> inputs) {
   bool any = false;
   for (const X& x : inputs) any = any || in_graph(x.autograd_meta());
   if (!grad_enabled() || !any) return f(inputs);
@@ -61,7 +61,7 @@ X checkpoint_impl(const std::function<X(std::span<const X>)>& f, std::span<const
     NoGradGuard unrecorded;
     return f(inputs);
   }();
-  auto node = std::make_shared<CheckpointNode<X>>(f, inputs);
+  auto node = std::make_shared<RecomputeNode<X>>(f, inputs);
   for (const X& x : inputs) node->edges.push_back(edge_of(x.autograd_meta()));
   attach(out, std::move(node));
   return out;
@@ -70,9 +70,9 @@ X checkpoint_impl(const std::function<X(std::span<const X>)>& f, std::span<const
 using GatheredFn = std::function<DTensor(std::span<const DTensor>, std::span<const DTensor>)>;
 
 // Edges: the inputs, then the parameters.
-class GatheredCheckpointNode final : public Node {
+class GatheredRecomputeNode final : public Node {
  public:
-  GatheredCheckpointNode(GatheredFn f, std::span<const DTensor> inputs, std::span<const DTensor> params,
+  GatheredRecomputeNode(GatheredFn f, std::span<const DTensor> inputs, std::span<const DTensor> params,
                          std::span<const Layout> gathered)
       : f_(std::move(f)), gathered_(gathered.begin(), gathered.end()) {
     for (const DTensor& x : inputs) {
@@ -85,11 +85,11 @@ class GatheredCheckpointNode final : public Node {
       back_.push_back(p.placements().without_partial());
     }
   }
-  std::string name() const override { return "checkpoint_gathered"; }
+  std::string name() const override { return "recompute_gathered"; }
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     if (released)
       throw AutogradError(
-          "[checkpoint_gathered] the saved inputs were freed by an earlier backward; pass "
+          "[recompute_gathered] the saved inputs were freed by an earlier backward; pass "
           "retain_graph = true");
     std::vector<DTensor> gathered = redistribute_all(params_, gathered_);  // unrecorded: the params are detached
     EnableGradGuard recording;
@@ -105,7 +105,7 @@ class GatheredCheckpointNode final : public Node {
     const DTensor out = f_(inputs, gathered);
     if (!in_graph(out.autograd_meta()))
       throw AutogradError(
-          "[checkpoint_gathered] the recomputed output does not depend on anything that needs a "
+          "[recompute_gathered] the recomputed output does not depend on anything that needs a "
           "gradient");
     out.backward(std::get<DTensor>(grad));
     std::vector<std::optional<AnyTensor>> grads(n + params_.size());
@@ -143,10 +143,10 @@ class GatheredCheckpointNode final : public Node {
 
 }  // namespace
 
-DTensor checkpoint_gathered(const GatheredFn& f, std::span<const DTensor> inputs, std::span<const DTensor> params,
+DTensor recompute_gathered(const GatheredFn& f, std::span<const DTensor> inputs, std::span<const DTensor> params,
                             std::span<const Layout> gathered_layouts) {
   if (params.size() != gathered_layouts.size())
-    throw ValueError(fmt::format("[checkpoint_gathered] {} parameters and {} gathered layouts; expected one each",
+    throw ValueError(fmt::format("[recompute_gathered] {} parameters and {} gathered layouts; expected one each",
                                  params.size(), gathered_layouts.size()));
   bool any = false;
   for (const DTensor& x : inputs) any = any || in_graph(x.autograd_meta());
@@ -161,18 +161,18 @@ DTensor checkpoint_gathered(const GatheredFn& f, std::span<const DTensor> inputs
     const std::vector<DTensor> gathered = redistribute_all(params, gathered_layouts);
     return f(inputs, gathered);
   }();
-  auto node = std::make_shared<GatheredCheckpointNode>(f, inputs, params, gathered_layouts);
+  auto node = std::make_shared<GatheredRecomputeNode>(f, inputs, params, gathered_layouts);
   for (const DTensor& x : inputs) node->edges.push_back(edge_of(x.autograd_meta()));
   for (const DTensor& p : params) node->edges.push_back(edge_of(p.autograd_meta()));
   attach(out, std::move(node));
   return out;
 }
 
-Tensor checkpoint(const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs) {
-  return checkpoint_impl<Tensor>(f, inputs);
+Tensor recompute(const std::function<Tensor(std::span<const Tensor>)>& f, std::span<const Tensor> inputs) {
+  return recompute_impl<Tensor>(f, inputs);
 }
-DTensor checkpoint(const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs) {
-  return checkpoint_impl<DTensor>(f, inputs);
+DTensor recompute(const std::function<DTensor(std::span<const DTensor>)>& f, std::span<const DTensor> inputs) {
+  return recompute_impl<DTensor>(f, inputs);
 }
 
 }  // namespace dtensor

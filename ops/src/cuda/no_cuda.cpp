@@ -1,0 +1,10 @@
+// A build without CUDA: no device tables, so no op has a CUDA kernel and
+// dispatch reports which op and device it lacks (device_kernels.h), and no
+// backward kernel runs on a device (backward_kernels.h).
+#include "backward_kernels.h"
+#include "device_kernels.h"
+
+namespace dtensor::device {
+const Kernels* cuda() { return nullptr; }
+const BackwardKernels* cuda_backward() { return nullptr; }
+}  // namespace dtensor::device
