@@ -32,6 +32,7 @@ class TimedCommunicator final : public Communicator {
       : owned_(std::move(inner)), inner_(owned_.get()), clock_(&clock) {}
 
   using Communicator::all_gather;
+  using Communicator::all_reduce;
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }

@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
                  }
                }
                failures += check_gradient(mesh, softclip, full);
-               world.all_reduce(&failures, &failures, 1, DType::Int64, ReduceOp::Sum);
+               world.all_reduce(std::span(&failures, 1), ReduceOp::Sum);
                if (world.rank() == 0)
                  fmt::print("{}\n", failures ? "softclip FAILED"
                                              : "softclip and its gradient match the unsharded op on every layout");

@@ -117,6 +117,20 @@ void all_reduce_values_and_bytes(const Engine& engine) {
           }
         }
       }
+      // The typed form deduces the dtype from the span: an in-place int64 Sum.
+      std::vector<std::int64_t> mine(3, rank + 1);
+      Buffer typed = upload(engine.buffers, mine);
+      const CommStats before = comm.stats();
+      comm.all_reduce(std::span(reinterpret_cast<std::int64_t*>(typed.data()), mine.size()), ReduceOp::Sum);
+      const CommStats diff = comm.stats() - before;
+      const auto got = typed.download<std::int64_t>(0, mine.size());
+      const std::int64_t want = static_cast<std::int64_t>(n) * (n + 1) / 2;
+      EXPECT_R(got == std::vector<std::int64_t>(3, want), "typed all_reduce: {} expected {}", got[0], want);
+      const std::size_t seg = seg_size(3, n, rank);
+      const std::uint64_t bytes = ((n - 1) * seg + (3 - seg)) * sizeof(std::int64_t);
+      EXPECT_R(diff.count(CollectiveKind::AllReduce) == 1 && diff.recv_bytes == bytes,
+               "typed all_reduce: {} calls, {} bytes, expected 1 and {}", diff.count(CollectiveKind::AllReduce),
+               diff.recv_bytes, bytes);
     });
     failures.report();
   }
@@ -440,6 +454,13 @@ void argument_checks(const Engine& engine) {
                    e.what());
         }
       };
+      const auto unknown = static_cast<DType>(42);
+      expect_value_error("all_reduce dtype", "unknown dtype code 42",
+                         [&] { comm.all_reduce(buf.data(), buf.data(), 1, unknown, ReduceOp::Sum); });
+      expect_value_error("reduce_scatter dtype", "unknown dtype code 42", [&] {
+        comm.reduce_scatter(buf.data(), buf.data(), std::vector<std::size_t>(static_cast<std::size_t>(n), 0), unknown,
+                            ReduceOp::Sum);
+      });
       expect_value_error("all_gather entries", "recv_bytes has",
                          [&] { comm.all_gather(buf.data(), buf.data(), wrong); });
       expect_value_error("reduce_scatter entries", "counts has",

@@ -1,15 +1,16 @@
 #pragma once
-// Internal to the backends: the argument checks every communicator makes
-// before a collective, with one wording for all of them ("[mpi] all_gather
-// on rank 2: recv_bytes has 3 entries; expected one per rank (4)"). They
-// check only what this rank passed; whether the ranks agree is each
-// backend's own business.
+// Internal to the backends: the argument checks the skeleton of every
+// collective makes (backend_communicator.cpp), with one wording for all
+// backends ("[mpi] all_gather on rank 2: recv_bytes has 3 entries; expected
+// one per rank (4)"). They check only what this rank passed; whether the
+// ranks agree is each backend's own business.
 #include <cstddef>
 #include <span>
 #include <string_view>
 
 #include <fmt/format.h>
 
+#include "dtensor/core/dtype.h"
 #include "dtensor/core/error.h"
 #include "dtensor/mesh/communicator.h"
 
@@ -20,6 +21,18 @@ struct ArgumentChecks {
   int rank;
   int size;
 
+  /// A dtype the library knows (another code can only come from a cast).
+  void dtype(CollectiveKind kind, DType d) const {
+    switch (d) {
+      case DType::Float32:
+      case DType::Float64:
+      case DType::Int64:
+      case DType::BFloat16:
+      case DType::Float16: return;
+    }
+    throw DTypeError(fmt::format("[{}] {} on rank {}: unknown dtype code {}", backend, collective_name(kind), rank,
+                                 static_cast<int>(d)));
+  }
   /// A per-rank list must have one entry per rank.
   void entries(CollectiveKind kind, std::string_view what, std::size_t n) const {
     if (n != static_cast<std::size_t>(size))

@@ -16,7 +16,7 @@ namespace {
 
 std::string shape_text(std::span<const std::int64_t> shape) { return fmt::format("{}", fmt::join(shape, "x")); }
 
-// How a timeline labels the collectives of one group: "mesh 2x2 dims [1]".
+// How a trace labels the collectives of one group: "mesh 2x2 dims [1]".
 std::string group_label(std::span<const std::int64_t> shape, std::span<const int> dims) {
   return fmt::format("mesh {} dims [{}]", shape_text(shape), fmt::join(dims, ","));
 }

@@ -30,7 +30,18 @@ void finish(Communicator& comm, const Tensor& pairs, void* out, std::size_t coun
     average_finish(pairs.data_as<std::int64_t>(), o, count, comm.size());
 }
 
+// The int64 Avg call whose pairs this thread is reducing now.
+struct CarriedAverage {
+  std::size_t count = 0;                // all_reduce: the caller's count
+  std::span<const std::size_t> counts;  // reduce_scatter: the caller's counts
+};
 thread_local const CarriedAverage* carried = nullptr;
+
+std::size_t total_of(std::span<const std::size_t> counts) {
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  return total;
+}
 
 // Marks the inner call as carrying `call` while alive.
 class Carrying {
@@ -46,7 +57,15 @@ class Carrying {
 
 }  // namespace
 
-const CarriedAverage* carried_average() { return carried; }
+CallAsMade all_reduce_as_made(ReduceOp op, std::size_t count) {
+  if (carried != nullptr) return {.op = ReduceOp::Avg, .count = carried->count, .counts = {}};
+  return {.op = op, .count = count, .counts = {}};
+}
+
+CallAsMade reduce_scatter_as_made(ReduceOp op, std::span<const std::size_t> counts) {
+  if (carried != nullptr) return {.op = ReduceOp::Avg, .count = total_of(carried->counts), .counts = carried->counts};
+  return {.op = op, .count = total_of(counts), .counts = counts};
+}
 
 void all_reduce_integer_average(Communicator& comm, const void* send, void* recv, std::size_t count) {
   Tensor pairs = split(comm, send, count);

@@ -21,7 +21,7 @@ class StatsRecorder {
  public:
   explicit StatsRecorder(CommStats& rank_totals) : rank_totals_(&rank_totals) {}
 
-  /// Notes when a call starts, for its timeline event.
+  /// Notes when a call starts, for its trace event.
   void begin() {
     if (trace::current != nullptr) [[unlikely]]
       started_ = trace::Clock::now();
@@ -37,7 +37,7 @@ class StatsRecorder {
   /// Every backend matches messages between one pair with one tag in order,
   /// so the n-th send from a to b is the n-th recv by b from a: each end
   /// gets that n, counted here for the communicator's whole life (even while
-  /// nothing records), and the timeline pairs the two ends by it.
+  /// nothing records), and the trace pairs the two ends by it.
   /// (Sends and recvs count apart, so that a rank's messages to itself pair
   /// too. The counts grow with the routes used: one entry per peer and tag.)
   void record_message(bool sending, int self, int peer, int tag, std::uint64_t bytes) {

@@ -27,26 +27,14 @@
 //  - all_to_all and scatter are grouped ncclSend/ncclRecv over the peers
 //    with bytes to move; the self block is a device-to-device copy.
 //  - barrier is an all-reduce of one int on a small device buffer.
-//  - send/recv: NCCL has no tags and no buffering, so a send is a
-//    rendezvous: it returns once the peer has received it (a 16-byte header
-//    with the tag and size, then the payload). The receiver reads the header
-//    first: a message of another tag is received into a device buffer of
-//    this communicator and kept for the recv that asks for it, so tags match
-//    as on the other backends; a size mismatch takes the message off the
-//    queue and throws CommError naming both sizes. Unlike the threads and MPI
-//    backends, two ranks that both send to each other before receiving wait
-//    for each other until the deadline; a send to oneself is buffered.
+//  - send/recv: a rendezvous through a header, see nccl_messages.cpp.
 //
 // Byte accounting follows communicator.h exactly, from the sizes, by the
 // same formulas as the threads and MPI backends.
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "nccl_communicator.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -57,16 +45,10 @@
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/detail/cuda_check.h"
 #include "dtensor/core/error.h"
-#include "argument_checks.h"
-#include "exact_average.h"
-#include "stats_recorder.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/mesh/backends.h"
-#include "nccl_detail.h"
 
-namespace dtensor {
-namespace nccl_detail {
-
+namespace dtensor::nccl_detail {
 namespace {
 
 ncclDataType_t nccl_type(DType dtype) {
@@ -80,573 +62,371 @@ ncclDataType_t nccl_type(DType dtype) {
   return ncclFloat32;
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg: return ncclSum;  // Avg divides afterwards
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+ncclRedOp_t nccl_op(ReduceOp op) { return backend_detail::native_op(op, ncclSum, ncclMax, ncclMin); }
+
+// Floating max/min: ncclMax and ncclMin are fmaxf and fminf (or __hmax),
+// which drop NaN. The ranks reduce combine.h's order keys as integers
+// instead, which order NaN as combine::max_nan does, and turn the result
+// back. f32 and f64 keys move the bytes the values would; bf16 and f16
+// keys are int32, twice theirs.
+bool by_order_keys(DType dtype, ReduceOp op) {
+  return (op == ReduceOp::Max || op == ReduceOp::Min) && is_floating(dtype);
+}
+std::size_t key_size(DType dtype) { return dtype == DType::Float64 ? 8 : 4; }
+ncclDataType_t key_type(DType dtype) { return dtype == DType::Float64 ? ncclInt64 : ncclInt32; }
+
+std::size_t prefix_sums(std::span<const std::size_t> sizes, std::vector<std::size_t>& offsets) {
+  offsets.resize(sizes.size());
+  std::size_t total = 0;
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    offsets[p] = total;
+    total += sizes[p];
   }
-  return ncclSum;
+  return total;
 }
 
-// The header of a point-to-point message.
-struct Header {
-  std::int64_t tag = 0;
-  std::int64_t bytes = 0;
-};
-static_assert(sizeof(Header) == 16);
+}  // namespace
 
-// A message received ahead of the recv that asks for it.
-struct Stashed {
-  std::shared_ptr<std::byte[]> data;
-  std::size_t bytes = 0;
-};
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, std::shared_ptr<CommStats> stats,
+                                   std::chrono::milliseconds timeout)
+    : BackendCommunicator(*stats), comm_(comm), device_(device), rank_stats_(std::move(stats)), timeout_(timeout) {
+  ncclCommUserRank(comm_, &rank_);
+  ncclCommCount(comm_, &size_);
+}
 
-class NcclCommunicator final : public Communicator {
- public:
-  NcclCommunicator(ncclComm_t comm, int device, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout)
-      : comm_(comm), device_(device), rank_stats_(std::move(stats)), stats_(*rank_stats_), timeout_(timeout) {
-    ncclCommUserRank(comm_, &rank_);
-    ncclCommCount(comm_, &size_);
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ == nullptr) return;  // aborted after a failure
+  const ncclComm_t comm = std::exchange(comm_, nullptr);
+  int previous = -1;
+  try {
+    previous = cuda::current_device();
+    if (previous != device_) cuda::set_device(device_);
+  } catch (...) {
   }
-
-  ~NcclCommunicator() override {
-    if (comm_ == nullptr) return;  // aborted after a failure
-    const ncclComm_t comm = std::exchange(comm_, nullptr);
-    int previous = -1;
-    try {
-      previous = cuda::current_device();
-      if (previous != device_) cuda::set_device(device_);
-    } catch (...) {
-    }
-    stash_.clear();
-    ctl_.reset();
-    // Every call completed before returning, so finalizing only releases
-    // resources; it still gets the deadline, and an abort otherwise.
-    const ncclResult_t rc = ncclCommFinalize(comm);
-    const ncclResult_t state =
-        rc == ncclSuccess || rc == ncclInProgress ? wait_ready(comm, Clock::now() + timeout_) : rc;
-    if (state == ncclSuccess)
-      ncclCommDestroy(comm);
-    else
-      ncclCommAbort(comm);
-    try {
-      if (previous >= 0 && previous != device_) cuda::set_device(previous);
-    } catch (...) {
-    }
+  stash_.clear();
+  ctl_.reset();
+  // Every call completed before returning, so finalizing only releases
+  // resources; it still gets the deadline, and an abort otherwise.
+  const ncclResult_t rc = ncclCommFinalize(comm);
+  const ncclResult_t state = rc == ncclSuccess || rc == ncclInProgress ? wait_ready(comm, Clock::now() + timeout_) : rc;
+  if (state == ncclSuccess)
+    ncclCommDestroy(comm);
+  else
+    ncclCommAbort(comm);
+  try {
+    if (previous >= 0 && previous != device_) cuda::set_device(previous);
+  } catch (...) {
   }
+}
 
-  using Communicator::all_gather;  // keep the equal-size overload visible
+void NcclCommunicator::enter(CollectiveKind kind) {
+  if (comm_ == nullptr)
+    throw CommError(fmt::format("[nccl] {} on rank {} of {}: the communicator is unusable: {}", collective_name(kind),
+                                rank_, size_, broken_msg_));
+  if (cuda::current_device() != device_) cuda::set_device(device_);
+  stream_ = cuda::stream();
+}
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string_view backend() const override { return "nccl"; }
-  Device device() const override { return Device::CUDA; }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-  CommStats& stats() override { return stats_.rank_totals(); }
-  const CommStats& own_stats() const override { return stats_.own(); }
-
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    if (reduces_as_average_pairs(dtype, op, size()))
-      return backend_detail::all_reduce_integer_average(*this, send, recv, count);
-    constexpr auto kind = CollectiveKind::AllReduce;
-    const std::size_t isz = itemsize(dtype);
-    const cudaStream_t s = enter(kind);
-    if (size_ > 1 && count > 0 && by_order_keys(dtype, op)) {
-      const std::size_t ksz = key_size(dtype);
-      auto keys = cuda::allocate(count * ksz);
-      cuda::order_keys(send, keys.get(), count, dtype, op);
-      call(kind, "ncclAllReduce", ncclAllReduce(keys.get(), keys.get(), count, key_type(dtype), nccl_op(op), comm_, s));
-      cuda::from_order_keys(keys.get(), recv, count, dtype);
-      wait(kind);  // keys go back to the stream's pool after the wait
-    } else if (size_ > 1 && count > 0) {
-      call(kind, "ncclAllReduce", ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, s));
-      if (op == ReduceOp::Avg) cuda::divide_by(recv, count, dtype, size_);
-    } else {
-      copy_async(kind, recv, send, count * isz, s);
-    }
-    wait(kind);
-    stats_.record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, size_, rank_, dtype, op)));
+void NcclCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  constexpr auto kind = CollectiveKind::AllReduce;
+  const cudaStream_t s = stream_;
+  if (size_ > 1 && count > 0 && by_order_keys(dtype, op)) {
+    const std::size_t ksz = key_size(dtype);
+    auto keys = cuda::allocate(count * ksz);
+    cuda::order_keys(send, keys.get(), count, dtype, op);
+    call(kind, "ncclAllReduce", ncclAllReduce(keys.get(), keys.get(), count, key_type(dtype), nccl_op(op), comm_, s));
+    cuda::from_order_keys(keys.get(), recv, count, dtype);
+    wait(kind);  // keys go back to the stream's pool after the wait
+  } else if (size_ > 1 && count > 0) {
+    call(kind, "ncclAllReduce", ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, s));
+    divide_average(recv, count, dtype, op);
+  } else {
+    copy_async(kind, recv, send, count * itemsize(dtype), s);
   }
+  wait(kind);
+}
 
-  void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
-    constexpr auto kind = CollectiveKind::AllGather;
-    check_entries(kind, "recv_bytes", recv_bytes.size());
-    const cudaStream_t s = enter(kind);
-    const auto r = static_cast<std::size_t>(rank_);
-    auto* out = static_cast<std::byte*>(recv);
-    const std::size_t total = prefix_sums(recv_bytes, offsets_);
-    if (size_ > 1 && total > 0) {
-      const bool equal =
-          std::all_of(recv_bytes.begin(), recv_bytes.end(), [&](std::size_t b) { return b == recv_bytes[0]; });
-      if (equal) {
-        // In place when send already is this rank's block of recv.
-        call(kind, "ncclAllGather", ncclAllGather(send, recv, recv_bytes[0], ncclUint8, comm_, s));
-      } else {
-        copy_async(kind, out + offsets_[r], send, recv_bytes[r], s);
-        grouped(kind, [&](Issue& issue) {
-          for (int p = 0; p < size_; ++p) {
-            const auto pp = static_cast<std::size_t>(p);
-            if (p == rank_) continue;
-            if (recv_bytes[r] > 0) issue(ncclSend(send, recv_bytes[r], ncclUint8, p, comm_, s), "ncclSend");
-            if (recv_bytes[pp] > 0)
-              issue(ncclRecv(out + offsets_[pp], recv_bytes[pp], ncclUint8, p, comm_, s), "ncclRecv");
-          }
-        });
-      }
+void NcclCommunicator::do_all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) {
+  constexpr auto kind = CollectiveKind::AllGather;
+  const cudaStream_t s = stream_;
+  const auto r = static_cast<std::size_t>(rank_);
+  auto* out = static_cast<std::byte*>(recv);
+  const std::size_t total = prefix_sums(recv_bytes, offsets_);
+  if (size_ > 1 && total > 0) {
+    const bool equal =
+        std::all_of(recv_bytes.begin(), recv_bytes.end(), [&](std::size_t b) { return b == recv_bytes[0]; });
+    if (equal) {
+      // In place when send already is this rank's block of recv.
+      call(kind, "ncclAllGather", ncclAllGather(send, recv, recv_bytes[0], ncclUint8, comm_, s));
     } else {
       copy_async(kind, out + offsets_[r], send, recv_bytes[r], s);
-    }
-    wait(kind);
-    stats_.record(kind, total - recv_bytes[r]);
-  }
-
-  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
-                      ReduceOp op) override {
-    if (reduces_as_average_pairs(dtype, op, size()))
-      return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
-    constexpr auto kind = CollectiveKind::ReduceScatter;
-    const std::size_t isz = itemsize(dtype);
-    check_entries(kind, "counts", counts.size());
-    const cudaStream_t s = enter(kind);
-    const auto r = static_cast<std::size_t>(rank_);
-    const std::size_t total = prefix_sums(counts, offsets_);
-    const std::size_t mine = counts[r];
-    const auto* in = static_cast<const std::byte*>(send);
-    const auto* own = in + offsets_[r] * isz;
-    auto* out = static_cast<std::byte*>(recv);
-    if (size_ > 1 && total > 0 && by_order_keys(dtype, op)) {
-      reduce_scatter_keys(send, recv, counts, total, dtype, op, s);
-    } else if (size_ > 1 && total > 0) {
-      // recv may be this rank's own block of send (NCCL's in-place form);
-      // any other overlap with send would be read by the peers' reductions
-      // while written: reduce into scratch then.
-      const bool overlaps = mine != 0 && out < in + total * isz && out + mine * isz > in && out != own;
-      std::shared_ptr<std::byte[]> scratch;
-      std::byte* target = out;
-      if (overlaps) {
-        scratch = cuda::allocate(mine * isz);
-        target = scratch.get();
-      }
-      const ncclDataType_t type = nccl_type(dtype);
-      const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
-      if (equal) {
-        call(kind, "ncclReduceScatter", ncclReduceScatter(send, target, mine, type, nccl_op(op), comm_, s));
-      } else {
-        grouped(kind, [&](Issue& issue) {
-          for (int p = 0; p < size_; ++p) {
-            const auto pp = static_cast<std::size_t>(p);
-            if (counts[pp] == 0) continue;
-            const auto* block = in + offsets_[pp] * isz;
-            // recvbuff is read by NCCL on the root only.
-            void* dst = p == rank_ ? static_cast<void*>(target) : const_cast<std::byte*>(block);
-            issue(ncclReduce(block, dst, counts[pp], type, nccl_op(op), p, comm_, s), "ncclReduce");
-          }
-        });
-      }
-      if (op == ReduceOp::Avg && mine > 0) cuda::divide_by(target, mine, dtype, size_);
-      if (overlaps) copy_async(kind, out, target, mine * isz, s);
-      wait(kind);  // scratch goes back to the stream's pool after the wait
-    } else {
-      copy_async(kind, out, own, mine * isz, s);
-      wait(kind);
-    }
-    stats_.record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size_, dtype, op)));
-  }
-
-  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
-                  void* recv, std::span<const std::size_t> recv_bytes,
-                  std::span<const std::size_t> recv_offsets) override {
-    constexpr auto kind = CollectiveKind::AllToAll;
-    checks().all_to_all(send_bytes, send_offsets, recv_bytes, recv_offsets);
-    const auto r = static_cast<std::size_t>(rank_);
-    const cudaStream_t s = enter(kind);
-    const auto* in = static_cast<const std::byte*>(send);
-    auto* out = static_cast<std::byte*>(recv);
-    copy_async(kind, out + recv_offsets[r], in + send_offsets[r], recv_bytes[r], s);
-    std::size_t received = 0;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) received += recv_bytes[static_cast<std::size_t>(p)];
-    const bool any =
-        std::any_of(send_bytes.begin(), send_bytes.end(), [](std::size_t b) { return b > 0; }) || received > 0;
-    if (size_ > 1 && any) {
-      grouped(kind, [&](Issue& issue) {
-        for (int k = 1; k < size_; ++k) {
-          const int p = (rank_ + k) % size_;
-          const auto pp = static_cast<std::size_t>(p);
-          if (send_bytes[pp] > 0)
-            issue(ncclSend(in + send_offsets[pp], send_bytes[pp], ncclUint8, p, comm_, s), "ncclSend");
-          if (recv_bytes[pp] > 0)
-            issue(ncclRecv(out + recv_offsets[pp], recv_bytes[pp], ncclUint8, p, comm_, s), "ncclRecv");
-        }
-      });
-    }
-    wait(kind);
-    stats_.record(kind, received);
-  }
-
-  void broadcast(void* buf, std::size_t bytes, int root) override {
-    constexpr auto kind = CollectiveKind::Broadcast;
-    check_root(kind, root);
-    const cudaStream_t s = enter(kind);
-    if (size_ > 1 && bytes > 0) {
-      call(kind, "ncclBroadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, s));
-      wait(kind);
-    }
-    stats_.record(kind, size_ > 1 && rank_ != root ? bytes : 0);
-  }
-
-  void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
-    constexpr auto kind = CollectiveKind::Scatter;
-    check_entries(kind, "bytes", bytes.size());
-    check_root(kind, root);
-    const cudaStream_t s = enter(kind);
-    const std::size_t total = prefix_sums(bytes, offsets_);
-    const auto r = static_cast<std::size_t>(rank_);
-    const std::size_t mine = bytes[r];
-    const auto* in = static_cast<const std::byte*>(send);
-    if (rank_ == root) copy_async(kind, recv, in + offsets_[r], mine, s);
-    if (size_ > 1 && total > 0) {
-      grouped(kind, [&](Issue& issue) {
-        if (rank_ == root) {
-          for (int p = 0; p < size_; ++p) {
-            const auto pp = static_cast<std::size_t>(p);
-            if (p != root && bytes[pp] > 0)
-              issue(ncclSend(in + offsets_[pp], bytes[pp], ncclUint8, p, comm_, s), "ncclSend");
-          }
-        } else if (mine > 0) {
-          issue(ncclRecv(recv, mine, ncclUint8, root, comm_, s), "ncclRecv");
-        }
-      });
-    }
-    wait(kind);
-    stats_.record(kind, size_ > 1 && rank_ != root ? mine : 0);
-  }
-
-  void send(const void* buf, std::size_t bytes, int dst, int tag) override {
-    constexpr auto kind = CollectiveKind::SendRecv;
-    check_peer("send to", dst);
-    const cudaStream_t s = enter(kind);
-    if (dst == rank_) {
-      // No peer to meet: keep a copy for the matching recv.
-      Stashed m{cuda::allocate(std::max<std::size_t>(bytes, 1)), bytes};
-      copy_async(kind, m.data.get(), buf, bytes, s);
-      wait(kind);
-      stash_[{rank_, tag}].push_back(std::move(m));
-      stats_.record_message(true, rank_, dst, tag, 0);
-      return;
-    }
-    const std::string what = fmt::format("to rank {} (tag {})", dst, tag);
-    header_ = Header{tag, static_cast<std::int64_t>(bytes)};
-    std::byte* hdr = control();
-    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(hdr, &header_, sizeof(Header), cudaMemcpyHostToDevice, s));
-    call(kind, "ncclSend", ncclSend(hdr, sizeof(Header), ncclUint8, dst, comm_, s), what);
-    wait(kind, what);
-    if (bytes > 0) {
-      call(kind, "ncclSend", ncclSend(buf, bytes, ncclUint8, dst, comm_, s), what);
-      wait(kind, what);
-    }
-    stats_.record_message(true, rank_, dst, tag, 0);
-  }
-
-  void recv(void* buf, std::size_t bytes, int src, int tag) override {
-    constexpr auto kind = CollectiveKind::SendRecv;
-    check_peer("recv from", src);
-    const cudaStream_t s = enter(kind);
-    const std::string what = fmt::format("from rank {} (tag {})", src, tag);
-    for (;;) {
-      if (auto it = stash_.find({src, tag}); it != stash_.end()) {
-        Stashed m = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) stash_.erase(it);
-        if (m.bytes != bytes) {
-          stats_.drop_message(false, rank_, src, tag);
-          throw size_mismatch(src, tag, bytes, m.bytes);
-        }
-        copy_async(kind, buf, m.data.get(), bytes, s);
-        wait(kind, what);
-        stats_.record_message(false, rank_, src, tag, bytes);
-        return;
-      }
-      if (src == rank_)
-        throw CommError(fmt::format("[nccl] recv on rank {} of {} from itself (tag {}): no such message was sent",
-                                    rank_, size_, tag));
-      std::byte* hdr = control() + sizeof(Header);
-      call(kind, "ncclRecv", ncclRecv(hdr, sizeof(Header), ncclUint8, src, comm_, s), what);
-      wait(kind, what);
-      Header got;
-      DTENSOR_CUDA_CHECK(cudaMemcpyAsync(&got, hdr, sizeof(Header), cudaMemcpyDeviceToHost, s));
-      wait(kind, what);
-      if (got.bytes < 0)
-        fail(kind, "recv", fmt::format("corrupt message header from rank {} ({} bytes)", src, got.bytes));
-      const auto size = static_cast<std::size_t>(got.bytes);
-      if (got.tag == tag && size == bytes) {
-        if (bytes > 0) {
-          call(kind, "ncclRecv", ncclRecv(buf, bytes, ncclUint8, src, comm_, s), what);
-          wait(kind, what);
-        }
-        stats_.record_message(false, rank_, src, tag, bytes);
-        return;
-      }
-      // Another message comes first, or this one has the wrong size: take
-      // it off the queue either way, so that the next recv sees the next.
-      Stashed m{cuda::allocate(std::max<std::size_t>(size, 1)), size};
-      if (size > 0) {
-        call(kind, "ncclRecv", ncclRecv(m.data.get(), size, ncclUint8, src, comm_, s), what);
-        wait(kind, what);
-      }
-      if (got.tag == tag) {
-        stats_.drop_message(false, rank_, src, tag);
-        throw size_mismatch(src, tag, bytes, size);
-      }
-      stash_[{src, static_cast<int>(got.tag)}].push_back(std::move(m));
-    }
-  }
-
-  void barrier() override {
-    constexpr auto kind = CollectiveKind::Barrier;
-    const cudaStream_t s = enter(kind);
-    if (size_ > 1) {
-      std::byte* flag = control();
-      DTENSOR_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
-      call(kind, "ncclAllReduce", ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, s));
-      wait(kind);
-    }
-    stats_.record(kind, 0);
-  }
-
-  std::unique_ptr<Communicator> split(int color, int key) override {
-    constexpr auto kind = CollectiveKind::Split;
-    enter(kind);
-    ncclConfig_t config = nonblocking_config();
-    ncclComm_t out = nullptr;
-    const ncclResult_t rc = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &out, &config);
-    // Nonblocking: the new communicator (and the parent, which every rank
-    // passes through, NOCOLOR ones included) leaves ncclInProgress when
-    // the split is done.
-    const auto deadline = Clock::now() + timeout_;
-    ncclResult_t state = rc == ncclInProgress ? ncclSuccess : rc;
-    if (state == ncclSuccess && out != nullptr) state = wait_ready(out, deadline);
-    if (state == ncclSuccess) state = wait_ready(comm_, deadline);
-    if (state != ncclSuccess) {
-      if (out != nullptr) ncclCommAbort(out);
-      if (state == ncclInProgress) timed_out(kind, "");
-      fail(kind, "ncclCommSplit", error_text(state, comm_));
-    }
-    stats_.record(kind, 0);
-    if (out == nullptr) return nullptr;
-    return std::make_unique<NcclCommunicator>(out, device_, rank_stats_, timeout_);
-  }
-
- private:
-  // Records the first failed NCCL call of a group; the group is closed
-  // before anything is thrown (aborting inside an open group is not allowed).
-  class Issue {
-   public:
-    void operator()(ncclResult_t rc, const char* call) {
-      if (rc != ncclSuccess && rc != ncclInProgress && rc_ == ncclSuccess) {
-        rc_ = rc;
-        call_ = call;
-      }
-    }
-    ncclResult_t rc_ = ncclSuccess;
-    const char* call_ = "";
-  };
-
-  // Floating max/min: ncclMax and ncclMin are fmaxf and fminf (or __hmax),
-  // which drop NaN. The ranks reduce combine.h's order keys as integers
-  // instead, which order NaN as combine::max_nan does, and turn the result
-  // back. f32 and f64 keys move the bytes the values would; bf16 and f16
-  // keys are int32, twice theirs.
-  static bool by_order_keys(DType dtype, ReduceOp op) {
-    return (op == ReduceOp::Max || op == ReduceOp::Min) && is_floating(dtype);
-  }
-  static std::size_t key_size(DType dtype) { return dtype == DType::Float64 ? 8 : 4; }
-  static ncclDataType_t key_type(DType dtype) { return dtype == DType::Float64 ? ncclInt64 : ncclInt32; }
-
-  // reduce_scatter's body on keys (offsets_ already hold the prefix sums);
-  // returns once the result is in recv.
-  void reduce_scatter_keys(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t total,
-                           DType dtype, ReduceOp op, cudaStream_t s) {
-    constexpr auto kind = CollectiveKind::ReduceScatter;
-    const std::size_t ksz = key_size(dtype);
-    const ncclDataType_t type = key_type(dtype);
-    const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
-    auto keys = cuda::allocate(total * ksz);
-    auto reduced = cuda::allocate(std::max<std::size_t>(mine, 1) * ksz);
-    cuda::order_keys(send, keys.get(), total, dtype, op);
-    const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
-    if (equal) {
-      call(kind, "ncclReduceScatter", ncclReduceScatter(keys.get(), reduced.get(), mine, type, nccl_op(op), comm_, s));
-    } else {
       grouped(kind, [&](Issue& issue) {
         for (int p = 0; p < size_; ++p) {
           const auto pp = static_cast<std::size_t>(p);
-          if (counts[pp] == 0) continue;
-          std::byte* block = keys.get() + offsets_[pp] * ksz;
-          void* dst = p == rank_ ? static_cast<void*>(reduced.get()) : static_cast<void*>(block);
-          issue(ncclReduce(block, dst, counts[pp], type, nccl_op(op), p, comm_, s), "ncclReduce");
+          if (p == rank_) continue;
+          if (recv_bytes[r] > 0) issue(ncclSend(send, recv_bytes[r], ncclUint8, p, comm_, s), "ncclSend");
+          if (recv_bytes[pp] > 0)
+            issue(ncclRecv(out + offsets_[pp], recv_bytes[pp], ncclUint8, p, comm_, s), "ncclRecv");
         }
       });
     }
-    cuda::from_order_keys(reduced.get(), recv, mine, dtype);
-    wait(kind);  // the keys go back to the stream's pool after the wait
+  } else {
+    copy_async(kind, out + offsets_[r], send, recv_bytes[r], s);
   }
+  wait(kind);
+}
 
-  template <class Body>
-  void grouped(CollectiveKind kind, Body&& body) {
-    Issue issue;
-    issue(ncclGroupStart(), "ncclGroupStart");
-    if (issue.rc_ == ncclSuccess) {
-      try {
-        body(issue);
-      } catch (...) {
-        ncclGroupEnd();
-        throw;
+void NcclCommunicator::do_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                                         ReduceOp op) {
+  constexpr auto kind = CollectiveKind::ReduceScatter;
+  const std::size_t isz = itemsize(dtype);
+  const cudaStream_t s = stream_;
+  const auto r = static_cast<std::size_t>(rank_);
+  const std::size_t total = prefix_sums(counts, offsets_);
+  const std::size_t mine = counts[r];
+  const auto* in = static_cast<const std::byte*>(send);
+  const auto* own = in + offsets_[r] * isz;
+  auto* out = static_cast<std::byte*>(recv);
+  if (size_ == 1 || total == 0) {
+    copy_async(kind, out, own, mine * isz, s);
+    return wait(kind);
+  }
+  if (by_order_keys(dtype, op)) return reduce_scatter_keys(send, recv, counts, total, dtype, op, s);
+  // recv may be this rank's own block of send (NCCL's in-place form);
+  // any other overlap with send would be read by the peers' reductions
+  // while written: reduce into scratch then.
+  const bool overlaps = mine != 0 && out < in + total * isz && out + mine * isz > in && out != own;
+  std::shared_ptr<std::byte[]> scratch;
+  std::byte* target = out;
+  if (overlaps) {
+    scratch = cuda::allocate(mine * isz);
+    target = scratch.get();
+  }
+  const ncclDataType_t type = nccl_type(dtype);
+  const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
+  if (equal) {
+    call(kind, "ncclReduceScatter", ncclReduceScatter(send, target, mine, type, nccl_op(op), comm_, s));
+  } else {
+    grouped(kind, [&](Issue& issue) {
+      for (int p = 0; p < size_; ++p) {
+        const auto pp = static_cast<std::size_t>(p);
+        if (counts[pp] == 0) continue;
+        const auto* block = in + offsets_[pp] * isz;
+        // recvbuff is read by NCCL on the root only.
+        void* dst = p == rank_ ? static_cast<void*>(target) : const_cast<std::byte*>(block);
+        issue(ncclReduce(block, dst, counts[pp], type, nccl_op(op), p, comm_, s), "ncclReduce");
       }
-      issue(ncclGroupEnd(), "ncclGroupEnd");
-    }
-    if (issue.rc_ != ncclSuccess) fail(kind, issue.call_, error_text(issue.rc_, comm_));
-    enqueued(kind);
+    });
   }
+  divide_average(target, mine, dtype, op);
+  if (overlaps) copy_async(kind, out, target, mine * isz, s);
+  wait(kind);  // scratch goes back to the stream's pool after the wait
+}
 
-  // One NCCL call, checked, and enqueued before anything else goes on the
-  // stream.
-  void call(CollectiveKind kind, const char* call, ncclResult_t rc, std::string_view what = {}) {
-    if (rc != ncclSuccess && rc != ncclInProgress) fail(kind, call, error_text(rc, comm_));
-    enqueued(kind, what);
+void NcclCommunicator::do_all_to_all(const void* send, std::span<const std::size_t> send_bytes,
+                                     std::span<const std::size_t> send_offsets, void* recv,
+                                     std::span<const std::size_t> recv_bytes,
+                                     std::span<const std::size_t> recv_offsets) {
+  constexpr auto kind = CollectiveKind::AllToAll;
+  const cudaStream_t s = stream_;
+  const auto r = static_cast<std::size_t>(rank_);
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  copy_async(kind, out + recv_offsets[r], in + send_offsets[r], recv_bytes[r], s);
+  bool any = false;
+  for (int p = 0; p < size_; ++p) {
+    const auto pp = static_cast<std::size_t>(p);
+    any = any || send_bytes[pp] > 0 || (p != rank_ && recv_bytes[pp] > 0);
   }
-
-  // In nonblocking mode a call returns ncclInProgress while NCCL still
-  // enqueues its work (a first exchange with a peer connects first); work
-  // that depends on it (the Avg division, a copy out of scratch) must not
-  // reach the stream before it.
-  void enqueued(CollectiveKind kind, std::string_view what = {}) {
-    const ncclResult_t state = wait_ready(comm_, Clock::now() + timeout_);
-    if (state == ncclInProgress) timed_out(kind, what);
-    if (state != ncclSuccess) fail(kind, "asynchronous error", error_text(state, comm_));
+  if (size_ > 1 && any) {
+    grouped(kind, [&](Issue& issue) {
+      for (int k = 1; k < size_; ++k) {
+        const int p = (rank_ + k) % size_;
+        const auto pp = static_cast<std::size_t>(p);
+        if (send_bytes[pp] > 0)
+          issue(ncclSend(in + send_offsets[pp], send_bytes[pp], ncclUint8, p, comm_, s), "ncclSend");
+        if (recv_bytes[pp] > 0)
+          issue(ncclRecv(out + recv_offsets[pp], recv_bytes[pp], ncclUint8, p, comm_, s), "ncclRecv");
+      }
+    });
   }
+  wait(kind);
+}
 
-  // Fails at once on a communicator that an earlier failure left unusable;
-  // makes the communicator's device current; returns the caller's stream.
-  cudaStream_t enter(CollectiveKind kind) {
-    if (comm_ == nullptr)
-      throw CommError(fmt::format("[nccl] {} on rank {} of {}: the communicator is unusable: {}", collective_name(kind),
-                                  rank_, size_, broken_msg_));
-    if (cuda::current_device() != device_) cuda::set_device(device_);
-    stats_.begin();
-    return cuda::stream();
+void NcclCommunicator::do_broadcast(void* buf, std::size_t bytes, int root) {
+  constexpr auto kind = CollectiveKind::Broadcast;
+  if (size_ > 1 && bytes > 0) {
+    call(kind, "ncclBroadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
+    wait(kind);
   }
+}
 
-  // Returns once everything enqueued on the caller's stream is done: first
-  // NCCL's own enqueueing (nonblocking mode), then the stream itself.
-  void wait(CollectiveKind kind, std::string_view what = {}) {
-    const auto deadline = Clock::now() + timeout_;
-    const cudaStream_t s = cuda::stream();
-    for (int spins = 0;; ++spins) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
-      if (rc != ncclSuccess) fail(kind, "ncclCommGetAsyncError", error_text(rc, comm_));
-      if (state == ncclSuccess) {
-        const cudaError_t q = cudaStreamQuery(s);
-        if (q == cudaSuccess) return;
-        if (q != cudaErrorNotReady) {
-          (void)cudaGetLastError();
-          fail(kind, "cudaStreamQuery", cudaGetErrorString(q));
+void NcclCommunicator::do_scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) {
+  constexpr auto kind = CollectiveKind::Scatter;
+  const cudaStream_t s = stream_;
+  const std::size_t total = prefix_sums(bytes, offsets_);
+  const auto r = static_cast<std::size_t>(rank_);
+  const std::size_t mine = bytes[r];
+  const auto* in = static_cast<const std::byte*>(send);
+  if (rank_ == root) copy_async(kind, recv, in + offsets_[r], mine, s);
+  if (size_ > 1 && total > 0) {
+    grouped(kind, [&](Issue& issue) {
+      if (rank_ == root) {
+        for (int p = 0; p < size_; ++p) {
+          const auto pp = static_cast<std::size_t>(p);
+          if (p != root && bytes[pp] > 0)
+            issue(ncclSend(in + offsets_[pp], bytes[pp], ncclUint8, p, comm_, s), "ncclSend");
         }
-      } else if (state != ncclInProgress) {
-        fail(kind, "asynchronous error", error_text(state, comm_));
+      } else if (mine > 0) {
+        issue(ncclRecv(recv, mine, ncclUint8, root, comm_, s), "ncclRecv");
       }
-      // Spin first (a small collective is done in microseconds), then give
-      // the core away between polls.
-      if (spins >= 1024) std::this_thread::yield();
-      if ((spins & 63) == 0 && Clock::now() >= deadline) timed_out(kind, what);
+    });
+  }
+  wait(kind);
+}
+
+void NcclCommunicator::do_barrier() {
+  constexpr auto kind = CollectiveKind::Barrier;
+  if (size_ > 1) {
+    std::byte* flag = control();
+    DTENSOR_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
+    call(kind, "ncclAllReduce", ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, stream_));
+    wait(kind);
+  }
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) {
+  constexpr auto kind = CollectiveKind::Split;
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t out = nullptr;
+  const ncclResult_t rc = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &out, &config);
+  // Nonblocking: the new communicator (and the parent, which every rank
+  // passes through, NOCOLOR ones included) leaves ncclInProgress when
+  // the split is done.
+  const auto deadline = Clock::now() + timeout_;
+  ncclResult_t state = rc == ncclInProgress ? ncclSuccess : rc;
+  if (state == ncclSuccess && out != nullptr) state = wait_ready(out, deadline);
+  if (state == ncclSuccess) state = wait_ready(comm_, deadline);
+  if (state != ncclSuccess) {
+    if (out != nullptr) ncclCommAbort(out);
+    if (state == ncclInProgress) timed_out(kind, "");
+    fail(kind, "ncclCommSplit", error_text(state, comm_));
+  }
+  if (out == nullptr) return nullptr;
+  return std::make_unique<NcclCommunicator>(out, device_, rank_stats_, timeout_);
+}
+
+void NcclCommunicator::reduce_scatter_keys(const void* send, void* recv, std::span<const std::size_t> counts,
+                                           std::size_t total, DType dtype, ReduceOp op, cudaStream_t s) {
+  constexpr auto kind = CollectiveKind::ReduceScatter;
+  const std::size_t ksz = key_size(dtype);
+  const ncclDataType_t type = key_type(dtype);
+  const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
+  auto keys = cuda::allocate(total * ksz);
+  auto reduced = cuda::allocate(std::max<std::size_t>(mine, 1) * ksz);
+  cuda::order_keys(send, keys.get(), total, dtype, op);
+  const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
+  if (equal) {
+    call(kind, "ncclReduceScatter", ncclReduceScatter(keys.get(), reduced.get(), mine, type, nccl_op(op), comm_, s));
+  } else {
+    grouped(kind, [&](Issue& issue) {
+      for (int p = 0; p < size_; ++p) {
+        const auto pp = static_cast<std::size_t>(p);
+        if (counts[pp] == 0) continue;
+        std::byte* block = keys.get() + offsets_[pp] * ksz;
+        void* dst = p == rank_ ? static_cast<void*>(reduced.get()) : static_cast<void*>(block);
+        issue(ncclReduce(block, dst, counts[pp], type, nccl_op(op), p, comm_, s), "ncclReduce");
+      }
+    });
+  }
+  cuda::from_order_keys(reduced.get(), recv, mine, dtype);
+  wait(kind);  // the keys go back to the stream's pool after the wait
+}
+
+template <class Body>
+void NcclCommunicator::grouped(CollectiveKind kind, Body&& body) {
+  Issue issue;
+  issue(ncclGroupStart(), "ncclGroupStart");
+  if (issue.rc_ == ncclSuccess) {
+    try {
+      body(issue);
+    } catch (...) {
+      ncclGroupEnd();
+      throw;
     }
+    issue(ncclGroupEnd(), "ncclGroupEnd");
   }
+  if (issue.rc_ != ncclSuccess) fail(kind, issue.call_, error_text(issue.rc_, comm_));
+  enqueued(kind);
+}
 
-  [[noreturn]] void timed_out(CollectiveKind kind, std::string_view what) {
-    abort_comm(fmt::format("{} timed out after {} ms", collective_name(kind), timeout_.count()));
-    throw CommTimeout(fmt::format("[nccl] {}{}{} on rank {} of {} timed out after {} ms: a peer did not join",
-                                  collective_name(kind), what.empty() ? "" : " ", what, rank_, size_,
-                                  timeout_.count()));
-  }
+void NcclCommunicator::call(CollectiveKind kind, const char* call, ncclResult_t rc, std::string_view what) {
+  if (rc != ncclSuccess && rc != ncclInProgress) fail(kind, call, error_text(rc, comm_));
+  enqueued(kind, what);
+}
 
-  [[noreturn]] void fail(CollectiveKind kind, std::string_view call, const std::string& error) {
-    abort_comm(fmt::format("{} failed: {}", collective_name(kind), error));
-    throw CommError(
-        fmt::format("[nccl] {} on rank {} of {}: {}: {}", collective_name(kind), rank_, size_, call, error));
-  }
+void NcclCommunicator::enqueued(CollectiveKind kind, std::string_view what) {
+  const ncclResult_t state = wait_ready(comm_, Clock::now() + timeout_);
+  if (state == ncclInProgress) timed_out(kind, what);
+  if (state != ncclSuccess) fail(kind, "asynchronous error", error_text(state, comm_));
+}
 
-  void abort_comm(std::string why) {
-    broken_msg_ = std::move(why);
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    stash_.clear();
-    ctl_.reset();
-  }
-
-  CommError size_mismatch(int src, int tag, std::size_t want, std::size_t got) const {
-    return CommError(
-        fmt::format("[nccl] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but the "
-                    "matching send has {} bytes",
-                    rank_, size_, src, tag, want, got));
-  }
-
-  void copy_async(CollectiveKind kind, void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
-    if (bytes == 0 || dst == src) return;
-    const cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw DeviceError(fmt::format("[nccl] {} on rank {}: cudaMemcpyAsync of {} bytes: {}", collective_name(kind),
-                                    rank_, bytes, cudaGetErrorString(rc)));
+void NcclCommunicator::wait(CollectiveKind kind, std::string_view what) {
+  const auto deadline = Clock::now() + timeout_;
+  const cudaStream_t s = cuda::stream();
+  for (int spins = 0;; ++spins) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess) fail(kind, "ncclCommGetAsyncError", error_text(rc, comm_));
+    if (state == ncclSuccess) {
+      const cudaError_t q = cudaStreamQuery(s);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        fail(kind, "cudaStreamQuery", cudaGetErrorString(q));
+      }
+    } else if (state != ncclInProgress) {
+      fail(kind, "asynchronous error", error_text(state, comm_));
     }
+    // Spin first (a small collective is done in microseconds), then give
+    // the core away between polls.
+    if (spins >= 1024) std::this_thread::yield();
+    if ((spins & 63) == 0 && Clock::now() >= deadline) timed_out(kind, what);
   }
+}
 
-  // 32 bytes of device memory: the outgoing and incoming message headers,
-  // and the barrier's flag.
-  std::byte* control() {
-    if (!ctl_) ctl_ = cuda::allocate(2 * sizeof(Header));
-    return ctl_.get();
+[[noreturn]] void NcclCommunicator::timed_out(CollectiveKind kind, std::string_view what) {
+  abort_comm(fmt::format("{} timed out after {} ms", collective_name(kind), timeout_.count()));
+  throw CommTimeout(fmt::format("[nccl] {}{}{} on rank {} of {} timed out after {} ms: a peer did not join",
+                                collective_name(kind), what.empty() ? "" : " ", what, rank_, size_, timeout_.count()));
+}
+
+[[noreturn]] void NcclCommunicator::fail(CollectiveKind kind, std::string_view call, const std::string& error) {
+  abort_comm(fmt::format("{} failed: {}", collective_name(kind), error));
+  throw CommError(fmt::format("[nccl] {} on rank {} of {}: {}: {}", collective_name(kind), rank_, size_, call, error));
+}
+
+void NcclCommunicator::abort_comm(std::string why) {
+  broken_msg_ = std::move(why);
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  stash_.clear();
+  ctl_.reset();
+}
+
+void NcclCommunicator::copy_async(CollectiveKind kind, void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
+  if (bytes == 0 || dst == src) return;
+  const cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw DeviceError(fmt::format("[nccl] {} on rank {}: cudaMemcpyAsync of {} bytes: {}", collective_name(kind), rank_,
+                                  bytes, cudaGetErrorString(rc)));
   }
-
-  static std::size_t prefix_sums(std::span<const std::size_t> sizes, std::vector<std::size_t>& offsets) {
-    offsets.resize(sizes.size());
-    std::size_t total = 0;
-    for (std::size_t p = 0; p < sizes.size(); ++p) {
-      offsets[p] = total;
-      total += sizes[p];
-    }
-    return total;
-  }
-
-  backend_detail::ArgumentChecks checks() const { return {"nccl", rank_, size_}; }
-  void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
-    checks().entries(kind, what, entries);
-  }
-  void check_root(CollectiveKind kind, int root) const { checks().root(kind, root); }
-  void check_peer(std::string_view what, int peer) const { checks().peer(what, peer); }
-
-  ncclComm_t comm_;  // nullptr once aborted
-  int device_;
-  int rank_ = 0;
-  int size_ = 1;
-  std::shared_ptr<CommStats> rank_stats_;  // kept alive here, handed on to splits
-  backend_detail::StatsRecorder stats_;
-  std::chrono::milliseconds timeout_;
-  std::string broken_msg_;
-  std::shared_ptr<std::byte[]> ctl_;
-  Header header_;                                             // the outgoing header, copied from here
-  std::map<std::pair<int, int>, std::deque<Stashed>> stash_;  // (src, tag)
-  std::vector<std::size_t> offsets_;
-};
-
-}  // namespace
+}
 
 std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, int device, std::shared_ptr<CommStats> stats,
                                                 std::chrono::milliseconds timeout) {
   return std::make_unique<NcclCommunicator>(comm, device, std::move(stats), timeout);
 }
 
-}  // namespace nccl_detail
-}  // namespace dtensor
+}  // namespace dtensor::nccl_detail

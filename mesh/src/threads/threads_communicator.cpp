@@ -36,61 +36,58 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backend_communicator.h"
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
-#include "argument_checks.h"
-#include "exact_average.h"
-#include "stats_recorder.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/mesh/threads.h"
+#include "exact_average.h"
 #include "threads_group.h"
 
 namespace dtensor {
 namespace {
 
 using namespace threads_detail;
-class ThreadsCommunicator final : public Communicator {
+class ThreadsCommunicator final : public backend_detail::BackendCommunicator {
  public:
   ThreadsCommunicator(std::shared_ptr<World> world, std::shared_ptr<Group> group, int rank)
-      : world_(std::move(world)),
+      : BackendCommunicator(world->stats[static_cast<std::size_t>(group->world_ranks[static_cast<std::size_t>(rank)])]),
+        world_(std::move(world)),
         group_(std::move(group)),
         rank_(rank),
-        world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]),
-        stats_(world_->stats[static_cast<std::size_t>(world_rank_)]) {}
-
-  using Communicator::all_gather;  // keep the equal-size overload visible
+        world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_->n; }
   std::string_view backend() const override { return "threads"; }
   Device device() const override { return world_->options.device; }
   std::chrono::milliseconds timeout() const override { return world_->options.timeout; }
-  CommStats& stats() override { return stats_.rank_totals(); }
-  const CommStats& own_stats() const override { return stats_.own(); }
 
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    if (reduces_as_average_pairs(dtype, op, size()))
-      return backend_detail::all_reduce_integer_average(*this, send, recv, count);
+ protected:
+  // Fails at once if the world has failed (a broken group is caught when
+  // posting); marks this rank's Activity as inside the call until leave().
+  void enter(CollectiveKind kind) override {
+    if (world_->has_failed()) throw peer_failed(kind);
+    Activity& a = activity();
+    a.kind.store(static_cast<int>(kind), std::memory_order_relaxed);
+    a.calls.store(a.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    a.inside.store(true, std::memory_order_relaxed);
+    deadline_ = Clock::now() + timeout();
+  }
+  void leave() noexcept override { activity().inside.store(false, std::memory_order_relaxed); }
+
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     constexpr auto kind = CollectiveKind::AllReduce;
-    const std::size_t isz = check_dtype(kind, dtype);
+    const std::size_t isz = itemsize(dtype);
     const int n = size();
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
-    if (n == 1) {
-      move_bytes(recv, send, count * isz);
-      stats_.record(kind, 0);
-      return;
-    }
+    if (n == 1) return move_bytes(recv, send, count * isz);
+    const auto made = backend_detail::all_reduce_as_made(op, count);
     Slot s;
-    s.desc = {.kind = kind, .dtype = dtype, .op = op, .count = count};
-    if (const auto* avg = backend_detail::carried_average()) {  // the pairs of an int64 Avg
-      s.desc.op = ReduceOp::Avg;
-      s.desc.count = avg->count;
-    }
+    s.desc = {.kind = kind, .dtype = dtype, .op = made.op, .count = made.count};
     s.send = send;
     s.recv = recv;
-    const auto seq = post(s, deadline);
+    const auto seq = post(s);
 
     const auto seg = even_split(static_cast<std::int64_t>(count), n, rank_);
     const std::size_t seg_off = static_cast<std::size_t>(seg.offset) * isz;
@@ -101,7 +98,7 @@ class ThreadsCommunicator final : public Communicator {
     auto* acc = static_cast<std::byte*>(recv) + seg_off;
     const auto* own = static_cast<const std::byte*>(send) + seg_off;
     fold_peers(acc, own, seg_off, seg_elems, dtype, op, seq);
-    wait_phase(kind, deadline);
+    wait_phase(kind);
     // All-gather: copy every other segment from its owner's recv. After M no
     // one reads send buffers, so overwriting them in place is safe.
     for (int k = 1; k < n; ++k) {
@@ -111,67 +108,40 @@ class ThreadsCommunicator final : public Communicator {
       move_bytes(static_cast<std::byte*>(recv) + off, static_cast<const std::byte*>(group_->slot(p, seq).recv) + off,
                  static_cast<std::size_t>(sp.size) * isz);
     }
-    wait_phase(kind, deadline);
-    stats_.record(kind, static_cast<std::uint64_t>(all_reduce_recv_bytes(count, n, rank_, dtype, op)));
+    wait_phase(kind);
   }
 
-  void all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
-    constexpr auto kind = CollectiveKind::AllGather;
+  void do_all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
     const int n = size();
-    check_entries(kind, "recv_bytes", recv_bytes.size());
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
     auto* out = static_cast<std::byte*>(recv);
-    const std::size_t my_off = prefix(recv_bytes, rank_);
-    if (n == 1) {
-      move_bytes(out + my_off, send, recv_bytes[0]);
-      stats_.record(kind, 0);
-      return;
-    }
+    if (n == 1) return move_bytes(out, send, recv_bytes[0]);
     Slot s;
-    s.desc = {.kind = kind, .v0 = recv_bytes.data()};
+    s.desc = {.kind = CollectiveKind::AllGather, .v0 = recv_bytes.data()};
     s.send = send;
-    const auto seq = post(s, deadline);
-    move_bytes(out + my_off, send, recv_bytes[static_cast<std::size_t>(rank_)]);
-    std::size_t off = 0, received = 0;
+    const auto seq = post(s);
+    std::size_t off = 0;
     for (int p = 0; p < n; ++p) {
       const std::size_t b = recv_bytes[static_cast<std::size_t>(p)];
-      if (p != rank_) {
-        move_bytes(out + off, group_->slot(p, seq).send, b);
-        received += b;
-      }
+      move_bytes(out + off, p == rank_ ? send : group_->slot(p, seq).send, b);
       off += b;
     }
-    wait_phase(kind, deadline);
-    stats_.record(kind, received);
+    wait_phase(CollectiveKind::AllGather);
   }
 
-  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
-                      ReduceOp op) override {
-    if (reduces_as_average_pairs(dtype, op, size()))
-      return backend_detail::reduce_scatter_integer_average(*this, send, recv, counts);
+  void do_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                         ReduceOp op) override {
     constexpr auto kind = CollectiveKind::ReduceScatter;
-    const std::size_t isz = check_dtype(kind, dtype);
+    const std::size_t isz = itemsize(dtype);
     const int n = size();
-    check_entries(kind, "counts", counts.size());
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
     const std::size_t my_count = counts[static_cast<std::size_t>(rank_)];
     const std::size_t my_off = prefix(counts, rank_) * isz;
     const auto* own = static_cast<const std::byte*>(send) + my_off;
-    if (n == 1) {
-      move_bytes(recv, own, my_count * isz);
-      stats_.record(kind, 0);
-      return;
-    }
+    if (n == 1) return move_bytes(recv, own, my_count * isz);
+    const auto made = backend_detail::reduce_scatter_as_made(op, counts);
     Slot s;
-    s.desc = {.kind = kind, .dtype = dtype, .op = op, .v0 = counts.data()};
-    if (const auto* avg = backend_detail::carried_average()) {  // the pairs of an int64 Avg
-      s.desc.op = ReduceOp::Avg;
-      s.desc.v0 = avg->counts.data();
-    }
+    s.desc = {.kind = kind, .dtype = dtype, .op = made.op, .v0 = made.counts.data()};
     s.send = send;
-    const auto seq = post(s, deadline);
+    const auto seq = post(s);
     // recv may alias this rank's own block of send (peers never read it);
     // any other overlap with send would race with peers, so reduce into a
     // scratch buffer and copy out after the closing barrier.
@@ -190,87 +160,55 @@ class ThreadsCommunicator final : public Communicator {
       acc = scratch.data();
     }
     fold_peers(acc, own, my_off, my_count, dtype, op, seq);
-    wait_phase(kind, deadline);
+    wait_phase(kind);
     if (overlaps) move_bytes(out, acc, my_count * isz);
-    stats_.record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(my_count, n, dtype, op)));
   }
 
-  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
-                  void* recv, std::span<const std::size_t> recv_bytes,
-                  std::span<const std::size_t> recv_offsets) override {
-    constexpr auto kind = CollectiveKind::AllToAll;
+  void do_all_to_all(const void* send, std::span<const std::size_t> send_bytes,
+                     std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
+                     std::span<const std::size_t> recv_offsets) override {
     const int n = size();
-    checks().all_to_all(send_bytes, send_offsets, recv_bytes, recv_offsets);
     const auto r = static_cast<std::size_t>(rank_);
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
     auto* out = static_cast<std::byte*>(recv);
     move_bytes(out + recv_offsets[r], static_cast<const std::byte*>(send) + send_offsets[r], recv_bytes[r]);
-    if (n == 1) {
-      stats_.record(kind, 0);
-      return;
-    }
+    if (n == 1) return;
     Slot s;
-    s.desc = {.kind = kind, .v0 = send_bytes.data(), .v1 = recv_bytes.data()};
+    s.desc = {.kind = CollectiveKind::AllToAll, .v0 = send_bytes.data(), .v1 = recv_bytes.data()};
     s.send = send;
     s.send_offsets = send_offsets.data();
-    const auto seq = post(s, deadline);
-    std::size_t received = 0;
+    const auto seq = post(s);
     for (int k = 1; k < n; ++k) {
       const int p = (rank_ + k) % n;
       const Slot& peer = group_->slot(p, seq);
-      const std::size_t b = recv_bytes[static_cast<std::size_t>(p)];
       move_bytes(out + recv_offsets[static_cast<std::size_t>(p)],
-                 static_cast<const std::byte*>(peer.send) + peer.send_offsets[r], b);
-      received += b;
+                 static_cast<const std::byte*>(peer.send) + peer.send_offsets[r],
+                 recv_bytes[static_cast<std::size_t>(p)]);
     }
-    wait_phase(kind, deadline);
-    stats_.record(kind, received);
+    wait_phase(CollectiveKind::AllToAll);
   }
 
-  void broadcast(void* buf, std::size_t bytes, int root) override {
-    constexpr auto kind = CollectiveKind::Broadcast;
-    check_root(kind, root);
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
-    if (size() == 1) {
-      stats_.record(kind, 0);
-      return;
-    }
+  void do_broadcast(void* buf, std::size_t bytes, int root) override {
+    if (size() == 1) return;
     Slot s;
-    s.desc = {.kind = kind, .root = root, .count = bytes};
+    s.desc = {.kind = CollectiveKind::Broadcast, .root = root, .count = bytes};
     s.recv = buf;
-    const auto seq = post(s, deadline);
+    const auto seq = post(s);
     if (rank_ != root) move_bytes(buf, group_->slot(root, seq).recv, bytes);
-    wait_phase(kind, deadline);
-    stats_.record(kind, rank_ != root ? bytes : 0);
+    wait_phase(CollectiveKind::Broadcast);
   }
 
-  void scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
-    constexpr auto kind = CollectiveKind::Scatter;
-    check_entries(kind, "bytes", bytes.size());
-    check_root(kind, root);
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
+  void do_scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) override {
     const std::size_t mine = bytes[static_cast<std::size_t>(rank_)];
-    if (size() == 1) {
-      move_bytes(recv, send, mine);
-      stats_.record(kind, 0);
-      return;
-    }
+    if (size() == 1) return move_bytes(recv, send, mine);
     Slot s;
-    s.desc = {.kind = kind, .root = root, .v0 = bytes.data()};
+    s.desc = {.kind = CollectiveKind::Scatter, .root = root, .v0 = bytes.data()};
     s.send = send;
-    const auto seq = post(s, deadline);
+    const auto seq = post(s);
     move_bytes(recv, static_cast<const std::byte*>(group_->slot(root, seq).send) + prefix(bytes, rank_), mine);
-    wait_phase(kind, deadline);
-    stats_.record(kind, rank_ != root ? mine : 0);
+    wait_phase(CollectiveKind::Scatter);
   }
 
-  void send(const void* buf, std::size_t bytes, int dst, int tag) override {
-    constexpr auto kind = CollectiveKind::SendRecv;
-    check_peer("send to", dst);
-    const Call call = enter(kind);
+  void do_send(const void* buf, std::size_t bytes, int dst, int tag) override {
     Message m;
     m.data.resize(bytes);
     if (on_gpu())
@@ -282,14 +220,9 @@ class ThreadsCommunicator final : public Communicator {
       group_->mail[{rank_, dst, tag}].push_back(std::move(m));
     }
     group_->mail_cv.notify_all();
-    stats_.record_message(true, rank_, dst, tag, 0);
   }
 
-  void recv(void* buf, std::size_t bytes, int src, int tag) override {
-    constexpr auto kind = CollectiveKind::SendRecv;
-    check_peer("recv from", src);
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
+  std::size_t do_recv(void* buf, std::size_t bytes, int src, int tag) override {
     Message m;
     {
       std::unique_lock lock(group_->mu);
@@ -302,8 +235,8 @@ class ThreadsCommunicator final : public Communicator {
           if (it->second.empty()) group_->mail.erase(it);
           break;
         }
-        if (world_->has_failed()) throw peer_failed(kind);
-        if (group_->mail_cv.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+        if (world_->has_failed()) throw peer_failed(CollectiveKind::SendRecv);
+        if (group_->mail_cv.wait_until(lock, deadline_) == std::cv_status::timeout && Clock::now() >= deadline_) {
           it = group_->mail.find(key);
           if (it == group_->mail.end() || it->second.empty()) {
             lock.unlock();
@@ -314,80 +247,71 @@ class ThreadsCommunicator final : public Communicator {
         }
       }
     }
-    if (m.data.size() != bytes) {
-      stats_.drop_message(false, rank_, src, tag);
-      throw CommError(
-          fmt::format("[threads] recv on rank {} of {} from rank {} (tag {}): expected {} bytes but "
-                      "the matching send has {} bytes",
-                      rank_, size(), src, tag, bytes, m.data.size()));
-    }
+    if (m.data.size() != bytes) return m.data.size();
     if (on_gpu())
       cuda::copy(buf, Device::CUDA, m.data.data(), Device::CPU, bytes);
     else
       copy_bytes(buf, m.data.data(), bytes);
-    stats_.record_message(false, rank_, src, tag, bytes);
+    return bytes;
   }
 
-  void barrier() override {
-    constexpr auto kind = CollectiveKind::Barrier;
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
-    if (size() > 1) {
-      Slot s;
-      s.desc = {.kind = kind};
-      post(s, deadline);  // one barrier suffices: no buffers are shared
-    }
-    stats_.record(kind, 0);
+  void do_barrier() override {
+    if (size() == 1) return;
+    Slot s;
+    s.desc = {.kind = CollectiveKind::Barrier};
+    post(s);  // one barrier suffices: no buffers are shared
   }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
-    constexpr auto kind = CollectiveKind::Split;
-    const Call call = enter(kind);
-    const auto deadline = call.deadline;
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
     const int n = size();
     std::shared_ptr<Group> group;
     int new_rank = 0;
-    if (n == 1) {
-      if (color >= 0) {
-        group = std::make_shared<Group>(std::vector<int>{world_rank_});
-        world_->add_group(group);
-      }
-    } else {
+    if (n == 1 && color >= 0) {
+      group = std::make_shared<Group>(std::vector<int>{world_rank_});
+      world_->add_group(group);
+    } else if (n > 1) {
       Slot s;
-      s.desc = {.kind = kind, .color = color, .key = key};
-      const auto seq = post(s, deadline);
-      if (color >= 0) {
-        std::vector<std::pair<int, int>> members;  // (key, group rank)
-        for (int p = 0; p < n; ++p) {
-          const auto& d = group_->slot(p, seq).desc;
-          if (d.color == color) members.emplace_back(d.key, p);
-        }
-        std::sort(members.begin(), members.end());
-        for (std::size_t i = 0; i < members.size(); ++i)
-          if (members[i].second == rank_) new_rank = static_cast<int>(i);
-        if (new_rank == 0) {
-          std::vector<int> ranks;
-          for (auto& m : members) ranks.push_back(group_->world_ranks[static_cast<std::size_t>(m.second)]);
-          group = std::make_shared<Group>(std::move(ranks));
-          world_->add_group(group);
-          group_->slot(rank_, seq).new_group = group;
-        }
-        wait_phase(kind, deadline);
-        if (new_rank != 0) group = group_->slot(members[0].second, seq).new_group;
-      } else {
-        wait_phase(kind, deadline);
-      }
+      s.desc = {.kind = CollectiveKind::Split, .color = color, .key = key};
+      const auto seq = post(s);
+      if (color >= 0)
+        group = join_split(color, seq, new_rank);
+      else
+        wait_phase(CollectiveKind::Split);
       // The leader's slot still holds the group until it is posted again;
       // the closing barrier keeps it from being reset while peers read it.
-      wait_phase(kind, deadline);
+      wait_phase(CollectiveKind::Split);
       if (new_rank == 0 && group) group_->slot(rank_, seq).new_group.reset();
     }
-    stats_.record(kind, 0);
     if (!group) return nullptr;
     return std::make_unique<ThreadsCommunicator>(world_, std::move(group), new_rank);
   }
 
  private:
+  // split, for a rank with a color, after posting round `seq`: the ranks of
+  // that color ordered by (key, rank); the first makes their group and
+  // publishes it in its slot, the others take it from there after M.
+  std::shared_ptr<Group> join_split(int color, std::uint64_t seq, int& new_rank) {
+    std::vector<std::pair<int, int>> members;  // (key, group rank)
+    for (int p = 0; p < size(); ++p) {
+      const auto& d = group_->slot(p, seq).desc;
+      if (d.color == color) members.emplace_back(d.key, p);
+    }
+    std::sort(members.begin(), members.end());
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i].second == rank_) new_rank = static_cast<int>(i);
+    std::shared_ptr<Group> group;
+    if (new_rank == 0) {
+      std::vector<int> ranks;
+      for (auto& m : members) ranks.push_back(group_->world_ranks[static_cast<std::size_t>(m.second)]);
+      group = std::make_shared<Group>(std::move(ranks));
+      world_->add_group(group);
+      group_->slot(rank_, seq).new_group = group;
+    }
+    wait_phase(CollectiveKind::Split);
+    if (new_rank != 0) group = group_->slot(members[0].second, seq).new_group;
+    return group;
+  }
+
   // acc = own op peer_1 op ... op peer_{n-1} over `elems` elements that sit
   // at byte `offset` of every peer's posted send buffer (Avg: then / n).
   // Block by block, so the accumulator stays in cache while every peer's
@@ -406,16 +330,10 @@ class ThreadsCommunicator final : public Communicator {
         reduce_bytes(acc + b * isz, src, m, dtype, op);
       }
     }
-    if (op == ReduceOp::Avg && elems != 0) {
-      if (on_gpu())
-        cuda::divide_by(acc, elems, dtype, n);
-      else
-        divide_by(acc, elems, dtype, n);
-    }
+    divide_average(acc, elems, dtype, op);
   }
 
-  std::size_t check_dtype(CollectiveKind, DType dtype) const { return itemsize(dtype); }
-
+  Activity& activity() const { return world_->activity[static_cast<std::size_t>(world_rank_)]; }
   bool on_gpu() const { return world_->options.device == Device::CUDA; }
   // Copies between collective buffers: memcpy, or a device-to-device copy on
   // this rank's stream for simulated GPU ranks.
@@ -436,12 +354,6 @@ class ThreadsCommunicator final : public Communicator {
   void settle() const {
     if (on_gpu()) cuda::synchronize();
   }
-  backend_detail::ArgumentChecks checks() const { return {"threads", rank_, size()}; }
-  void check_entries(CollectiveKind kind, std::string_view what, std::size_t entries) const {
-    checks().entries(kind, what, entries);
-  }
-  void check_root(CollectiveKind kind, int root) const { checks().root(kind, root); }
-  void check_peer(std::string_view what, int peer) const { checks().peer(what, peer); }
 
   PeerFailed peer_failed(CollectiveKind kind) const {
     if (world_->failed_rank < 0)  // run_threads itself could not start every rank
@@ -449,29 +361,6 @@ class ThreadsCommunicator final : public Communicator {
           fmt::format("[threads] {} on rank {} of {}: {}", collective_name(kind), rank_, size(), world_->failed_msg));
     return PeerFailed(fmt::format("[threads] {} on rank {} of {}: rank {} failed: {}", collective_name(kind), rank_,
                                   size(), world_->failed_rank, world_->failed_msg));
-  }
-
-  // One collective call: its deadline, and this rank's Activity marked as
-  // inside it until the call returns or throws.
-  struct Call {
-    Activity& activity;
-    Clock::time_point deadline;
-    Call(Activity& a, Clock::time_point d) : activity(a), deadline(d) {}
-    Call(const Call&) = delete;
-    Call& operator=(const Call&) = delete;
-    ~Call() { activity.inside.store(false, std::memory_order_relaxed); }
-  };
-
-  // Fails at once if the world has failed (a broken group is caught when
-  // posting); returns the call, with its deadline.
-  Call enter(CollectiveKind kind) {
-    if (world_->has_failed()) throw peer_failed(kind);
-    Activity& a = world_->activity[static_cast<std::size_t>(world_rank_)];
-    a.kind.store(static_cast<int>(kind), std::memory_order_relaxed);
-    a.calls.store(a.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    a.inside.store(true, std::memory_order_relaxed);
-    stats_.begin();
-    return Call(a, Clock::now() + timeout());  // guaranteed elision: one Call, one reset
   }
 
   [[noreturn]] void throw_broken(CollectiveKind kind) const {
@@ -496,7 +385,7 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   // Phase A: post this rank's slot, wait for the group, check agreement.
-  std::uint64_t post(const Slot& s, Clock::time_point deadline) {
+  std::uint64_t post(const Slot& s) {
     settle();
     const std::uint64_t seq = seq_++;
     const auto kind = s.desc.kind;
@@ -507,122 +396,55 @@ class ThreadsCommunicator final : public Communicator {
       Slot& mine = g.slot(rank_, seq);
       mine = s;
       mine.seq = seq;
-      const std::uint64_t my_gen = g.gen;
-      if (++g.arrived == g.n) {
-        g.arrived = 0;
-        ++g.gen;
-        lock.unlock();
-        g.cv.notify_all();
-      } else {
+      std::uint64_t my_gen = 0;
+      if (!g.arrive(lock, my_gen)) {
         while (g.gen == my_gen) {
           if (g.broken) throw_broken(kind);
           if (world_->has_failed()) {
-            g.broken = true;
-            g.broken_msg = fmt::format("rank {} failed: {}", world_->failed_rank, world_->failed_msg);
-            lock.unlock();
-            g.cv.notify_all();
+            g.fail(lock, fmt::format("rank {} failed: {}", world_->failed_rank, world_->failed_msg), false);
             throw peer_failed(kind);
           }
-          if (g.cv.wait_until(lock, deadline) == std::cv_status::timeout && g.gen == my_gen && !g.broken &&
+          if (g.cv.wait_until(lock, deadline_) == std::cv_status::timeout && g.gen == my_gen && !g.broken &&
               !world_->has_failed()) {
             const auto missing = missing_ranks(seq);
             const auto msg =
                 fmt::format("{} on rank {} of {} timed out after {} ms waiting for rank(s) {}", collective_name(kind),
                             rank_, g.n, timeout().count(), fmt::join(missing, ", "));
-            g.broken = true;
-            g.broken_by_timeout = true;
-            g.broken_msg = msg;
-            lock.unlock();
-            g.cv.notify_all();
+            g.fail(lock, msg, true);
             note_late(missing);
             throw CommTimeout("[threads] " + msg);
           }
         }
       }
     }
-    if (auto msg = check_agreement(seq); !msg.empty()) {
-      wait_phase(kind, deadline);  // peers may still read this round's slots
+    if (auto msg = mismatch(g, seq, rank_); !msg.empty()) {
+      wait_phase(kind);  // peers may still read this round's slots
       throw CollectiveMismatch(msg);
     }
     return seq;
   }
 
   // M and B: not abortable (see the file comment).
-  void wait_phase(CollectiveKind kind, Clock::time_point deadline) {
+  void wait_phase(CollectiveKind kind) {
     settle();
     Group& g = *group_;
     std::unique_lock lock(g.mu);
-    const std::uint64_t my_gen = g.gen;
-    if (++g.arrived == g.n) {
-      g.arrived = 0;
-      ++g.gen;
-      lock.unlock();
-      g.cv.notify_all();
-      return;
+    std::uint64_t my_gen = 0;
+    if (g.arrive(lock, my_gen)) return;
+    if (!g.cv.wait_until(lock, deadline_, [&] { return g.gen != my_gen; })) {
+      const auto msg = fmt::format("{} on rank {} of {} timed out after {} ms inside the collective",
+                                   collective_name(kind), rank_, g.n, timeout().count());
+      g.fail(lock, msg, true);
+      throw CommTimeout("[threads] " + msg);
     }
-    if (!g.cv.wait_until(lock, deadline, [&] { return g.gen != my_gen; })) {
-      g.broken = true;
-      g.broken_by_timeout = true;
-      g.broken_msg = fmt::format("{} on rank {} of {} timed out after {} ms inside the collective",
-                                 collective_name(kind), rank_, g.n, timeout().count());
-      lock.unlock();
-      g.cv.notify_all();
-      throw CommTimeout("[threads] " + g.broken_msg);
-    }
-  }
-
-  // A pure function of the round's slot table, so every rank reaches the
-  // same verdict. Empty when the calls agree.
-  std::string check_agreement(std::uint64_t seq) const {
-    const Group& g = *group_;
-    const int n = g.n;
-    auto d = [&](int p) -> const Descriptor& { return const_cast<Group&>(g).slot(p, seq).desc; };
-    auto mismatch = [&](int a, int b, std::string_view why) {
-      return fmt::format(
-          "[threads] collective mismatch in a group of {} (seen on rank {}): rank {} called {} but rank "
-          "{} called {}{}",
-          n, rank_, a, describe(d(a), n), b, describe(d(b), n), why);
-    };
-    const Descriptor& d0 = d(0);
-    for (int p = 1; p < n; ++p) {
-      const Descriptor& dp = d(p);
-      if (dp.kind != d0.kind) return mismatch(0, p, "");
-      switch (d0.kind) {
-        case CollectiveKind::AllReduce:
-          if (dp.count != d0.count || dp.dtype != d0.dtype || dp.op != d0.op) return mismatch(0, p, "");
-          break;
-        case CollectiveKind::AllGather:
-          if (!same_sizes(dp.v0, d0.v0, n)) return mismatch(0, p, "");
-          break;
-        case CollectiveKind::ReduceScatter:
-          if (!same_sizes(dp.v0, d0.v0, n) || dp.dtype != d0.dtype || dp.op != d0.op) return mismatch(0, p, "");
-          break;
-        case CollectiveKind::Broadcast:
-          if (dp.count != d0.count || dp.root != d0.root) return mismatch(0, p, "");
-          break;
-        case CollectiveKind::Scatter:
-          if (!same_sizes(dp.v0, d0.v0, n) || dp.root != d0.root) return mismatch(0, p, "");
-          break;
-        default: break;
-      }
-    }
-    if (d0.kind == CollectiveKind::AllToAll) {
-      for (int p = 0; p < n; ++p)
-        for (int q = 0; q < n; ++q)
-          if (d(p).v0[q] != d(q).v1[p])
-            return mismatch(p, q,
-                            fmt::format(" (rank {} sends {} bytes to rank {}, which expects {})", p, d(p).v0[q], q,
-                                        d(q).v1[p]));
-    }
-    return {};
   }
 
   std::shared_ptr<World> world_;
   std::shared_ptr<Group> group_;
   int rank_;
   int world_rank_;
-  backend_detail::StatsRecorder stats_;
-  std::uint64_t seq_ = 0;  // rounds this rank has posted on the group
+  Clock::time_point deadline_{};  // of the call this rank is in (set by enter)
+  std::uint64_t seq_ = 0;         // rounds this rank has posted on the group
 };
 
 }  // namespace

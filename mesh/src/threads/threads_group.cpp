@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -69,6 +71,67 @@ std::string describe(const Descriptor& d, int n) {
     case CollectiveKind::Scatter: return fmt::format("{}(bytes={}, root={})", name, sizes_text(d.v0, n), d.root);
     default: return fmt::format("{}()", name);
   }
+}
+
+bool Group::arrive(std::unique_lock<std::mutex>& lock, std::uint64_t& gen_before) {
+  gen_before = gen;
+  if (++arrived != n) return false;
+  arrived = 0;
+  ++gen;
+  lock.unlock();
+  cv.notify_all();
+  return true;
+}
+
+void Group::fail(std::unique_lock<std::mutex>& lock, std::string msg, bool by_timeout) {
+  broken = true;
+  broken_by_timeout = by_timeout;
+  broken_msg = std::move(msg);
+  lock.unlock();
+  cv.notify_all();
+}
+
+std::string mismatch(Group& g, std::uint64_t seq, int seen_on) {
+  const int n = g.n;
+  auto d = [&](int p) -> const Descriptor& { return g.slot(p, seq).desc; };
+  auto text = [&](int a, int b, std::string_view why) {
+    return fmt::format(
+        "[threads] collective mismatch in a group of {} (seen on rank {}): rank {} called {} but rank "
+        "{} called {}{}",
+        n, seen_on, a, describe(d(a), n), b, describe(d(b), n), why);
+  };
+  const Descriptor& d0 = d(0);
+  for (int p = 1; p < n; ++p) {
+    const Descriptor& dp = d(p);
+    if (dp.kind != d0.kind) return text(0, p, "");
+    switch (d0.kind) {
+      case CollectiveKind::AllReduce:
+        if (dp.count != d0.count || dp.dtype != d0.dtype || dp.op != d0.op) return text(0, p, "");
+        break;
+      case CollectiveKind::AllGather:
+        if (!same_sizes(dp.v0, d0.v0, n)) return text(0, p, "");
+        break;
+      case CollectiveKind::ReduceScatter:
+        if (!same_sizes(dp.v0, d0.v0, n) || dp.dtype != d0.dtype || dp.op != d0.op) return text(0, p, "");
+        break;
+      case CollectiveKind::Broadcast:
+        if (dp.count != d0.count || dp.root != d0.root) return text(0, p, "");
+        break;
+      case CollectiveKind::Scatter:
+        if (!same_sizes(dp.v0, d0.v0, n) || dp.root != d0.root) return text(0, p, "");
+        break;
+      default: break;
+    }
+  }
+  if (d0.kind == CollectiveKind::AllToAll) {
+    for (int p = 0; p < n; ++p)
+      for (int q = 0; q < n; ++q)
+        if (d(p).v0[q] != d(q).v1[p])
+          return text(p, q,
+                      fmt::format(" (rank {} sends {} bytes to rank {}, which expects {})", p, d(p).v0[q], q,
+                                  d(q).v1[p]));
+  }
+  return {};
 }
 
 bool same_sizes(const std::size_t* a, const std::size_t* b, int n) { return n == 0 || std::equal(a, a + n, b); }

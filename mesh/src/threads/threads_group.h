@@ -1,7 +1,8 @@
 #pragma once
 // Internal to the threads backend: the state shared by the ranks of one
 // process (World) and of one communicator group (Group, its slot table and
-// mailboxes), and the text of collective descriptors for error messages.
+// mailboxes), the phase boundaries and the agreement check on its slot
+// table, and the text of collective descriptors for error messages.
 // See threads_communicator.cpp for the protocol that uses them.
 #include <atomic>
 #include <chrono>
@@ -119,6 +120,15 @@ struct Group {
 
   std::vector<Slot> slots;                                        // [rank][round parity]
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag)
+
+  // A phase boundary, with `lock` held on mu: counts this rank in. The last
+  // rank to arrive starts the next generation, unlocks and wakes the others,
+  // and gets true; the others get false and the generation they must wait
+  // past in `gen_before`, the lock still held.
+  bool arrive(std::unique_lock<std::mutex>& lock, std::uint64_t& gen_before);
+  // Marks the group unusable for every rank (`msg` says why), then unlocks
+  // `lock` and wakes every waiter.
+  void fail(std::unique_lock<std::mutex>& lock, std::string msg, bool by_timeout);
 };
 
 // The communicator of group rank `rank` of `group` (threads_communicator.cpp).
@@ -126,6 +136,10 @@ std::unique_ptr<Communicator> make_communicator(std::shared_ptr<World> world, st
 
 std::string sizes_text(const std::size_t* v, int n);
 std::string describe(const Descriptor& d, int n);
+// Whether the group's calls of round `seq` agree: empty if so, else the
+// CollectiveMismatch message as rank `seen_on` words it. A pure function of
+// the round's slot table, so every rank reaches the same verdict.
+std::string mismatch(Group& g, std::uint64_t seq, int seen_on);
 bool same_sizes(const std::size_t* a, const std::size_t* b, int n);
 std::size_t prefix(std::span<const std::size_t> v, int i);
 void copy_bytes(void* dst, const void* src, std::size_t bytes);

@@ -83,6 +83,10 @@ CommStats operator-(const CommStats& after, const CommStats& before);
 /// Counter sum, for what several scopes did together.
 CommStats operator+(const CommStats& a, const CommStats& b);
 
+/// The interface every user and decorator sees. The backends implement it
+/// through one skeleton (mesh/src/backend_communicator.h) that checks the
+/// arguments, runs int64 averages exactly, and keeps the counters and the
+/// trace, so that each backend writes only its data movement.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -97,6 +101,15 @@ class Communicator {
   /// zero, even where the sum itself would overflow). Max and Min propagate
   /// NaN, as the local max and min do.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+
+  /// The same in place on typed elements, the dtype deduced from T (float,
+  /// double, std::int64_t, bfloat16, float16):
+  /// `comm.all_reduce(std::span(&failures, 1), ReduceOp::Sum)`.
+  template <class T>
+  void all_reduce(std::span<T> data, ReduceOp op) {
+    constexpr DType dtype = dtype_of<T>();
+    all_reduce(data.data(), data.data(), data.size(), dtype, op);
+  }
 
   /// Rank i contributes recv_bytes[i] bytes (its own entry says how much
   /// `send` holds); `recv` gets the concatenation in rank order. Sizes may
