@@ -3,13 +3,14 @@
 // (ops/src/backward_ops.cpp), one table per device as device_kernels.h does
 // for the forward families: the CPU table in ops/src/cpu/backward_kernels.cpp,
 // the CUDA one in ops/src/cuda/backward_kernels.cu (null in a build without
-// CUDA, ops/src/cuda/backward_unavailable.cpp). Every entry works on the local
+// CUDA, ops/src/cuda/unavailable.cpp). Every entry works on the local
 // shards; the op's meta has checked dtypes and shapes. CPU entries see f32
 // and f64 (dispatch widens bf16/f16 around them) plus i64 index tensors;
 // CUDA entries see every floating dtype, computed in f32 for bf16/f16.
 #include <cstdint>
 #include <span>
 
+#include "device_kernels.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/ops/op.h"
 
@@ -50,16 +51,12 @@ struct BackwardKernels {
   Tensor (*extremum_backward)(const Tensor& x, std::span<const bool> reduced, const Tensor& grad, bool max);
 };
 
-/// The CPU table (ops/src/cpu/backward_kernels.cpp).
-const BackwardKernels& cpu_backward();
-/// The CUDA table; null in a build without CUDA.
-const BackwardKernels* cuda_backward();
-
-/// As bind_kernels, over the backward tables.
-template <class Make>
-void bind_backward_kernels(OpDef& def, Make make) {
-  def.cpu_kernel = make(cpu_backward());
-  if (const BackwardKernels* k = cuda_backward()) def.cuda_kernel = make(*k);
-}
+/// The CPU table (ops/src/cpu/backward_kernels.cpp); ops bind it and the
+/// CUDA one with bind_kernels<BackwardKernels>.
+template <>
+const BackwardKernels& cpu_table<BackwardKernels>();
+/// The CUDA table (ops/src/cuda/backward_kernels.cu).
+template <>
+const BackwardKernels* cuda_table<BackwardKernels>();
 
 }  // namespace dtensor::device
