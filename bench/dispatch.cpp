@@ -74,8 +74,8 @@ struct Row {
 // shapes than the propagation cache holds: the bound at work.
 struct CacheRow {
   std::string when;
-  PropagationCacheStats propagation;
-  PlanCacheStats plans;
+  CacheStats propagation;
+  CacheStats plans;
 };
 
 void print_caches(const std::vector<CacheRow>& rows) {

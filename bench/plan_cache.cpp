@@ -14,7 +14,7 @@ namespace {
 
 // The calling thread's plan cache, as counters next to the timings.
 void report_cache(benchmark::State& state) {
-  const PlanCacheStats s = plan_cache_stats();
+  const CacheStats s = plan_cache_stats();
   state.counters["entries"] = static_cast<double>(s.entries);
   state.counters["capacity"] = static_cast<double>(s.capacity);
   state.counters["cache_KiB"] = static_cast<double>(s.bytes) / 1024;

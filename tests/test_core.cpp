@@ -10,11 +10,14 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "dtensor/core/error.h"
+#include "dtensor/core/hash.h"
+#include "dtensor/core/inline_vector.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/core/detail/host_blocks.h"
@@ -154,6 +157,47 @@ BOOST_AUTO_TEST_CASE(holds_six_inline_and_compares_like_a_vector) {
   BOOST_TEST((Shape{2} > Shape{1, 9}));
   BOOST_TEST((six == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}));
   BOOST_TEST(fmt::format("{}", fmt::join(moved, "x")) == "1x2x3x4x5x6x7");
+}
+
+BOOST_AUTO_TEST_CASE(inline_array_holds_n_values_inside_up_to_its_bound) {
+  InlineArray<std::string, 2> two(2);
+  const auto* inside = reinterpret_cast<const std::byte*>(&two);
+  const auto* first = reinterpret_cast<const std::byte*>(two.data());
+  BOOST_TEST((first >= inside && first < inside + sizeof two));
+  BOOST_TEST(two.size() == 2u);
+  BOOST_TEST((two[0].empty() && two[1].empty()));
+  InlineArray<std::string, 2> three(3);
+  first = reinterpret_cast<const std::byte*>(three.data());
+  inside = reinterpret_cast<const std::byte*>(&three);
+  BOOST_TEST(!(first >= inside && first < inside + sizeof three));
+  three[2] = "on the heap";
+  BOOST_TEST(std::count(three.begin(), three.end(), std::string()) == 2);
+  const InlineArray<std::string, 2> none(0);
+  BOOST_TEST(none.size() == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(hashes)
+
+// from_local compares fnv1a of a layout's text across ranks (and MPI
+// processes): the published FNV-1a values, whatever the build.
+BOOST_AUTO_TEST_CASE(fnv1a_is_the_published_function) {
+  BOOST_TEST(fnv1a("") == 0xcbf29ce484222325ull);
+  BOOST_TEST(fnv1a("a") == 0xaf63dc4c8601ec8cull);
+  BOOST_TEST(fnv1a("foobar") == 0x85944171f73967e8ull);
+  // FieldHasher: a string's bytes, then its length, one step each.
+  BOOST_TEST(hash_fields(std::string("a")) == fnv1a_mix(fnv1a("a"), 1));
+  BOOST_TEST(hash_fields(1, 2) != hash_fields(2, 1));
+}
+
+BOOST_AUTO_TEST_CASE(hash_combine_depends_on_order) {
+  std::size_t a = 0, b = 0;
+  hash_combine(a, 1);
+  hash_combine(a, 2);
+  hash_combine(b, 2);
+  hash_combine(b, 1);
+  BOOST_TEST(a != b);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

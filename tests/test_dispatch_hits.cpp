@@ -117,12 +117,12 @@ Figures measure(const char* name, std::vector<DTensor> args, const OpAttrs& attr
   const KernelArgs kargs{locals, metas, boxes, layouts, attrs, out_meta, out_box, probe.placements()};
   Figures f;
   f.kernel = allocations_per_call([&] { Tensor t = op.cpu_kernel(kargs); });
-  const PropagationCacheStats c0 = propagation_cache_stats();
-  const PlanCacheStats p0 = plan_cache_stats();
+  const CacheStats c0 = propagation_cache_stats();
+  const CacheStats p0 = plan_cache_stats();
   f.hit_by_name = allocations_per_call([&] { DTensor t = call_op(name, inputs, attrs); });
   f.hit_front_end = allocations_per_call([&] { DTensor t = front_end(args); });
-  const PropagationCacheStats c1 = propagation_cache_stats();
-  const PlanCacheStats p1 = plan_cache_stats();
+  const CacheStats c1 = propagation_cache_stats();
+  const CacheStats p1 = plan_cache_stats();
   f.hits = c1.hits - c0.hits;
   f.misses = c1.misses - c0.misses;
   f.plan_hits = p1.hits - p0.hits;

@@ -400,7 +400,7 @@ BOOST_AUTO_TEST_CASE(typed_attributes_compare_hash_and_name_the_expected_struct)
     DTensor y = call_op("test_scale", {x}, ScaleAttrs{.factor = 2});
     DTensor y2 = call_op("test_scale", {x}, ScaleAttrs{.factor = 2});
     DTensor z = call_op("test_scale", {x}, ScaleAttrs{.factor = 3});
-    const PropagationCacheStats stats = propagation_cache_stats();
+    const CacheStats stats = propagation_cache_stats();
     BOOST_TEST(stats.misses == 2u);
     BOOST_TEST(stats.hits == 1u);
     BOOST_TEST(equal(z.full_tensor(), Tensor::full({2, 3}, 3.0, DType::Float64)));

@@ -1,23 +1,17 @@
 #include "dtensor/core/layout_rules.h"
 
 #include <algorithm>
-#include <array>
-#include <vector>
 
 #include <fmt/ranges.h>
+
+#include "dtensor/core/inline_vector.h"
 
 namespace dtensor {
 
 void normalize_levels(std::span<const std::int64_t> shard_dim, std::span<int> level) {
   const std::size_t n = level.size();
   // At most a few mesh dims: rank each shard among those of its tensor dim.
-  std::array<int, 16> small{};
-  std::vector<int> large;
-  int* ranked = small.data();
-  if (n > small.size()) {
-    large.resize(n);
-    ranked = large.data();
-  }
+  InlineVector<int, 16> ranked(n);
   for (std::size_t m = 0; m < n; ++m) {
     if (level[m] < 0) continue;
     int rank = 0;

@@ -1,12 +1,13 @@
 #include "dtensor/core/placement.h"
 
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <charconv>
 
 #include "dtensor/core/layout_rules.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/hash.h"
+#include "dtensor/core/inline_vector.h"
 
 namespace dtensor {
 namespace {
@@ -128,15 +129,7 @@ void Layout::compact_levels() {
   const int n = mesh_ndim();
   // On the stack for the usual few mesh dims: propagation builds many
   // layouts on a cache miss.
-  std::array<std::int64_t, 8> small;
-  std::vector<std::int64_t> large;
-  // The size is checked before a span is formed over `small`: one longer
-  // than its array is undefined even unread.
-  if (n > static_cast<int>(small.size())) large.resize(static_cast<std::size_t>(n));
-  const std::span<std::int64_t> dims = large.empty()
-                                           ? std::span<std::int64_t>(small.data(), static_cast<std::size_t>(n))
-                                           : std::span<std::int64_t>(large);
-  std::fill(dims.begin(), dims.end(), -1);
+  InlineVector<std::int64_t, 8> dims(static_cast<std::size_t>(n), -1);
   for (int m = 0; m < n; ++m) {
     if (const auto* s = std::get_if<Shard>(&placements_[m])) {
       dims[m] = s->dim;
@@ -289,13 +282,12 @@ Layout Layout::with(int mesh_dim, const Placement& p) const {
 
 std::size_t Layout::hash() const {
   std::size_t h = 0x9e3779b97f4a7c15ull;
-  auto mix = [&](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   for (int m = 0; m < mesh_ndim(); ++m) {
     const Placement& p = placements_[m];
-    mix(p.index());
-    if (auto* s = std::get_if<Shard>(&p)) mix(static_cast<std::uint64_t>(s->dim));
-    if (auto* q = std::get_if<Partial>(&p)) mix(static_cast<std::uint64_t>(q->op));
-    mix(static_cast<std::uint64_t>(levels_[m] + 1));
+    hash_combine(h, p.index());
+    if (auto* s = std::get_if<Shard>(&p)) hash_combine(h, static_cast<std::uint64_t>(s->dim));
+    if (auto* q = std::get_if<Partial>(&p)) hash_combine(h, static_cast<std::uint64_t>(q->op));
+    hash_combine(h, static_cast<std::uint64_t>(levels_[m] + 1));
   }
   return h;
 }

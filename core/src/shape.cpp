@@ -108,6 +108,19 @@ int wrap_dim(std::string_view where, std::int64_t dim, std::int64_t ndim) {
   return static_cast<int>(dim < 0 ? dim + ndim : dim);
 }
 
+Around around(std::span<const std::int64_t> shape, int dim) {
+  Around a;
+  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+    if (d < dim)
+      a.outer *= shape[d];
+    else if (d == dim)
+      a.n = shape[d];
+    else
+      a.inner *= shape[d];
+  }
+  return a;
+}
+
 Shape unravel_index(std::int64_t index, std::span<const std::int64_t> shape) {
   Shape coord(shape.size());
   for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {

@@ -1,7 +1,6 @@
 #include "dtensor/core/detail/strided_copy.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -10,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/core/error.h"
+#include "dtensor/core/inline_vector.h"
 #include "transpose_plane.h"
 
 namespace dtensor::cpu {
@@ -112,9 +112,7 @@ void copy_typed(const T* src, T* dst, std::span<Dim> dims) {
   }
   const Dim a = dims[fast];
   // The other dims, in their order, walked around the tiled plane.
-  std::array<Dim, kInlineDims> inline_rest;
-  std::vector<Dim> heap_rest;
-  Dim* rest = n - 2 <= kInlineDims ? inline_rest.data() : (heap_rest.resize(n - 2), heap_rest.data());
+  InlineVector<Dim, kInlineDims> rest(n - 2);
   std::size_t r = 0;
   for (std::size_t i = 0; i + 1 < n; ++i)
     if (i != fast) rest[r++] = dims[i];
@@ -122,7 +120,7 @@ void copy_typed(const T* src, T* dst, std::span<Dim> dims) {
   for (const Dim& dim : dims) bytes *= dim.size;
   const bool stream = bytes >= kStreamStoreBytes;
   auto plane = [&](std::int64_t s, std::int64_t d) { copy_plane(src + s, dst + d, a, inner, stream); };
-  walk(rest, r, 0, 0, plane);
+  walk(rest.data(), r, 0, 0, plane);
 }
 
 // The dims of the copy without those of size 1, ordered by destination
@@ -176,14 +174,12 @@ void copy_strided(const std::byte* src, std::span<const std::int64_t> src_stride
                   std::span<const std::int64_t> dst_strides, std::span<const std::int64_t> shape,
                   std::size_t itemsize) {
   check_ranks(src_strides, dst_strides, shape);
-  std::array<Dim, kInlineDims> inline_dims;
-  std::vector<Dim> heap_dims;
-  Dim* dims = shape.size() <= kInlineDims ? inline_dims.data() : (heap_dims.resize(shape.size()), heap_dims.data());
+  InlineVector<Dim, kInlineDims> dims(shape.size());
   std::size_t n = 0;
-  if (!canonical_dims(src_strides, dst_strides, shape, dims, n)) return;
+  if (!canonical_dims(src_strides, dst_strides, shape, dims.data(), n)) return;
   by_itemsize(itemsize, [&](auto zero) {
     using T = decltype(zero);
-    copy_typed(reinterpret_cast<const T*>(src), reinterpret_cast<T*>(dst), std::span<Dim>(dims, n));
+    copy_typed(reinterpret_cast<const T*>(src), reinterpret_cast<T*>(dst), std::span<Dim>(dims.data(), n));
   });
 }
 

@@ -405,25 +405,70 @@ void unpack_box(const std::byte* in, Tensor& dst, const Box& box) {
   copy_box_on_host(in, box.size, zero, d, dst.shape(), box.offset, box.size, is);
 }
 
-void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
-                 std::span<const std::int64_t> offset) {
+namespace {
+
+using Philox = r123::Philox4x32;
+
+// fill_random's values from one Philox draw: uniform in [0, 1) for floats
+// (24 or 53 random bits), whole numbers in [-1000, 1000) for int64.
+void put_uniform(std::byte* base, DType dtype, std::int64_t i, const Philox::ctr_type& r) {
+  switch (dtype) {
+    case DType::Float32:
+      reinterpret_cast<float*>(base)[i] = static_cast<float>(r.v[0] >> 8) * (1.0f / 16777216.0f);
+      break;
+    case DType::Float64: {
+      std::uint64_t bits = (static_cast<std::uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
+      reinterpret_cast<double*>(base)[i] = static_cast<double>(bits) * (1.0 / 9007199254740992.0);
+      break;
+    }
+    case DType::Int64:
+      reinterpret_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(r.v[0] % 2000) - 1000;
+      break;
+    default: visit_dtype(dtype, [](auto) {});  // throws DTypeError naming the dtype
+  }
+}
+
+// fill_randn's: Box-Muller from two 53-bit uniforms of the same draw.
+void put_normal(std::byte* base, DType dtype, std::int64_t i, const Philox::ctr_type& r) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  std::uint64_t b1 = (static_cast<std::uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
+  std::uint64_t b2 = (static_cast<std::uint64_t>(r.v[2]) << 32 | r.v[3]) >> 11;
+  const double u1 = (static_cast<double>(b1) + 1.0) * (1.0 / 9007199254740992.0);  // (0, 1]
+  const double u2 = static_cast<double>(b2) * (1.0 / 9007199254740992.0);          // [0, 1)
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+  if (dtype == DType::Float32)
+    reinterpret_cast<float*>(base)[i] = static_cast<float>(z);
+  else
+    reinterpret_cast<double*>(base)[i] = z;
+}
+
+// What fill_random and fill_randn share: the checks (`what` names the
+// caller), the device and 16-bit cases, and the walk over the box, where
+// Put stores each element from the Philox draw of its global index. The
+// counter's third word (1 for normal values) keeps the two streams apart.
+template <auto Put>
+void fill_counter_based(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
+                        std::span<const std::int64_t> offset, const char* what, bool normal) {
   if (global_shape.size() != out.shape().size() || offset.size() != out.shape().size())
-    throw ShapeError(fmt::format("[tensor] fill_random: a {}-d box of a {}-d tensor", out.dim(), global_shape.size()));
+    throw ShapeError(fmt::format("[tensor] {}: a {}-d box of a {}-d tensor", what, out.dim(), global_shape.size()));
+  if (normal && !is_floating(out.dtype()))
+    throw DTypeError(fmt::format("[tensor] randn: normal values need a floating dtype, got {}", out.dtype()));
   Box box{Shape(offset.begin(), offset.end()), out.shape()};
-  check_box(Shape(global_shape.begin(), global_shape.end()), box, "fill_random");
+  check_box(Shape(global_shape.begin(), global_shape.end()), box, what);
   if (out.device() == Device::CUDA) {
-    cuda::fill_random(out.data(), out.dtype(), seed, global_shape, offset, out.shape(), false);
+    cuda::fill_random(out.data(), out.dtype(), seed, global_shape, offset, out.shape(), normal);
     return;
   }
   if (out.dtype() == DType::BFloat16 || out.dtype() == DType::Float16) {
     // The f32 values, rounded once: the same numbers the GPU makes.
     Tensor wide = Tensor::empty(out.shape(), DType::Float32);
-    fill_random(wide, seed, global_shape, offset);
+    fill_counter_based<Put>(wide, seed, global_shape, offset, what, normal);
     out = wide.to(out.dtype());
     return;
   }
-  r123::Philox4x32 rng;
-  r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+  Philox rng;
+  Philox::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+  const std::uint32_t stream = normal ? 1 : 0;
   const DType dtype = out.dtype();
   std::byte* base = out.bytes();
   Shape zero(box.ndim(), 0);
@@ -431,69 +476,22 @@ void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> 
   for_each_row(gshape, box.offset, out.shape(), zero, box.size, [&](std::int64_t gi, std::int64_t li, std::int64_t n) {
     for (std::int64_t k = 0; k < n; ++k) {
       std::uint64_t g = static_cast<std::uint64_t>(gi + k);
-      r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(g >> 32), 0, 0}};
-      auto r = rng(ctr, key);
-      switch (dtype) {
-        case DType::Float32:
-          reinterpret_cast<float*>(base)[li + k] = static_cast<float>(r.v[0] >> 8) * (1.0f / 16777216.0f);
-          break;
-        case DType::Float64: {
-          std::uint64_t bits = (static_cast<std::uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
-          reinterpret_cast<double*>(base)[li + k] = static_cast<double>(bits) * (1.0 / 9007199254740992.0);
-          break;
-        }
-        case DType::Int64:
-          reinterpret_cast<std::int64_t*>(base)[li + k] = static_cast<std::int64_t>(r.v[0] % 2000) - 1000;
-          break;
-        default: visit_dtype(dtype, [](auto) {});  // throws DTypeError naming the dtype
-      }
+      Philox::ctr_type ctr = {{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(g >> 32), stream, 0}};
+      Put(base, dtype, li + k, rng(ctr, key));
     }
   });
 }
 
+}  // namespace
+
+void fill_random(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
+                 std::span<const std::int64_t> offset) {
+  fill_counter_based<put_uniform>(out, seed, global_shape, offset, "fill_random", false);
+}
+
 void fill_randn(Tensor& out, std::uint64_t seed, std::span<const std::int64_t> global_shape,
                 std::span<const std::int64_t> offset) {
-  if (global_shape.size() != out.shape().size() || offset.size() != out.shape().size())
-    throw ShapeError(fmt::format("[tensor] fill_randn: a {}-d box of a {}-d tensor", out.dim(), global_shape.size()));
-  if (!is_floating(out.dtype()))
-    throw DTypeError(fmt::format("[tensor] randn: normal values need a floating dtype, got {}", out.dtype()));
-  Box box{Shape(offset.begin(), offset.end()), out.shape()};
-  check_box(Shape(global_shape.begin(), global_shape.end()), box, "fill_randn");
-  if (out.device() == Device::CUDA) {
-    cuda::fill_random(out.data(), out.dtype(), seed, global_shape, offset, out.shape(), true);
-    return;
-  }
-  if (out.dtype() == DType::BFloat16 || out.dtype() == DType::Float16) {
-    Tensor wide = Tensor::empty(out.shape(), DType::Float32);
-    fill_randn(wide, seed, global_shape, offset);
-    out = wide.to(out.dtype());
-    return;
-  }
-  r123::Philox4x32 rng;
-  r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
-  const DType dtype = out.dtype();
-  std::byte* base = out.bytes();
-  Shape zero(box.ndim(), 0);
-  Shape gshape(global_shape.begin(), global_shape.end());
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  // Box-Muller from two 53-bit uniforms of the same counter; the third
-  // counter word (1) keeps these streams apart from fill_random's.
-  for_each_row(gshape, box.offset, out.shape(), zero, box.size, [&](std::int64_t gi, std::int64_t li, std::int64_t n) {
-    for (std::int64_t k = 0; k < n; ++k) {
-      std::uint64_t g = static_cast<std::uint64_t>(gi + k);
-      r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(g >> 32), 1, 0}};
-      auto r = rng(ctr, key);
-      std::uint64_t b1 = (static_cast<std::uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
-      std::uint64_t b2 = (static_cast<std::uint64_t>(r.v[2]) << 32 | r.v[3]) >> 11;
-      const double u1 = (static_cast<double>(b1) + 1.0) * (1.0 / 9007199254740992.0);  // (0, 1]
-      const double u2 = static_cast<double>(b2) * (1.0 / 9007199254740992.0);          // [0, 1)
-      const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
-      if (dtype == DType::Float32)
-        reinterpret_cast<float*>(base)[li + k] = static_cast<float>(z);
-      else
-        reinterpret_cast<double*>(base)[li + k] = z;
-    }
-  });
+  fill_counter_based<put_normal>(out, seed, global_shape, offset, "fill_randn", true);
 }
 
 namespace {

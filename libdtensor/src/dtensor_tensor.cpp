@@ -9,6 +9,7 @@
 
 #include "dtensor/core/layout_rules.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/hash.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
 #include "autograd_engine.h"
@@ -46,12 +47,6 @@ struct FromLocalRecord {
   std::array<std::int64_t, kInlineDims> global{};
   std::array<char, kLayoutChars> layout{};
 };
-
-std::uint64_t fnv1a(std::string_view text) {
-  std::uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
 
 FromLocalRecord make_record(const Tensor& local, const Layout& placements, const std::optional<Shape>& global_shape) {
   FromLocalRecord r;

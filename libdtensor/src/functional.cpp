@@ -1,10 +1,10 @@
 #include "dtensor/api/functional.h"
 
-#include <array>
 #include <optional>
 #include <vector>
 
 #include "dtensor/core/error.h"
+#include "dtensor/core/inline_vector.h"
 #include "autograd_engine.h"
 
 namespace dtensor {
@@ -60,15 +60,7 @@ Tensor call_op(std::string_view name, std::span<const Tensor> inputs, const OpAt
 }
 
 DTensor call_op(Op op, std::span<const DTensor> inputs, const OpAttrs& attrs) {
-  std::array<const DTensor*, kInline> inline_ptrs;
-  std::vector<const DTensor*> heap_ptrs;
-  std::span<const DTensor*> ptrs;
-  if (inputs.size() <= kInline) {
-    ptrs = std::span<const DTensor*>(inline_ptrs.data(), inputs.size());
-  } else {
-    heap_ptrs.resize(inputs.size());
-    ptrs = heap_ptrs;
-  }
+  InlineVector<const DTensor*, kInline> ptrs(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) ptrs[i] = &inputs[i];
   return call_op(op, std::span<const DTensor* const>(ptrs), attrs);
 }
@@ -77,15 +69,7 @@ DTensor call_op(Op handle, std::span<const DTensor* const> inputs, const OpAttrs
   const OpDef& op = handle.def();
   if (inputs.empty()) throw ValueError(fmt::format("[{}] needs at least one DTensor input to know its mesh", op.name));
   const DeviceMesh& mesh = inputs[0]->mesh();
-  std::array<ShardedInput, kInline> inline_args;
-  std::vector<ShardedInput> heap_args;
-  std::span<ShardedInput> args;
-  if (inputs.size() <= kInline) {
-    args = std::span<ShardedInput>(inline_args.data(), inputs.size());
-  } else {
-    heap_args.resize(inputs.size());
-    args = heap_args;
-  }
+  InlineVector<ShardedInput, kInline> args(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const DTensor& x = *inputs[i];
     if (i > 0 && !(x.mesh() == mesh))

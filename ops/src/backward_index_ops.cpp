@@ -128,7 +128,7 @@ void add_extremum_backward(OpRegistry& registry, std::string name, std::string f
     per_dim.push_back(partial_gradient(2, 1));
     return per_dim;
   };
-  device::bind_backward_kernels(def, [name, max](const device::BackwardKernels& k) {
+  device::bind_kernels<device::BackwardKernels>(def, [name, max](const device::BackwardKernels& k) {
     return [&k, name, max](const KernelArgs& a) {
       const auto flags = reduced_dims(a.inputs[0].shape(), a.attrs.get<ReduceAttrs>(name));
       const std::unique_ptr<bool[]> f(new bool[flags.size() + 1]);
@@ -214,7 +214,7 @@ void register_backward_index_ops(OpRegistry& registry) {
                               "embedding_backward(indices, grad, table): the table's gradient, grad's rows added at "
                               "their indices (the table gives the shape and layout; its values are not read)",
                               embedding_backward_meta, embedding_backward_strategy);
-  device::bind_backward_kernels(emb, [](const device::BackwardKernels& k) {
+  device::bind_kernels<device::BackwardKernels>(emb, [](const device::BackwardKernels& k) {
     return [&k](const KernelArgs& a) {
       return k.embedding_backward(a.inputs[0], a.inputs[1], a.output_box.offset[0], a.output_box.size[0],
                                   a.output.shape[0]);
@@ -227,7 +227,7 @@ void register_backward_index_ops(OpRegistry& registry) {
                              "targets[n])) with lse[n] = log(sum(exp(z[n, :]))), the logits' gradient of the "
                              "per-row loss",
                              cross_entropy_backward_meta, cross_entropy_backward_strategy);
-  device::bind_backward_kernels(ce, [](const device::BackwardKernels& k) {
+  device::bind_kernels<device::BackwardKernels>(ce, [](const device::BackwardKernels& k) {
     return [&k](const KernelArgs& a) {
       return k.cross_entropy_backward(a.inputs[0], a.inputs[1], a.inputs[2], a.inputs[3], a.boxes[0].offset[1],
                                       a.global[0].shape[1]);

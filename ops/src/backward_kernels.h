@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 
+#include "device_kernels.h"
 #include "dtensor/core/tensor.h"
 #include "dtensor/ops/op.h"
 
@@ -50,16 +51,12 @@ struct BackwardKernels {
   Tensor (*extremum_backward)(const Tensor& x, std::span<const bool> reduced, const Tensor& grad, bool max);
 };
 
-/// The CPU table (ops/src/cpu/backward_kernels.cpp).
-const BackwardKernels& cpu_backward();
-/// The CUDA table; null in a build without CUDA.
-const BackwardKernels* cuda_backward();
-
-/// As bind_kernels, over the backward tables.
-template <class Make>
-void bind_backward_kernels(OpDef& def, Make make) {
-  def.cpu_kernel = make(cpu_backward());
-  if (const BackwardKernels* k = cuda_backward()) def.cuda_kernel = make(*k);
-}
+/// The CPU table (ops/src/cpu/backward_kernels.cpp); ops bind it and the
+/// CUDA one with bind_kernels<BackwardKernels>.
+template <>
+const BackwardKernels& cpu_table<BackwardKernels>();
+/// The CUDA table (ops/src/cuda/backward_kernels.cu).
+template <>
+const BackwardKernels* cuda_table<BackwardKernels>();
 
 }  // namespace dtensor::device

@@ -62,7 +62,7 @@ void add_activation_backward(OpRegistry& registry, std::string name, device::Act
   def.meta = [name](std::span<const TensorMeta> in, const OpAttrs&) { return pair_meta(name, "x", in); };
   def.dim_strategy = [](const StrategyQuery& q) { return elementwise_pair(q, -1); };
   def.prefer_kept_layouts = true;
-  device::bind_backward_kernels(def, [fn](const device::BackwardKernels& k) {
+  device::bind_kernels<device::BackwardKernels>(def, [fn](const device::BackwardKernels& k) {
     return [&k, fn](const KernelArgs& a) { return k.activation_backward(fn, a.inputs[0], a.inputs[1]); };
   });
   registry.add(std::move(def));
@@ -89,7 +89,7 @@ void add_softmax_backward(OpRegistry& registry, std::string name, bool log, std:
     return elementwise_pair(q, dim_of(name, q.inputs[0].shape, q.attrs));
   };
   def.prefer_kept_layouts = true;
-  device::bind_backward_kernels(def, [name, log](const device::BackwardKernels& k) {
+  device::bind_kernels<device::BackwardKernels>(def, [name, log](const device::BackwardKernels& k) {
     return [&k, name, log](const KernelArgs& a) {
       return k.softmax_backward(a.inputs[0], a.inputs[1], static_cast<int>(dim_of(name, a.inputs[0].shape(), a.attrs)),
                                 log);
@@ -149,7 +149,7 @@ void add_norm_backward(OpRegistry& registry, std::string name, bool rms, bool we
   def.dim_strategy = [name, weight_grad](const StrategyQuery& q) {
     return norm_strategy(q, q.attrs.get<NormAttrs>(name).normalized_ndim, weight_grad);
   };
-  device::bind_backward_kernels(def, [name, rms, weight_grad](const device::BackwardKernels& k) {
+  device::bind_kernels<device::BackwardKernels>(def, [name, rms, weight_grad](const device::BackwardKernels& k) {
     return [&k, name, rms, weight_grad](const KernelArgs& a) {
       const NormAttrs& n = a.attrs.get<NormAttrs>(name);
       const int nnd = static_cast<int>(n.normalized_ndim);

@@ -1,12 +1,13 @@
 #pragma once
 // Internal: what each device gives the op families, one table per device.
 // The families write each op's kernel once against a table (adapting
-// KernelArgs to its entries) and bind it once per device: OpDef::cpu_kernel
-// from cpu(), OpDef::cuda_kernel from cuda(). No kernel branches on a
-// tensor's device. The CPU table lives in ops/src/cpu/device_kernels.cpp, the
-// CUDA one in ops/src/cuda/device_kernels.cpp; a build without CUDA links
-// ops/src/cuda/no_cuda.cpp, where cuda() is null, so the ops have no CUDA
-// kernel and dispatch says so.
+// KernelArgs to its entries) and bind it once per device (bind_kernels):
+// OpDef::cpu_kernel from cpu_table(), OpDef::cuda_kernel from cuda_table().
+// No kernel branches on a tensor's device. The CPU table lives in
+// ops/src/cpu/device_kernels.cpp, the CUDA one in
+// ops/src/cuda/device_kernels.cpp; a build without CUDA links
+// ops/src/cuda/no_cuda.cpp, where cuda_table() is null, so the ops have
+// no CUDA kernel and dispatch says so.
 //
 // CPU entries see f32, f64 and i64 only (dispatch widens bf16/f16 around
 // them); CUDA entries see every dtype, on the current device and stream.
@@ -66,18 +67,27 @@ struct Kernels {
   Tensor (*pick)(const Tensor& logits, const Tensor& targets, std::int64_t col0, std::int64_t classes);
 };
 
+/// Each device's table of a kind (Kernels here, BackwardKernels in
+/// backward_kernels.h): the CPU's, and the CUDA one, null in a build without
+/// CUDA (ops/src/cuda/no_cuda.cpp). Each kind declares its own below.
+template <class Table>
+const Table& cpu_table();
+template <class Table>
+const Table* cuda_table();
+
 /// The CPU table (ops/src/cpu/device_kernels.cpp).
-const Kernels& cpu();
-/// The CUDA table (ops/src/cuda/device_kernels.cpp); null in a build without
-/// CUDA (ops/src/cuda/no_cuda.cpp).
-const Kernels* cuda();
+template <>
+const Kernels& cpu_table<Kernels>();
+/// The CUDA table (ops/src/cuda/device_kernels.cpp).
+template <>
+const Kernels* cuda_table<Kernels>();
 
 /// Sets def's kernel for every device this build has, each made by
-/// make(const Kernels&) from that device's table.
-template <class Make>
+/// make(const Table&) from that device's table of the kind.
+template <class Table = Kernels, class Make>
 void bind_kernels(OpDef& def, Make make) {
-  def.cpu_kernel = make(cpu());
-  if (const Kernels* k = cuda()) def.cuda_kernel = make(*k);
+  def.cpu_kernel = make(cpu_table<Table>());
+  if (const Table* k = cuda_table<Table>()) def.cuda_kernel = make(*k);
 }
 
 }  // namespace dtensor::device

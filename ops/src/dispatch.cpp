@@ -1,7 +1,6 @@
 #include "dtensor/ops/dispatch.h"
 
 #include <algorithm>
-#include <array>
 #include <limits>
 #include <memory>
 #include <unordered_map>
@@ -9,9 +8,11 @@
 
 #include "dtensor/core/cuda.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/hash.h"
 #include "dtensor/redistribute/executor.h"
 #include "dtensor/redistribute/planner.h"
 #include "dtensor/core/detail/cache_capacity.h"
+#include "dtensor/core/detail/heap_bytes.h"
 #include "dtensor/core/detail/lru_list.h"
 #include "dtensor/mesh/detail/trace_recorder.h"
 
@@ -93,7 +94,7 @@ struct Cache {
   std::unordered_map<std::size_t, std::vector<std::unique_ptr<Entry>>> entries;
   LruList<Entry> lru;
   std::size_t bytes = 0;
-  PropagationCacheStats stats;
+  CacheStats stats;
 };
 thread_local Cache cache;
 thread_local std::function<void(const std::string&)> explain_sink;
@@ -125,14 +126,13 @@ struct CallInputs {
 template <class Inputs>
 std::size_t key_hash(const OpDef& op, const Shape& mesh, const Inputs& inputs, const OpAttrs& attrs) {
   std::size_t h = std::hash<const void*>{}(&op);
-  auto mix = [&](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-  for (auto s : mesh) mix(static_cast<std::size_t>(s));
+  for (auto s : mesh) hash_combine(h, static_cast<std::size_t>(s));
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    mix(static_cast<std::size_t>(inputs.dtype(i)) + 0x100);
-    for (auto s : inputs.shape(i)) mix(static_cast<std::size_t>(s));
-    mix(inputs.layout(i).hash());
+    hash_combine(h, static_cast<std::size_t>(inputs.dtype(i)) + 0x100);
+    for (auto s : inputs.shape(i)) hash_combine(h, static_cast<std::size_t>(s));
+    hash_combine(h, inputs.layout(i).hash());
   }
-  mix(attrs.hash());
+  hash_combine(h, attrs.hash());
   return h;
 }
 
@@ -162,17 +162,8 @@ Entry* find_entry(Cache& c, std::size_t h, const OpDef& op, const Shape& mesh, c
   return nullptr;
 }
 
-template <class T>
-std::size_t buffer_bytes(const std::vector<T>& v) {
-  return v.capacity() * sizeof(T);
-}
-template <class T, std::size_t N>
-std::size_t buffer_bytes(const InlineVector<T, N>& v) {
-  return v.heap_bytes();
-}
 std::size_t strategy_bytes(const Strategy& s) {
-  std::size_t n = buffer_bytes(s.inputs) + approx_bytes(s.output) - sizeof(Layout) +
-                  (s.note.capacity() > 15 ? s.note.capacity() + 1 : 0);
+  std::size_t n = buffer_bytes(s.inputs) + approx_bytes(s.output) - sizeof(Layout) + buffer_bytes(s.note);
   for (const Layout& l : s.inputs) n += approx_bytes(l) - sizeof(Layout);
   return n;
 }
@@ -503,27 +494,18 @@ ShardedTensor dispatch(const OpDef& op, const DeviceMesh& mesh, std::span<const 
   // The kernel takes its inputs as one span of Tensors: a lone input that
   // stays put is passed as it is, others are copied (or moved) into place.
   const std::size_t n = inputs.size();
-  std::array<Tensor, kInline> local_inline;
-  std::vector<Tensor> local_heap;
-  std::span<const Tensor> locals;
-  if (n == 1 && !d.input_plans[0]) {
-    locals = std::span<const Tensor>(inputs[0].local, 1);
-  } else {
-    std::span<Tensor> slots(local_inline.data(), std::min(n, kInline));
-    if (n > kInline) {
-      local_heap.resize(n);
-      slots = local_heap;
-    }
-    // (Not a conditional expression: with a const Tensor operand it would
-    // be a const prvalue and copy twice.)
-    for (std::size_t i = 0; i < n; ++i) {
-      if (d.input_plans[i])
-        slots[i] = execute_plan(*d.input_plans[i], mesh, *inputs[i].local);
-      else
-        slots[i] = *inputs[i].local;
-    }
-    locals = slots;
+  const bool as_passed = n == 1 && !d.input_plans[0];
+  InlineArray<Tensor, kInline> slots(as_passed ? 0 : n);
+  // (Not a conditional expression: with a const Tensor operand it would be
+  // a const prvalue and copy twice.)
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (d.input_plans[i])
+      slots[i] = execute_plan(*d.input_plans[i], mesh, *inputs[i].local);
+    else
+      slots[i] = *inputs[i].local;
   }
+  const std::span<const Tensor> locals =
+      as_passed ? std::span<const Tensor>(inputs[0].local, 1) : std::span<const Tensor>(slots.data(), n);
   if (moved) {
     moved->clear();  // stays empty (no allocation) when nothing moved
     for (std::size_t i = 0; i < n; ++i) {
@@ -561,8 +543,8 @@ Tensor run_unsharded(const OpDef& op, std::span<const Tensor> inputs, const OpAt
   return run_kernel(op, args);
 }
 
-PropagationCacheStats propagation_cache_stats() {
-  PropagationCacheStats s = cache.stats;
+CacheStats propagation_cache_stats() {
+  CacheStats s = cache.stats;
   s.entries = cache.lru.size();
   s.capacity = capacity().get();
   s.bytes = cache.bytes;

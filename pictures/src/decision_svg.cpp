@@ -23,12 +23,9 @@ std::string layouts_text(std::span<const Layout> layouts) {
 /// "all_gather over tp, 1 KiB" for each communicating step of a plan.
 std::string plan_summary(const Plan& plan, const PictureOptions& options) {
   std::vector<std::string> steps;
-  for (const PlanStep& step : plan.steps) {
-    std::vector<std::string> dims;
-    for (int m : step.mesh_dims) dims.push_back(detail::mesh_dim_label(m, options));
-    steps.push_back(fmt::format("{} over {}{}", step_name(step.kind), fmt::join(dims, ","),
-                                is_local(step.kind) ? "" : ", " + human_bytes(step.max_recv_bytes())));
-  }
+  for (const PlanStep& step : plan.steps)
+    steps.push_back(detail::step_label(step, options) +
+                    (is_local(step.kind) ? "" : ", " + human_bytes(step.max_recv_bytes())));
   return fmt::format("{}", fmt::join(steps, "; "));
 }
 

@@ -314,6 +314,11 @@ std::string mesh_dim_label(int mesh_dim, const PictureOptions& options) {
   return fmt::format("d{}", mesh_dim);
 }
 
+std::string mesh_dims_label(std::span<const int> mesh_dims, const PictureOptions& options) {
+  std::vector<std::string> labels;
+  for (int m : mesh_dims) labels.push_back(mesh_dim_label(m, options));
+  return fmt::format("{}", fmt::join(labels, ","));
+}
 
 Drawing draw_layout(const Shape& mesh_shape, const Shape& global_shape, const Layout& layout,
                     const PictureOptions& options) {

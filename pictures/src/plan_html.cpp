@@ -40,10 +40,8 @@ std::string steps_list(const Plan& plan, const PictureOptions& options) {
   if (plan.steps.empty()) return "<p>Nothing to do: the layouts are the same.</p>";
   std::string out = "<ol class=\"steps\">";
   for (const PlanStep& step : plan.steps) {
-    std::vector<std::string> dims;
-    for (int m : step.mesh_dims) dims.push_back(detail::mesh_dim_label(m, options));
     out += fmt::format("<li><b>{}</b> over {}: {} &rarr; {}; the busiest rank receives {}, estimated {}.<br>{}</li>",
-                       step_name(step.kind), xml_escape(fmt::format("{}", fmt::join(dims, ","))),
+                       step_name(step.kind), xml_escape(detail::mesh_dims_label(step.mesh_dims, options)),
                        xml_escape(fmt::format("{}", step.from)), xml_escape(fmt::format("{}", step.to)),
                        human_bytes(step.max_recv_bytes()), human_seconds(step.est_seconds),
                        xml_escape(step.reason));

@@ -9,17 +9,20 @@
 #include "dtensor/core/units.h"
 
 namespace dtensor::pictures {
+
+std::string detail::step_label(const PlanStep& step, const PictureOptions& options) {
+  if (step.mesh_dims.empty()) return std::string(step_name(step.kind));
+  return fmt::format("{} over {}", step_name(step.kind), mesh_dims_label(step.mesh_dims, options));
+}
+
 namespace {
 
 constexpr double kArrowHeight = 54;
 constexpr double kMargin = 12;
 
 std::string step_text(const PlanStep& step, const PictureOptions& options) {
-  std::vector<std::string> dims;
-  for (int m : step.mesh_dims) dims.push_back(detail::mesh_dim_label(m, options));
-  const std::string where = dims.empty() ? std::string() : fmt::format(" over {}", fmt::join(dims, ","));
-  if (is_local(step.kind)) return fmt::format("{}{}: local, nothing sent", step_name(step.kind), where);
-  return fmt::format("{}{}: {} to the busiest rank", step_name(step.kind), where,
+  if (is_local(step.kind)) return fmt::format("{}: local, nothing sent", detail::step_label(step, options));
+  return fmt::format("{}: {} to the busiest rank", detail::step_label(step, options),
                      human_bytes(step.max_recv_bytes()));
 }
 

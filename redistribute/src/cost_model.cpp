@@ -4,9 +4,11 @@
 #include <bit>
 #include <functional>
 
+#include "dtensor/core/hash.h"
+
 namespace dtensor {
 
-LinkParams inter_node_link() { return LinkParams{2.7e-6, 0.22 * 87.7e9}; }
+LinkParams inter_node_link() { return LinkParams{2.7e-6, 0.22 * LinkParams{}.bandwidth_Bps}; }
 
 const LinkParams& CostModel::link(int mesh_dim) const {
   if (mesh_dim >= 0 && static_cast<std::size_t>(mesh_dim) < links.size()) return links[mesh_dim];
@@ -33,7 +35,7 @@ double CostModel::collective_seconds(std::span<const int> mesh_dims, std::int64_
 
 std::size_t CostModel::hash() const {
   std::size_t h = 0x51ed270b27f3a1c5ull;
-  auto mix = [&](double v) { h ^= std::hash<double>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  auto mix = [&](double v) { hash_combine(h, std::hash<double>{}(v)); };
   for (const LinkParams& l : links) {
     mix(l.hop_latency_s);
     mix(l.bandwidth_Bps);

@@ -8,6 +8,11 @@
 
 namespace dtensor::planner {
 
+/// The relative margin a lower bound on a plan's time gives up (and a
+/// proof that no other plan wins demands) so that rounding never lifts a
+/// bound above a true cost: t * (1 - kRoundingSlack).
+inline constexpr double kRoundingSlack = 1e-9;
+
 /// Whether plans for a Partial source are ranked by the busiest rank's bytes
 /// first, time breaking ties, as plans for every other source are, rather
 /// than by estimated time. Every plan for a Partial source issues at least

@@ -4,6 +4,8 @@
 
 #include <fmt/ranges.h>
 
+#include "dtensor/core/detail/heap_bytes.h"
+
 namespace dtensor {
 
 std::string_view step_name(StepKind kind) {
@@ -25,14 +27,6 @@ bool is_local(StepKind kind) {
 }
 
 namespace {
-template <class T>
-std::size_t buffer_bytes(const std::vector<T>& v) {
-  return v.capacity() * sizeof(T);
-}
-template <class T, std::size_t N>
-std::size_t buffer_bytes(const InlineVector<T, N>& v) {
-  return v.heap_bytes();
-}
 std::size_t heap_bytes(const Layout& l) { return buffer_bytes(l.placements()) + buffer_bytes(l.levels()); }
 }  // namespace
 
@@ -44,7 +38,7 @@ std::size_t approx_bytes(const Plan& plan) {
                   buffer_bytes(plan.recv_bytes) + (plan.runner_up ? buffer_bytes(plan.runner_up->kinds) : 0);
   for (const PlanStep& s : plan.steps) {
     n += buffer_bytes(s.mesh_dims) + heap_bytes(s.from) + heap_bytes(s.to) + buffer_bytes(s.recv_bytes) +
-         (s.reason.capacity() > 15 ? s.reason.capacity() + 1 : 0) + buffer_bytes(s.blocks);
+         buffer_bytes(s.reason) + buffer_bytes(s.blocks);
     for (const ExchangeBlock& b : s.blocks) n += buffer_bytes(b.box.offset) + buffer_bytes(b.box.size);
   }
   return n;

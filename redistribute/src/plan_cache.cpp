@@ -35,7 +35,7 @@ struct Node {
 struct Cache {
   std::unordered_map<PlanRequest, Node, RequestHash> plans;
   LruList<Node> lru;
-  PlanCacheStats stats;
+  CacheStats stats;
   std::size_t bytes = 0;
 };
 
@@ -82,9 +82,9 @@ const Plan& cached_plan(const PlanRequest& request) {
   return n.plan;
 }
 
-PlanCacheStats plan_cache_stats() {
+CacheStats plan_cache_stats() {
   const Cache& c = cache();
-  PlanCacheStats s = c.stats;
+  CacheStats s = c.stats;
   s.entries = c.lru.size();
   s.capacity = capacity().get();
   s.bytes = c.bytes;
@@ -96,7 +96,7 @@ void clear_plan_cache() {
   c.plans.clear();
   c.lru = LruList<Node>{};
   c.bytes = 0;
-  c.stats = PlanCacheStats{};
+  c.stats = CacheStats{};
 }
 
 void set_plan_cache_capacity(std::size_t entries) { capacity().set(entries); }

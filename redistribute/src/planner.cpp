@@ -9,6 +9,7 @@
 
 #include "dtensor/redistribute/detail/compact_layout.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/hash.h"
 #include "dtensor/core/reduction_bytes.h"
 #include "objective.h"
 #include "dtensor/redistribute/detail/planner_search.h"
@@ -171,16 +172,15 @@ std::int64_t plan_work(std::span<const std::int64_t> mesh, std::int64_t dims) {
 }
 
 std::size_t PlanRequest::hash() const {
-  std::size_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-  mix(mesh_shape.size());
-  for (auto s : mesh_shape) mix(static_cast<std::uint64_t>(s));
-  mix(global_shape.size());
-  for (auto s : global_shape) mix(static_cast<std::uint64_t>(s));
-  mix(static_cast<std::uint64_t>(dtype));
-  mix(from.hash());
-  mix(to.hash());
-  mix(cost.hash());
+  std::size_t h = kFnvOffsetBasis;
+  hash_combine(h, mesh_shape.size());
+  for (auto s : mesh_shape) hash_combine(h, static_cast<std::uint64_t>(s));
+  hash_combine(h, global_shape.size());
+  for (auto s : global_shape) hash_combine(h, static_cast<std::uint64_t>(s));
+  hash_combine(h, static_cast<std::uint64_t>(dtype));
+  hash_combine(h, from.hash());
+  hash_combine(h, to.hash());
+  hash_combine(h, cost.hash());
   return h;
 }
 

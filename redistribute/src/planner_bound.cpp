@@ -29,6 +29,7 @@
 #include <limits>
 
 #include "dtensor/redistribute/detail/planner_search.h"
+#include "objective.h"
 
 namespace dtensor::planner {
 
@@ -61,7 +62,7 @@ void Search::fill_bound(State& s) const {
   if (owed) t += cost.base_latency_s + reduce_latency;
   if (lacks) t += cost.base_latency_s;
   if (problem_.max_bw > 0) t += static_cast<double>(s.rest_max) / problem_.max_bw;
-  s.rest_time = t * (1 - 1e-9);
+  s.rest_time = t * (1 - kRoundingSlack);
 }
 
 }  // namespace dtensor::planner

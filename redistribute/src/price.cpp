@@ -262,7 +262,7 @@ std::optional<double> one_dim_move(const Move& mv, std::int64_t most_lacking) {
     if (mv.mesh[o] > 1) fastest = std::max(fastest, mv.cost.link(o).bandwidth_Bps);
   const double two_steps = 2 * mv.cost.base_latency_s +
                            static_cast<double>(checked_mul(most_lacking, mv.itemsize, "bytes a rank lacks")) / fastest;
-  if (!(two_steps > best * (1 + 1e-9))) return std::nullopt;
+  if (!(two_steps > best * (1 + planner::kRoundingSlack))) return std::nullopt;
   return best;
 }
 
@@ -324,7 +324,7 @@ double redistribute_lower_bound_seconds(std::span<const std::int64_t> mesh, std:
   if (R == 0) return 0;
   // Every communicating step costs at least the base latency plus what its
   // busiest rank receives over the fastest link; slack for rounding.
-  constexpr double kSlack = 1 - 1e-9;
+  constexpr double kSlack = 1 - planner::kRoundingSlack;
   if (from.has_partial()) {
     // A Partial mesh dim that does not stay the same Partial must be reduced.
     for (int m = 0; m < mesh_ndim; ++m)

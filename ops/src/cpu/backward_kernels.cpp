@@ -20,16 +20,6 @@ void visit_float(DType dtype, Fn&& fn) {
   throw Error(fmt::format("[cpu] internal: a backward kernel got a {} tensor; expected f32 or f64", dtype));
 }
 
-struct Rows {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-Rows rows_of(const Shape& shape, int dim) {
-  Rows r;
-  for (int d = 0; d < static_cast<int>(shape.size()); ++d)
-    (d < dim ? r.outer : d == dim ? r.n : r.inner) *= shape[static_cast<std::size_t>(d)];
-  return r;
-}
-
 template <class T>
 T gelu_grad(T x) {
   const T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
@@ -57,7 +47,7 @@ Tensor activation_backward(Activation fn, const Tensor& x, const Tensor& grad) {
 
 Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim, bool log) {
   Tensor out = Tensor::empty(y.shape(), y.dtype());
-  const Rows r = rows_of(y.shape(), dim);
+  const Around r = around(y.shape(), dim);
   visit_float(y.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* py = y.data_as<T>();
@@ -245,6 +235,9 @@ constexpr BackwardKernels kCpu{
 
 }  // namespace
 
-const BackwardKernels& cpu_backward() { return kCpu; }
+template <>
+const BackwardKernels& cpu_table<BackwardKernels>() {
+  return kCpu;
+}
 
 }  // namespace dtensor::device

@@ -142,6 +142,9 @@ constexpr Kernels kCpu{
 
 }  // namespace
 
-const Kernels& cpu() { return kCpu; }
+template <>
+const Kernels& cpu_table<Kernels>() {
+  return kCpu;
+}
 
 }  // namespace dtensor::device

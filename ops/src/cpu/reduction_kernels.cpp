@@ -158,23 +158,6 @@ void reduce_typed(const Tensor& x, std::span<const bool> reduced, Tensor& out, R
   }
 }
 
-// Outer/extent/inner sizes of x around dim.
-struct Around {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-Around around(const Shape& shape, int dim) {
-  Around a;
-  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-    if (d < dim)
-      a.outer *= shape[d];
-    else if (d == dim)
-      a.n = shape[d];
-    else
-      a.inner *= shape[d];
-  }
-  return a;
-}
-
 // Softmax (or log_softmax) of one contiguous row. A NaN or +inf anywhere
 // makes the whole row NaN, whichever way the max treats it (exp(NaN - m) or
 // exp(inf - inf) is NaN and so is the sum), as in the strided loop.

@@ -254,16 +254,15 @@ Tensor activation_backward(dtensor::device::Activation fn, const Tensor& x, cons
 
 Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim, bool log) {
   Tensor out = Tensor::empty(y.shape(), y.dtype(), Device::CUDA);
-  long long outer = 1, n = 1, inner = 1;
-  for (int d = 0; d < y.dim(); ++d) (d < dim ? outer : d == dim ? n : inner) *= y.shape()[static_cast<std::size_t>(d)];
+  const Around a = around(y.shape(), dim);
   if (y.numel() == 0) return out;
   visit_float(y.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     softmax_backward_kernel<T>
-        <<<grid(outer * inner), kBlock, 0, dtensor::cuda::stream()>>>(static_cast<const T*>(y.data()),
-                                                                      static_cast<const T*>(grad.data()),
-                                                                      static_cast<T*>(out.data()), outer, n, inner,
-                                                                      log);
+        <<<grid(a.outer * a.inner), kBlock, 0, dtensor::cuda::stream()>>>(static_cast<const T*>(y.data()),
+                                                                          static_cast<const T*>(grad.data()),
+                                                                          static_cast<T*>(out.data()), a.outer, a.n,
+                                                                          a.inner, log);
     DTENSOR_CUDA_CHECK(cudaGetLastError());
   });
   return out;
@@ -418,6 +417,9 @@ const BackwardKernels kCuda{
 
 }  // namespace
 
-const BackwardKernels* cuda_backward() { return &kCuda; }
+template <>
+const BackwardKernels* cuda_table<BackwardKernels>() {
+  return &kCuda;
+}
 
 }  // namespace dtensor::device

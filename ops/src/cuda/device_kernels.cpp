@@ -64,6 +64,9 @@ const Kernels kCuda{
 
 }  // namespace
 
-const Kernels* cuda() { return &kCuda; }
+template <>
+const Kernels* cuda_table<Kernels>() {
+  return &kCuda;
+}
 
 }  // namespace dtensor::device

@@ -63,7 +63,7 @@ void embedding(const std::int64_t* indices, std::int64_t count, const void* tabl
   const auto* idx = reinterpret_cast<const long long*>(indices);
   // A warp per 32 columns, up to 256 threads: wide rows get whole blocks.
   const unsigned block = cols >= 256 ? 256u : static_cast<unsigned>(cols <= 32 ? 32 : (cols + 31) / 32 * 32);
-  const unsigned grid = static_cast<unsigned>(count < 65535 * 8 ? count : 65535 * 8);
+  const unsigned grid = dtensor::cuda::blocks_for(count);
   device::visit_bits(itemsize, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     embedding_kernel<T><<<grid, block, 0, dtensor::cuda::stream()>>>(idx, count, static_cast<const T*>(table), row0,

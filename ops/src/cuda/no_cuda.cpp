@@ -5,6 +5,14 @@
 #include "device_kernels.h"
 
 namespace dtensor::device {
-const Kernels* cuda() { return nullptr; }
-const BackwardKernels* cuda_backward() { return nullptr; }
+
+template <>
+const Kernels* cuda_table<Kernels>() {
+  return nullptr;
+}
+template <>
+const BackwardKernels* cuda_table<BackwardKernels>() {
+  return nullptr;
+}
+
 }  // namespace dtensor::device

@@ -270,26 +270,7 @@ __global__ void scale_kernel(T* __restrict__ y, std::int64_t n, std::int64_t cou
   }
 }
 
-unsigned grid_blocks(std::int64_t n) { return static_cast<unsigned>(n < 65535 * 8 ? (n < 1 ? 1 : n) : 65535 * 8); }
-
 // ---- argmax ------------------------------------------------------------------
-
-// outer x n x inner around the reduced dim.
-struct Around {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-Around around(const Shape& shape, int dim) {
-  Around a;
-  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-    if (d < dim)
-      a.outer *= shape[d];
-    else if (d == dim)
-      a.n = shape[d];
-    else
-      a.inner *= shape[d];
-  }
-  return a;
-}
 
 // The CPU keeps the first element and replaces it by each later one that is
 // strictly greater: NaN never wins (unless it comes first), ties go to the
@@ -492,7 +473,7 @@ Tensor reduce_dims(const Tensor& x, std::span<const bool> reduced, const Shape& 
     if (per_thread) {
       reduce_thread_kernel<T><<<cuda::grid_for(m.outputs, kBlock), kBlock, 0, stream>>>(px, m, r, po);
     } else if (splits == 1) {
-      reduce_block_kernel<T><<<dim3(grid_blocks(m.outputs), 1), kBlock, 0, stream>>>(px, m, r, 1, nullptr, po);
+      reduce_block_kernel<T><<<dim3(cuda::blocks_for(m.outputs), 1), kBlock, 0, stream>>>(px, m, r, 1, nullptr, po);
     } else {
       const DType acc_dtype = std::is_same_v<C, float>    ? DType::Float32
                               : std::is_same_v<C, double> ? DType::Float64
@@ -537,7 +518,7 @@ Tensor argmax(const Tensor& x, int dim, const Shape& out_shape) {
     using T = typename decltype(tag)::type;
     const auto* px = static_cast<const T*>(x.data());
     if (a.inner == 1 && (a.n > 64 || a.outer < 4096))
-      argmax_block_kernel<T><<<grid_blocks(a.outer), kBlock, 0, cuda::stream()>>>(px, a.outer, a.n, po);
+      argmax_block_kernel<T><<<cuda::blocks_for(a.outer), kBlock, 0, cuda::stream()>>>(px, a.outer, a.n, po);
     else
       argmax_thread_kernel<T><<<cuda::grid_for(outputs, kBlock), kBlock, 0, cuda::stream()>>>(px, a, po);
   });
@@ -560,7 +541,7 @@ Tensor softmax(const Tensor& x, int dim, bool log) {
       const auto* px = static_cast<const T*>(x.data());
       auto* py = static_cast<T*>(out.data());
       if (a.inner == 1 && (a.n > 64 || a.outer < 4096))
-        softmax_rows_kernel<T><<<grid_blocks(a.outer), kBlock, 0, cuda::stream()>>>(px, py, a.outer, a.n, log);
+        softmax_rows_kernel<T><<<cuda::blocks_for(a.outer), kBlock, 0, cuda::stream()>>>(px, py, a.outer, a.n, log);
       else
         softmax_columns_kernel<T>
             <<<cuda::grid_for(a.outer * a.inner, kBlock), kBlock, 0, cuda::stream()>>>(px, py, a, log);
@@ -587,7 +568,7 @@ Tensor normalize(const Tensor& x, int normalized_ndim, const Tensor& weight, con
     } else {
       const T* w = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
       const T* b = bias.defined() && !rms ? static_cast<const T*>(bias.data()) : nullptr;
-      normalize_kernel<T><<<grid_blocks(rows), kBlock, 0, cuda::stream()>>>(static_cast<const T*>(x.data()), w, b,
+      normalize_kernel<T><<<cuda::blocks_for(rows), kBlock, 0, cuda::stream()>>>(static_cast<const T*>(x.data()), w, b,
                                                                             static_cast<T*>(out.data()), rows, n,
                                                                             static_cast<C>(eps), rms);
     }

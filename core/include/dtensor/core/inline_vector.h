@@ -7,7 +7,11 @@
 // The interface is std::vector's, so that code written against
 // std::vector<int64_t> reads the same; it converts to and from std::vector
 // for the few interfaces (JSON, Python-facing tools) that want one.
+//
+// InlineArray, below it, is the scratch array of a hot path whose elements
+// InlineVector cannot hold (a Tensor): its size is fixed when it is made.
 #include <algorithm>
+#include <array>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -242,6 +246,34 @@ class InlineVector {
   std::uint32_t size_ = 0;
   std::uint32_t capacity_ = 0;  // of heap_, when set
   T inline_[N];
+};
+
+/// n value-initialised Ts, n fixed at construction: inside the object for
+/// n <= N (no allocation), on the heap beyond. For element types that are
+/// not trivially copyable; InlineVector is the one for those that are.
+template <class T, std::size_t N>
+class InlineArray {
+ public:
+  explicit InlineArray(std::size_t n) : size_(n) {
+    if (n > N) heap_.resize(n);
+  }
+  InlineArray(const InlineArray&) = delete;
+  InlineArray& operator=(const InlineArray&) = delete;
+
+  std::size_t size() const noexcept { return size_; }
+  T* data() noexcept { return size_ > N ? heap_.data() : inline_.data(); }
+  const T* data() const noexcept { return size_ > N ? heap_.data() : inline_.data(); }
+  T& operator[](std::size_t i) noexcept { return data()[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data()[i]; }
+  T* begin() noexcept { return data(); }
+  T* end() noexcept { return data() + size_; }
+  const T* begin() const noexcept { return data(); }
+  const T* end() const noexcept { return data() + size_; }
+
+ private:
+  std::array<T, N> inline_{};
+  std::vector<T> heap_;
+  std::size_t size_;
 };
 
 }  // namespace dtensor

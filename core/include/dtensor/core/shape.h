@@ -65,6 +65,15 @@ void check_shape(std::span<const std::int64_t> shape, std::string_view what);
 /// [-ndim, ndim-1] otherwise.
 int wrap_dim(std::string_view where, std::int64_t dim, std::int64_t ndim);
 
+/// A shape as outer x n x inner around `dim` (the product of the dims before
+/// it, its size, the product of those after it), as a row-major kernel walks
+/// one dim: element (o, k, i) lies at (o * n + k) * inner + i. Plain
+/// products: the shape is a tensor's, whose numel fits.
+struct Around {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+Around around(std::span<const std::int64_t> shape, int dim);
+
 /// Linear rank <-> mesh coordinate, row-major (the last mesh dim varies fastest).
 Shape unravel_index(std::int64_t index, std::span<const std::int64_t> shape);
 std::int64_t ravel_index(std::span<const std::int64_t> coord, std::span<const std::int64_t> shape);

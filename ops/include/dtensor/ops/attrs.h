@@ -6,7 +6,6 @@
 // propagation cache key, hence the hash and equality every struct provides.
 #include <concepts>
 #include <cstdint>
-#include <cstring>
 #include <cstddef>
 #include <memory>
 #include <new>
@@ -21,46 +20,11 @@
 
 #include "dtensor/core/dtype.h"
 #include "dtensor/core/error.h"
+#include "dtensor/core/hash.h"
 #include "dtensor/core/shape.h"
 #include "dtensor/core/tensor.h"
 
 namespace dtensor {
-
-/// Mixes field values into an FNV-1a hash: integers, enums, bools, doubles
-/// (by their bits), strings and vectors of those. Attribute structs build
-/// their hash() from it: `return hash_fields(dims, keepdim, p);`.
-class FieldHasher {
- public:
-  template <class T>
-  void add(const T& v) {
-    if constexpr (std::is_same_v<T, double>) {
-      std::uint64_t bits;
-      static_assert(sizeof bits == sizeof v);
-      std::memcpy(&bits, &v, sizeof bits);
-      mix(bits);
-    } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
-      mix(static_cast<std::uint64_t>(v));
-    } else if constexpr (std::is_same_v<T, std::string>) {
-      for (char c : v) mix(static_cast<unsigned char>(c));
-      mix(v.size());
-    } else {  // a range of the above
-      for (const auto& x : v) add(x);
-      mix(0xffu);
-    }
-  }
-  std::size_t value() const { return h_; }
-
- private:
-  void mix(std::uint64_t v) { h_ = (h_ ^ v) * 0x100000001b3ull; }
-  std::size_t h_ = 0xcbf29ce484222325ull;
-};
-
-template <class... Fields>
-std::size_t hash_fields(const Fields&... fields) {
-  FieldHasher h;
-  (h.add(fields), ...);
-  return h.value();
-}
 
 /// What OpAttrs can hold: a copyable value with == and a hash() member.
 /// A `static constexpr std::string_view kName` names it in errors.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/core/cache_stats.h"
 #include "dtensor/mesh/device_mesh.h"
 #include "dtensor/ops/op.h"
 #include "dtensor/redistribute/cost_model.h"
@@ -87,15 +88,7 @@ inline constexpr std::size_t kPropagationCacheBytes = std::size_t{64} << 20;
 
 /// This thread's propagation cache: a hit runs no meta or strategy function
 /// and prices nothing; only a miss does (and counts in `misses`).
-struct PropagationCacheStats {
-  std::uint64_t hits = 0;
-  std::uint64_t misses = 0;
-  std::uint64_t evictions = 0;  // entries dropped to stay within capacity
-  std::size_t entries = 0;
-  std::size_t capacity = 0;
-  std::size_t bytes = 0;  // approximate: the entries' own size and buffers
-};
-PropagationCacheStats propagation_cache_stats();
+CacheStats propagation_cache_stats();
 void clear_propagation_cache();
 /// The bound on every thread's propagation cache, from 1 to 2^20 entries
 /// (else ValueError naming the value); a cache above it shrinks at its next

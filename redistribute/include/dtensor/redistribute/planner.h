@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/core/cache_stats.h"
 #include "dtensor/core/dtype.h"
 #include "dtensor/core/placement.h"
 #include "dtensor/core/shape.h"
@@ -121,16 +122,9 @@ inline constexpr std::size_t kDefaultPlanCacheEntries = 1024;
 /// rank pair's blocks: a few hundred KiB), the oldest going first.
 inline constexpr std::size_t kPlanCacheBytes = std::size_t{64} << 20;
 
-struct PlanCacheStats {
-  std::uint64_t hits = 0;
-  std::uint64_t misses = 0;
-  std::uint64_t evictions = 0;  // plans dropped to stay within capacity
-  std::size_t entries = 0;
-  std::size_t capacity = 0;
-  std::size_t bytes = 0;  // approx_bytes of the plans and their keys
-};
-/// This thread's cache counters, and a way to empty it (for benchmarks).
-PlanCacheStats plan_cache_stats();
+/// This thread's cache counters (`bytes`: approx_bytes of the plans and
+/// their keys), and a way to empty it (for benchmarks).
+CacheStats plan_cache_stats();
 void clear_plan_cache();
 /// The bound on every thread's plan cache, from 1 to 2^20 entries (else
 /// ValueError naming the value); a cache above it shrinks at its next miss.

@@ -18,12 +18,18 @@ inline void check(cudaError_t status, const char* call) {
 /// The calling thread's stream, typed.
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
 
+/// The most blocks a grid-stride loop is launched with: enough to fill any
+/// GPU many times over; the loop takes what lies beyond.
+inline constexpr std::int64_t kMaxGridBlocks = 65535 * 8;
+
+/// n blocks (one per row, say), at least 1 and at most kMaxGridBlocks.
+inline unsigned blocks_for(std::int64_t n) {
+  return static_cast<unsigned>(n < 1 ? 1 : (n > kMaxGridBlocks ? kMaxGridBlocks : n));
+}
+
 /// Blocks for a grid-stride loop over n elements: enough to fill the GPU,
 /// never more than n needs.
-inline unsigned grid_for(std::int64_t n, unsigned block = 256) {
-  const std::int64_t want = (n + block - 1) / block;
-  return static_cast<unsigned>(want < 1 ? 1 : (want > 65535 * 8 ? 65535 * 8 : want));
-}
+inline unsigned grid_for(std::int64_t n, unsigned block = 256) { return blocks_for((n + block - 1) / block); }
 
 }  // namespace dtensor::cuda
 
