@@ -266,6 +266,14 @@ def main() -> int:
                 "skipped: one/needs MPI (this build has no MPI)" in p.stdout, p.stdout)
     cases.check("count_tests fails a script that exits non-zero after its checks passed",
                 "failed: three (FAIL after its checks)" in p.stdout, p.stdout)
+    cases.check("count_tests sums the skips by reason", "skips: 1 x this build has no MPI" in p.stdout, p.stdout)
+
+    # Boost logs a skipped unit by its path below the master suite.
+    reasons = count_tests.skip_reasons({"stdout": '\x1b[0;39;49mx.cpp(79): Test case "group_stats/one_dim" is '
+                                                  'skipped because precondition failed: needs a world of 4 ranks\n'})
+    cases.check("a skipped case inside a suite gets the reason Boost logged for its path",
+                count_tests.skip_reason(reasons, "dtensor/group_stats/one_dim") == "needs a world of 4 ranks",
+                reasons)
     return cases.finish()
 
 

@@ -128,6 +128,13 @@ def main(args: list) -> int:
     # only the end) still names them after hundreds of skips.
     for n in sorted(names, key=lambda n: n.startswith("failed:")):
         print(n)
+    # The skips by reason, so that a new reason (a suite that stopped running
+    # here) stands out from the hundreds of device cases a CPU machine skips.
+    by_reason = {}
+    for _, why_skipped in skips.values():
+        by_reason[why_skipped or "no reason given"] = by_reason.get(why_skipped or "no reason given", 0) + 1
+    for why_skipped, n in sorted(by_reason.items(), key=lambda kv: -kv[1]):
+        print(f"skips: {n} x {why_skipped}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
@@ -160,11 +167,16 @@ def skip_reasons(entry: dict) -> dict:
 
 
 def skip_reason(reasons: dict, case: str) -> str:
-    """The reason for CASE (a path): its own, or that of a suite above it."""
+    """The reason for CASE (a path): its own, or that of a suite above it.
+    Boost names a unit by its path below the master suite
+    ("group_stats/one_dim_mesh_has_one_group"), so every tail of each
+    prefix of the case's path is tried, the case's own first."""
     parts = case.split("/")
     for k in range(len(parts), 0, -1):
-        if parts[k - 1] in reasons:
-            return reasons[parts[k - 1]]
+        for j in range(k):
+            unit = "/".join(parts[j:k])
+            if unit in reasons:
+                return reasons[unit]
     return ""
 
 
