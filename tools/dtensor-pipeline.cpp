@@ -92,7 +92,8 @@ void print_text(const Schedule& schedule, const SimulationResult& result, const 
              schedule.microbatches);
   fmt::print("\nactions, step by rank:\n{}", grid_text(compute_only(schedule)));
   const double unit = std::min({costs.forward, costs.input_backward, costs.weight_backward});
-  fmt::print("\ntimeline (one column per {} time units; '.' idle):\n{}", unit, timeline_text(schedule, result, unit));
+  fmt::print("\ntimeline (one column per time unit of {:g}; '.' idle):\n{}", unit,
+             timeline_text(schedule, result, unit));
   fmt::print("\nmakespan {:g} (F={:g}, I={:g}, W={:g}, B=I+W; messages free)\n", result.makespan, costs.forward,
              costs.input_backward, costs.weight_backward);
   fmt::print("bubble fraction {:.4f} (idle over makespan, mean over ranks); idle over busy {:.4f}\n",

@@ -185,6 +185,7 @@ std::string grid_text(const Schedule& schedule, std::optional<std::pair<int, int
   std::string text = fmt::format("{:<6}", "step");
   for (int rank = 0; rank < schedule.ranks(); ++rank)
     text += fmt::format(" {:<{}}", fmt::format("rank {}", rank), width);
+  while (text.back() == ' ') text.pop_back();
   text += '\n';
   for (std::size_t step = 0; step < steps; ++step) {
     text += fmt::format("{:<6}", step);
