@@ -142,6 +142,8 @@ BOOST_DATA_TEST_CASE(zb_h1_takes_3m_plus_p_minus_1_holding_at_most_p, bdata::mak
     BOOST_TEST(r.peak_microbatches[rank] <= p, c);
   }
   BOOST_TEST(r.peak_microbatches[0] == p, c);
+  BOOST_TEST(r.bubble_fraction == double(p - 1) / (3 * m + p - 1), boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(r.bubble_ratio == double(p - 1) / (3 * m), boost::test_tools::tolerance(1e-12));
 }
 
 BOOST_DATA_TEST_CASE(interleaved_takes_3vm_plus_3_p_minus_1_chunk_units, bdata::make(cases({2, 4})), c) {
