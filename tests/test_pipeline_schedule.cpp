@@ -161,6 +161,25 @@ BOOST_DATA_TEST_CASE(interleaved_takes_3vm_plus_3_p_minus_1_chunk_units, bdata::
     BOOST_TEST(r.peak_microbatches[rank] == std::min((v - 1) * p + 2 * (p - 1 - rank) + 1, v * m), c);
 }
 
+// The greedy ZBV order holds 2p stage activations on every rank (1F1B's p
+// full stages) and takes 6m + p - 1 half-stage units (each of the 2p
+// stages costs F = I = W = 1) for p in {2, 4} and at p = 8, m = 8, like
+// PyTorch's order; at p = 8 with m = 16 and 32 it takes 4 units more.
+BOOST_DATA_TEST_CASE(zbv_holds_2p_stages_and_nearly_takes_6m_plus_p_minus_1, bdata::make(cases({2})), c) {
+  const int p = c.ranks, m = c.microbatches;
+  Schedule s = zbv(p, m);
+  BOOST_TEST((s.stages_of_rank[0] == std::vector<int>{0, 2 * p - 1}));
+  BOOST_CHECK_NO_THROW(validate(s));
+  SimulationResult r = simulate(s);
+  for (int rank = 0; rank < p; ++rank) BOOST_TEST(r.peak_microbatches[rank] == 2 * p, c);
+  const double ideal = 6.0 * m + p - 1;
+  if (p <= 4 || m == p)
+    BOOST_TEST(r.makespan == ideal, c);
+  else
+    BOOST_TEST((r.makespan >= ideal && r.makespan <= ideal + 4), c << ": makespan " << r.makespan);
+  BOOST_TEST(r.makespan < 6.0 * (m + p - 1), c);  // 1F1B on p ranks of two stages each
+}
+
 BOOST_AUTO_TEST_CASE(interleaved_groups_of_n_between_p_and_2p_keep_the_formula) {
   // p = 4: m = 6 (one round, N = 6) and m = 10 (two rounds, N = 5).
   for (int m : {5, 6, 10}) {
@@ -172,11 +191,14 @@ BOOST_AUTO_TEST_CASE(interleaved_groups_of_n_between_p_and_2p_keep_the_formula) 
 BOOST_DATA_TEST_CASE(every_generator_lowers_with_two_messages_per_boundary_and_microbatch, bdata::make(cases({1, 2})),
                      c) {
   for (const std::string& name : schedule_names()) {
-    if ((name == "interleaved") != (c.virtual_stages > 1)) continue;
+    if ((name == "interleaved" || name == "zbv") != (c.virtual_stages > 1)) continue;
     Schedule s = make_schedule(name, c.ranks, c.microbatches, c.virtual_stages);
     Schedule lowered = lower(s);
-    // Every stage boundary crosses ranks here: one activation and one gradient per microbatch.
-    const int messages = 2 * c.microbatches * (s.stages - 1);
+    // One activation and one gradient per microbatch across each boundary
+    // between ranks: every boundary but the V's turn (stages p-1 and p share
+    // rank p-1) under zbv.
+    const int boundaries = name == "zbv" ? s.stages - 2 : s.stages - 1;
+    const int messages = 2 * c.microbatches * boundaries;
     BOOST_TEST(count_of(lowered, {ActionKind::SendForward, ActionKind::SendBackward}) == messages, name << " " << c);
     BOOST_TEST(count_of(lowered, {ActionKind::RecvForward, ActionKind::RecvBackward}) == messages, name << " " << c);
     BOOST_TEST(simulate(lowered).makespan == simulate(s).makespan, name << " " << c);
@@ -209,6 +231,8 @@ BOOST_AUTO_TEST_CASE(bad_names_and_sizes_are_typed_errors_naming_the_value) {
   testing::check_throws<ValueError>([] { make_schedule("1f1b", 4, 8, 2); }, "2 stages per rank");
   testing::check_throws<ValueError>([] { gpipe(0, 4); }, "ranks = 0");
   testing::check_throws<ValueError>([] { interleaved(2, 4, 0); }, "virtual stages per rank = 0");
+  testing::check_throws<ValueError>([] { zbv(1, 4); }, "zbv needs p >= 2");
+  testing::check_throws<ValueError>([] { make_schedule("zbv", 4, 8, 3); }, "zbv holds exactly 2 per rank");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

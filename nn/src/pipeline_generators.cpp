@@ -141,18 +141,23 @@ Schedule interleaved(int ranks, int microbatches, int virtual_stages) {
   return schedule;
 }
 
-std::vector<std::string> schedule_names() { return {"gpipe", "1f1b", "interleaved", "zb-h1"}; }
+std::vector<std::string> schedule_names() { return {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"}; }
 
 Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_stages) {
   if (name == "interleaved") return interleaved(ranks, microbatches, virtual_stages);
+  if (name == "zbv") {
+    if (virtual_stages != 1 && virtual_stages != 2)
+      throw ValueError(
+          fmt::format("[pipeline] zbv: {} stages per rank; zbv holds exactly 2 per rank, in a V", virtual_stages));
+    return zbv(ranks, microbatches);
+  }
   if (name != "gpipe" && name != "1f1b" && name != "zb-h1")
     throw ValueError(
-        fmt::format("[pipeline] unknown schedule '{}'; expected one of gpipe, 1f1b, interleaved, zb-h1", name));
+        fmt::format("[pipeline] unknown schedule '{}'; expected one of gpipe, 1f1b, interleaved, zb-h1, zbv", name));
   if (virtual_stages != 1)
     throw ValueError(
-        fmt::format("[pipeline] {}: {} stages per rank; {} holds one stage per rank (use interleaved "
-                    "for more)",
-                    name, virtual_stages, name));
+        fmt::format("[pipeline] {}: {} stages per rank; {} holds one stage per rank (use interleaved for more)", name,
+                    virtual_stages, name));
   if (name == "gpipe") return gpipe(ranks, microbatches);
   if (name == "1f1b") return one_f_one_b(ranks, microbatches);
   return zero_bubble_h1(ranks, microbatches);

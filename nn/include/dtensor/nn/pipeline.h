@@ -108,9 +108,17 @@ Schedule interleaved(int ranks, int microbatches, int virtual_stages);
 /// (1F1B's rank-0 memory) and the bubble shrinks to (p-1) units. Needs m >= p.
 Schedule zero_bubble_h1(int ranks, int microbatches);
 
-/// The names make_schedule accepts: gpipe, 1f1b, interleaved, zb-h1.
+/// ZBV: two stages per rank in a V (rank r holds r and 2p-1-r), backward
+/// split into I and W. The order is a greedy one at unit costs: a ready I
+/// first, else a forward (one going down only while the rank keeps room for
+/// the way back up), else a deferred W. Needs p >= 2. Not PyTorch's order:
+/// see docs/pipeline.md for where its makespan differs.
+Schedule zbv(int ranks, int microbatches);
+
+/// The names make_schedule accepts: gpipe, 1f1b, interleaved, zb-h1, zbv.
 std::vector<std::string> schedule_names();
-/// By name; `virtual_stages` must be 1 for the one-stage-per-rank schedules.
+/// By name; `virtual_stages` must be 1 for the one-stage-per-rank schedules
+/// (zbv also accepts 2, the stages it holds per rank).
 Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_stages = 1);
 
 // ---- Lowering and validation.
