@@ -294,6 +294,19 @@ BOOST_AUTO_TEST_CASE(each_rule_has_its_message) {
   testing::check_throws<ValueError>([&] { validate(cycle); }, "waiting for its input");
 }
 
+BOOST_AUTO_TEST_CASE(lowering_puts_sends_after_producers_and_receives_before_consumers) {
+  // docs/pipeline.md shows this text. Rank 1 receives 1RECV_F1 before its
+  // 1SEND_B0, earlier than just before 1F1: rank 0 sends 0SEND_F1 first, so
+  // in the one global message order the activation comes first.
+  BOOST_TEST(to_csv(lower(one_f_one_b(2, 3))) ==
+             "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0F2,0SEND_F2,0RECV_B1,0B1,0RECV_B2,0B2\n"
+             "1RECV_F0,1F0,1B0,1RECV_F1,1SEND_B0,1F1,1B1,1RECV_F2,1SEND_B1,1F2,1B2,1SEND_B2\n");
+  // Where nothing forces an earlier receive, it comes just before its consumer.
+  BOOST_TEST(to_csv(lower(gpipe(2, 2))) ==
+             "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+             "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n");
+}
+
 BOOST_AUTO_TEST_CASE(lower_refuses_a_schedule_that_already_communicates) {
   testing::check_throws<ValueError>([] { lower(lower(gpipe(2, 2))); }, "already sends and receives");
 }

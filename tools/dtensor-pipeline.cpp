@@ -117,7 +117,8 @@ int run(const Options& o) {
     return 0;
   }
   if (o.schedule.empty())
-    throw ValueError("[dtensor-pipeline] expected --schedule NAME (one of gpipe, 1f1b, interleaved, zb-h1, zbv) or --check");
+    throw ValueError(
+        "[dtensor-pipeline] expected --schedule NAME (one of gpipe, 1f1b, interleaved, zb-h1, zbv) or --check");
   Schedule schedule = make_schedule(o.schedule, o.ranks, o.microbatches, o.virtual_stages);
   lower(schedule);  // proves it runs with blocking sends
   SimulationResult result = simulate(schedule, costs);
