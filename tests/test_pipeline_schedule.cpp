@@ -124,8 +124,8 @@ BOOST_DATA_TEST_CASE(gpipe_and_1f1b_take_3_m_plus_p_minus_1, bdata::make(cases({
     BOOST_TEST(r.makespan == 3.0 * (m + p - 1), s.name << " " << c);
     // Every rank computes 3m and waits 3(p-1): bubble over the makespan.
     for (int rank = 0; rank < p; ++rank) BOOST_TEST(r.idle[rank] == 3.0 * (p - 1), s.name << " " << c);
-    BOOST_TEST(r.bubble_fraction == double(p - 1) / (m + p - 1), boost::test_tools::tolerance(1e-12));
-    BOOST_TEST(r.bubble_ratio == double(p - 1) / m, boost::test_tools::tolerance(1e-12));
+    BOOST_TEST(testing::close(r.bubble_fraction, double(p - 1) / (m + p - 1), 1e-12), c << ": " << r.bubble_fraction);
+    BOOST_TEST(testing::close(r.bubble_ratio, double(p - 1) / m, 1e-12), c << ": " << r.bubble_ratio);
     for (int rank = 0; rank < p; ++rank)
       BOOST_TEST(r.peak_microbatches[rank] == (s.name == "gpipe" ? m : p - rank), s.name << " " << c);
   }
@@ -142,8 +142,8 @@ BOOST_DATA_TEST_CASE(zb_h1_takes_3m_plus_p_minus_1_holding_at_most_p, bdata::mak
     BOOST_TEST(r.peak_microbatches[rank] <= p, c);
   }
   BOOST_TEST(r.peak_microbatches[0] == p, c);
-  BOOST_TEST(r.bubble_fraction == double(p - 1) / (3 * m + p - 1), boost::test_tools::tolerance(1e-12));
-  BOOST_TEST(r.bubble_ratio == double(p - 1) / (3 * m), boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(testing::close(r.bubble_fraction, double(p - 1) / (3 * m + p - 1), 1e-12), c << ": " << r.bubble_fraction);
+  BOOST_TEST(testing::close(r.bubble_ratio, double(p - 1) / (3 * m), 1e-12), c << ": " << r.bubble_ratio);
 }
 
 BOOST_DATA_TEST_CASE(interleaved_takes_3vm_plus_3_p_minus_1_chunk_units, bdata::make(cases({2, 4})), c) {
@@ -154,8 +154,8 @@ BOOST_DATA_TEST_CASE(interleaved_takes_3vm_plus_3_p_minus_1_chunk_units, bdata::
   BOOST_CHECK_NO_THROW(validate(s));
   SimulationResult r = simulate(s);  // unit cost per stage (chunk): F = 1, B = 2
   BOOST_TEST(r.makespan == 3.0 * v * m + 3.0 * (p - 1), c);
-  BOOST_TEST(r.bubble_ratio == double(p - 1) / (v * m), boost::test_tools::tolerance(1e-12));
-  BOOST_TEST(r.bubble_fraction == double(p - 1) / (v * m + p - 1), boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(testing::close(r.bubble_ratio, double(p - 1) / (v * m), 1e-12), c << ": " << r.bubble_ratio);
+  BOOST_TEST(testing::close(r.bubble_fraction, double(p - 1) / (v * m + p - 1), 1e-12), c << ": " << r.bubble_fraction);
   // Warm-up plus one: (v-1)N + 2(p-1-r) + 1 chunks held on rank r (N = p here).
   for (int rank = 0; rank < p; ++rank)
     BOOST_TEST(r.peak_microbatches[rank] == std::min((v - 1) * p + 2 * (p - 1 - rank) + 1, v * m), c);
