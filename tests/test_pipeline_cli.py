@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Tests of the dtensor-pipeline command line: run as `test_pipeline_cli.py PATH_TO_BINARY`.
+
+Standard library only; a handful of runs of the binary (each takes
+milliseconds). Prints one `case:` line per test method
+(tests/script_cases.py); exits 1 if any failed.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_cases import Cases, run_unittest  # noqa: E402
+
+BINARY = None
+JSON_KEYS = ["schedule", "stages", "microbatches", "actions", "makespan", "bubble_fraction", "peak_microbatches"]
+# Two ranks whose communication both starts with a send (pytorch#172668).
+BOTH_SEND_FIRST = ("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+                   "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n")
+
+
+def run(*args):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=60)
+
+
+def check_file(text):
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+        f.write(text)
+    try:
+        return run("--check", f.name)
+    finally:
+        os.unlink(f.name)
+
+
+class Pipeline(unittest.TestCase):
+    def test_text_shows_the_grid_makespan_bubble_and_peaks(self):
+        proc = run("--schedule", "1f1b", "--stages", "4", "--microbatches", "8")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("rank 3", proc.stdout)
+        self.assertIn("makespan 33 ", proc.stdout)  # 3(m+p-1)
+        self.assertIn("bubble fraction 0.2727", proc.stdout)  # (p-1)/(m+p-1) = 3/11
+        self.assertIn("peak microbatches held per rank: 4 3 2 1", proc.stdout)
+
+    def test_json_has_exactly_the_documented_keys(self):
+        proc = run("--schedule", "interleaved", "--stages", "2", "--microbatches", "4", "--virtual", "2", "--json")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        out = json.loads(proc.stdout)
+        self.assertEqual(list(out), JSON_KEYS)
+        self.assertEqual(out["makespan"], 3 * 2 * 4 + 3 * 1)  # 3vm + 3(p-1)
+        self.assertEqual(sorted(out["actions"]), ["0", "1"])
+        self.assertEqual(len(out["actions"]["0"]), 2 * 2 * 4)  # v*m forwards and backwards
+        self.assertEqual(out["actions"]["0"][0], "0F0")
+
+    def test_a_schedule_that_cannot_be_made_exits_2_naming_the_rule(self):
+        proc = run("--schedule", "1f1b", "--stages", "8", "--microbatches", "1")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("1f1b needs m >= p", proc.stderr)
+
+    def test_check_accepts_a_valid_csv_and_refuses_a_deadlock(self):
+        proc = check_file("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc = check_file(BOTH_SEND_FIRST)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("deadlock with blocking sends", proc.stderr)
+        self.assertIn("[0SEND_F1]", proc.stderr)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: test_pipeline_cli.py PATH_TO_DTENSOR_PIPELINE")
+    BINARY = sys.argv.pop(1)
+    cases = Cases()
+    run_unittest(cases)
+    sys.exit(cases.finish())
