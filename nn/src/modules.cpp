@@ -1,6 +1,8 @@
 // The module layer's forward passes, once for Tensor and DTensor alike.
 #include "dtensor/nn/modules.h"
 
+#include "dtensor/nn/gpt_pieces.h"
+
 #include <cmath>
 #include <limits>
 
@@ -242,20 +244,46 @@ X GPT<X>::forward_with(const X& tokens, KVCache<X>* cache, const Embedding<X>& t
     cache->keys.resize(blocks.size());
     cache->values.resize(blocks.size());
   }
-  // Tokens [B, T, D] plus positions [T, D], then the plan's layout: with a
-  // vocab-parallel table the sum is Partial, reduced once for both.
-  X x = at_point(add(tok_emb(tokens), narrow(pos_emb.weight, 0, past, len)), layouts, Point::TokenEmbedding);
+  X x = embed_tokens(tok_emb, pos_emb, tokens, past, layouts);
   for (std::size_t l = 0; l < blocks.size(); ++l) x = run_block(x, l);
   if (cache) cache->length += len;
-  return head(at_point(final_norm(x), layouts, Point::HeadInput));
+  return head_logits(final_norm, head, x, layouts);
 }
 
 template <TensorOrDTensor X>
 X GPT<X>::loss(const X& tokens, const X& targets) const {
-  const X z = logits(tokens);
-  const std::int64_t rows = z.shape()[0] * z.shape()[1];
-  return cross_entropy(reshape(z, {rows, config.vocab}), reshape(targets, {rows}));
+  return next_byte_loss(logits(tokens), targets);
 }
+
+template <TensorOrDTensor X>
+X embed_tokens(const Embedding<X>& wte, const Embedding<X>& wpe, const X& tokens, std::int64_t past,
+               const ActivationLayouts& layouts) {
+  // Tokens [B, T, D] plus positions [T, D], then the plan's layout: with a
+  // vocab-parallel table the sum is Partial, reduced once for both.
+  const std::int64_t len = tokens.shape()[1];
+  return at_point(add(wte(tokens), narrow(wpe.weight, 0, past, len)), layouts, Point::TokenEmbedding);
+}
+
+template <TensorOrDTensor X>
+X head_logits(const LayerNorm<X>& ln_f, const Linear<X>& lm_head, const X& x, const ActivationLayouts& layouts) {
+  return lm_head(at_point(ln_f(x), layouts, Point::HeadInput));
+}
+
+template <TensorOrDTensor X>
+X next_byte_loss(const X& logits, const X& targets) {
+  const std::int64_t rows = logits.shape()[0] * logits.shape()[1], vocab = logits.shape()[2];
+  return cross_entropy(reshape(logits, {rows, vocab}), reshape(targets, {rows}));
+}
+
+template Tensor embed_tokens(const Embedding<Tensor>&, const Embedding<Tensor>&, const Tensor&, std::int64_t,
+                             const ActivationLayouts&);
+template DTensor embed_tokens(const Embedding<DTensor>&, const Embedding<DTensor>&, const DTensor&, std::int64_t,
+                              const ActivationLayouts&);
+template Tensor head_logits(const LayerNorm<Tensor>&, const Linear<Tensor>&, const Tensor&, const ActivationLayouts&);
+template DTensor head_logits(const LayerNorm<DTensor>&, const Linear<DTensor>&, const DTensor&,
+                             const ActivationLayouts&);
+template Tensor next_byte_loss(const Tensor&, const Tensor&);
+template DTensor next_byte_loss(const DTensor&, const DTensor&);
 
 template <TensorOrDTensor X>
 std::vector<X> FlatUnit<X>::unflatten(const X& gathered_flat) const {

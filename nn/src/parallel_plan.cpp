@@ -98,13 +98,21 @@ DimPlan tp_sp() {
   return plan;
 }
 
+DimPlan pp() {
+  DimPlan out;
+  out.name = "pp";
+  out.pipelines = true;
+  return out;
+}
+
 DimPlan plan_named(std::string_view name) {
   if (name == "ddp") return ddp();
   if (name == "zero1") return zero1();
   if (name == "fsdp") return fsdp();
   if (name == "tp") return tp();
   if (name == "tp_sp") return tp_sp();
-  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, fsdp, tp, tp_sp", name));
+  if (name == "pp") return pp();
+  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, fsdp, tp, tp_sp, pp", name));
 }
 
 ParallelPlan::ParallelPlan(const DeviceMesh& mesh, std::vector<DimPlan> per_dim)
@@ -223,6 +231,11 @@ void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, 
       divides(config.vocab, "vocab");
     }
     if (plan.splits_batch) divides(batch, "batch");
+    if (plan.pipelines && config.layers < n)
+      throw ValueError(
+          fmt::format("[plan] layers = {} over mesh dim {} of size {} (plan pp): every stage needs at "
+                      "least one block",
+                      config.layers, m, n));
     if (plan.activations[static_cast<std::size_t>(Point::TokenEmbedding)] == Placement(S(1)))
       divides(config.seq, "seq");
   }

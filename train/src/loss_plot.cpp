@@ -212,8 +212,8 @@ std::string loss_svg(const std::string& title, const std::vector<double>& train_
   for (double v : ticks(xa)) {
     svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>", px(v), top,
                        px(v), top + plot_h);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", px(v),
-                       top + plot_h + 18, tick_label(v, xa.step));
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", px(v), top + plot_h + 18,
+                       tick_label(v, xa.step));
   }
   svg += "</g>\n";
   svg += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#333\"/>\n",
@@ -228,8 +228,8 @@ std::string loss_svg(const std::string& title, const std::vector<double>& train_
   // The curves: one polyline per series with points; markers where a line
   // alone would not show (a single training point; the validation points).
   auto polyline = [&](const Series& s, const char* colour, double stroke_width) {
-    std::string out = fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"{}\" points=\"", colour,
-                                  stroke_width);
+    std::string out =
+        fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"{}\" points=\"", colour, stroke_width);
     for (const Point& p : s.points) out += fmt::format("{:.1f},{:.1f} ", px(p.x), py(p.y));
     return out + "\"/>\n";
   };

@@ -55,7 +55,9 @@ std::string read_file(const std::string& path) {
 
 TextData::TextData(std::string path) : TextData(read_file(path), path) {}
 
-TextData TextData::from_bytes(std::string bytes, std::string name) { return TextData(std::move(bytes), std::move(name)); }
+TextData TextData::from_bytes(std::string bytes, std::string name) {
+  return TextData(std::move(bytes), std::move(name));
+}
 
 TextData::TextData(std::string bytes, std::string path) : bytes_(std::move(bytes)), path_(std::move(path)) {
   if (bytes_.empty()) throw dtensor::ValueError("[text_data] '" + path_ + "' is empty: it holds no text to train on");
@@ -83,9 +85,8 @@ Batch TextData::next_batch(Split split, std::int64_t batch, std::int64_t seq, st
   const auto length = static_cast<std::int64_t>(text.size());
   if (length < seq + 1) {
     std::ostringstream msg;
-    msg << "[text_data] '" << path_ << "': the " << split_name(split) << " split holds " << length
-        << " bytes (of " << size() << "), fewer than seq + 1 = " << seq + 1
-        << " that one window of inputs and targets needs";
+    msg << "[text_data] '" << path_ << "': the " << split_name(split) << " split holds " << length << " bytes (of "
+        << size() << "), fewer than seq + 1 = " << seq + 1 << " that one window of inputs and targets needs";
     throw dtensor::ValueError(msg.str());
   }
   // Window starts run over [0, length - seq - 1]. The modulo's bias is below

@@ -12,28 +12,19 @@
 #include <dtensor/nn/optim.h>
 #include <dtensor/nn/parallel_plan.h>
 
+#include "pipeline_trainer.h"
+#include "step_comm.h"
+
 namespace dtensor::train {
 
 using namespace dtensor;
 
 namespace {
 
-// A rank's collective counters by the mesh dims they ran over.
-using DimsStats = std::map<std::vector<int>, CommStats>;
-
-DimsStats operator-(const DimsStats& after, const DimsStats& before) {
-  DimsStats out;
-  for (const auto& [dims, stats] : after) {
-    const auto it = before.find(dims);
-    out[dims] = it == before.end() ? stats : stats - it->second;
-  }
-  return out;
-}
-DimsStats operator+(const DimsStats& a, const DimsStats& b) {
-  DimsStats out = a;
-  for (const auto& [dims, stats] : b) out[dims] = out.count(dims) ? out[dims] + stats : stats;
-  return out;
-}
+using detail::add_phase;
+using detail::DimsStats;
+using detail::operator+;
+using detail::operator-;
 
 double first_value(const Tensor& t) { return t.to(DType::Float64).data_as<double>()[0]; }
 
@@ -59,8 +50,8 @@ struct PlainEnv {
   double value(const Tensor& t) const { return first_value(t); }
   DimsStats stats() const { return {}; }
   void start_trace(std::optional<TraceScope>&, const std::string& path) const {
-    throw ValueError(fmt::format("--trace '{}' records the DTensor ops of a run on a mesh; this run has plain tensors",
-                                 path));
+    throw ValueError(
+        fmt::format("--trace '{}' records the DTensor ops of a run on a mesh; this run has plain tensors", path));
   }
   bool lead() const { return true; }
   std::vector<std::string> dim_names() const { return {}; }
@@ -99,11 +90,7 @@ struct MeshEnv {
   }
   double value(const DTensor& t) const { return first_value(t.full_tensor()); }
   void start_trace(std::optional<TraceScope>& trace, const std::string& path) const { trace.emplace(mesh, path); }
-  DimsStats stats() const {
-    DimsStats out;
-    for (auto& group : mesh.group_stats()) out[group.mesh_dims] = group.stats;
-    return out;
-  }
+  DimsStats stats() const { return detail::mesh_stats(mesh); }
   bool lead() const { return mesh.rank() == 0; }
   std::vector<std::string> dim_names() const { return mesh.dim_names(); }
   // The optimizer states where the plan keeps them (ZeRO's S(0) over dp);
@@ -151,20 +138,6 @@ struct MeshEnv {
     return static_cast<std::uint64_t>(x);
   }
 };
-
-void add_phase(std::vector<PhaseComm>& out, const char* phase, const DimsStats& used,
-               const std::vector<std::string>& names) {
-  for (const auto& [dims, stats] : used) {
-    std::vector<std::string> dim_names;
-    for (int d : dims) dim_names.push_back(names.at(static_cast<std::size_t>(d)));
-    for (int k = 0; k < kNumCollectiveKinds; ++k) {
-      const auto kind = static_cast<CollectiveKind>(k);
-      if (kind == CollectiveKind::Barrier || kind == CollectiveKind::Split || stats.count(kind) == 0) continue;
-      out.push_back({phase, std::string(collective_name(kind)), dim_names, stats.count(kind),
-                     stats.recv_bytes_by_kind[static_cast<std::size_t>(k)]});
-    }
-  }
-}
 
 // Greedy sampling of `count` bytes after `prompt`, one position at a time
 // through the KV cache; when the context is full, the cache restarts from
@@ -353,8 +326,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   nn::GPT<X> model = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations(false));
   const std::int64_t first_step = o.resume_dir.empty() ? 0 : load_parameters(o.resume_dir, model, env);
   if (first_step > o.steps)
-    throw ValueError(fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step,
-                                 o.steps));
+    throw ValueError(
+        fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step, o.steps));
   env.prepare(model);
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
@@ -437,6 +410,7 @@ TrainResult train(const TrainOptions& o, const TextData& data, Communicator* wor
   if (o.warmup > o.steps)
     throw ValueError(fmt::format("[train] warmup = {} steps is more than the {} steps", o.warmup, o.steps));
   if (world == nullptr || o.mesh.empty()) return run(o, data, PlainEnv{o.model.dtype}, on_step);
+  if (detail::pipeline_dim(o.plans)) return detail::train_pipelined(o, data, *world, on_step);
   DeviceMesh mesh(*world, o.mesh, o.dims);
   std::vector<nn::DimPlan> per_dim;
   for (const std::string& name : o.plans) per_dim.push_back(nn::plan_named(name));

@@ -61,6 +61,9 @@ struct DimPlan {
   /// Whether the dim splits attention heads and the vocabulary: the model
   /// must divide them by its size.
   bool splits_heads = false;
+  /// Pipeline parallelism: the dim splits the model's blocks into stages
+  /// (pipeline_stage.h), one rank per stage, instead of laying out tensors.
+  bool pipelines = false;
 };
 
 DimPlan ddp();
@@ -68,13 +71,16 @@ DimPlan zero1();
 DimPlan tp();
 DimPlan tp_sp();
 DimPlan fsdp();
-/// The plan of that name ("ddp", "zero1", "fsdp", "tp", "tp_sp"); ValueError naming
+/// Pipeline stages over the dim (pipelines = true; everything else
+/// replicated). The trainer runs it with nn::pipeline's runtime.
+DimPlan pp();
+/// The plan of that name ("ddp", "zero1", "fsdp", "tp", "tp_sp", "pp"); ValueError naming
 /// the text and the known names otherwise.
 DimPlan plan_named(std::string_view name);
 
 /// ValueError naming the value and the mesh dim unless the model and batch
 /// divide as the plans need on a mesh of `mesh_shape` (heads and vocab by
-/// tp, batch by dp, the sequence by tp_sp). For callers that check before they have
+/// tp, batch by dp, the sequence by tp_sp, at least one block per pp rank). For callers that check before they have
 /// a mesh (a command line); ParallelPlan::check_fits calls it.
 void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, const GPTConfig& config,
                      std::int64_t batch);

@@ -4,11 +4,13 @@
 // and the tests compare across meshes and plans.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <dtensor/dtensor.h>
 #include <dtensor/nn/modules.h>
+#include <dtensor/nn/pipeline.h>
 
 #include "dtensor/train/text_data.h"
 
@@ -22,7 +24,7 @@ struct TrainOptions {
   std::int64_t batch = 8;          // sequences per micro-batch (all ranks together)
   std::int64_t micro_batches = 1;  // gradients accumulated, one optimizer step
   std::int64_t steps = 20;
-  std::int64_t warmup = 0;  // steps of linear warmup before the cosine
+  std::int64_t warmup = 0;          // steps of linear warmup before the cosine
   std::int64_t schedule_steps = 0;  // the learning-rate schedule's length (0: steps)
   /// Saves the model and optimizer here after the last step (a checkpoint
   /// any mesh and plan can resume from).
@@ -43,6 +45,13 @@ struct TrainOptions {
   std::string trace;
   /// The text: an explicit path, else the fetched cache, else the slice.
   std::string text;
+  /// Pipeline parallelism, where a mesh dim's plan is "pp": the schedule's
+  /// name (nn::pipeline::make_schedule: gpipe, 1f1b, interleaved; zb-h1 and
+  /// zbv are refused until the runtime splits the backward), the stages per
+  /// pp rank (interleaved), and the blocks per stage (empty: an even split).
+  std::string schedule = "1f1b";
+  std::int64_t virtual_stages = 1;
+  std::vector<std::int64_t> layer_split;
 };
 
 /// The collectives of one phase of a step, as this rank counted them.
@@ -69,6 +78,15 @@ struct TrainResult {
   std::uint64_t peak_bytes = 0;
   std::string generated;
 };
+
+/// The lowered schedule every rank of a pipelined run (a mesh dim with plan
+/// "pp") executes on a mesh of `mesh_shape`, checked before any rank sends
+/// anything: a ValueError naming the value that cannot be scheduled or
+/// split (1f1b with fewer micro-batches than pp ranks, fewer blocks than
+/// stages, ...), an UnsupportedError naming what pipelined training does not
+/// do yet (split backwards, checkpoints, generation, traces, clipping, plans
+/// other than ddp beside pp). None when no dim has plan "pp".
+std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& options, const Shape& mesh_shape);
 
 /// Called on rank 0 after each step.
 using StepCallback = std::function<void(std::int64_t step, double loss, double seconds)>;

@@ -1,0 +1,62 @@
+#pragma once
+// Running a pipeline: one rank executes its list of a lowered Schedule
+// (pipeline.h), in order, on the stages it holds (pipeline_stage.h). F runs
+// a stage's forward on a microbatch and keeps what its backward needs; B
+// runs that backward; SEND_F/RECV_F and SEND_B/RECV_B move the residual
+// stream and its gradient to the neighbouring stage's rank over the `pp`
+// communicator. A different schedule is a different list, not other code.
+//
+//   auto lowered = nn::pipeline::lower(nn::pipeline::make_schedule("1f1b", p, m));
+//   nn::pipeline::check_runnable(lowered);                 // before any message
+//   auto losses = nn::pipeline::run_step(lowered, my_stages, mesh.dim_comm(pp_dim), inputs);
+//
+// Every wait keeps the communicator's deadline; a failed or stalled peer
+// ends the step with the same error type (CommTimeout, PeerFailed, ...)
+// naming this rank's stage and action.
+#include <span>
+#include <vector>
+
+#include "dtensor/mesh/communicator.h"
+#include "dtensor/nn/pipeline.h"
+#include "dtensor/nn/pipeline_stage.h"
+
+namespace dtensor::nn::pipeline {
+
+/// One step's microbatches, indexed by microbatch: the tokens (the first
+/// stage reads them, every stage takes the activation's batch and sequence
+/// sizes from them), the targets (the last stage's loss reads them), and
+/// each microbatch's loss scale, its tokens over the whole step's: the
+/// backward of the scaled losses accumulates the step's mean gradient, with
+/// no division by m afterwards.
+template <TensorOrDTensor X>
+struct StepInputs {
+  std::vector<X> tokens, targets;
+  std::vector<double> loss_scales;
+};
+
+/// The scales of `microbatches` microbatches of `tokens_each` tokens each.
+std::vector<double> equal_loss_scales(std::int64_t microbatches, std::int64_t tokens_each);
+
+/// An UnsupportedError naming the schedule and the first I or W action
+/// unless every action is one the runtime runs (F, B and the messages): our
+/// autograd has no input-only backward, so a split backward is refused
+/// rather than run as a full one. A ValueError if a schedule over several
+/// ranks has no messages (lower() it first).
+void check_runnable(const Schedule& schedule);
+
+/// The forward-only schedule of `microbatches` microbatches on `placement`'s
+/// stages and ranks (validation): each microbatch through every stage in
+/// order, with its messages, before the next.
+Schedule forward_only(const Schedule& placement, int microbatches);
+
+/// Runs rank `pp.rank()`'s actions of `schedule` (lowered, or
+/// forward_only()) on `stages`, this rank's stages in
+/// schedule.stages_of_rank order. Returns each microbatch's loss (unscaled)
+/// on every rank of `pp`: the last stage's rank broadcasts them. Gradients
+/// accumulate into the stages' parameters; under a NoGradGuard only the
+/// forwards run.
+template <TensorOrDTensor X>
+std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
+                             const StepInputs<X>& inputs);
+
+}  // namespace dtensor::nn::pipeline

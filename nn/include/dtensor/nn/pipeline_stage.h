@@ -1,0 +1,66 @@
+#pragma once
+// A GPT cut into pipeline stages: stage s holds a contiguous range of the
+// blocks; the first stage also the embeddings, the last the final norm, the
+// lm_head and the loss. The runtime (pipeline_runtime.h) moves the residual
+// stream between them.
+//
+//   auto split = nn::pipeline::split_layers(/*layers=*/4, /*stages=*/2);   // blocks 0-1, 2-3
+//   auto stage = nn::pipeline::GPTStage<Tensor>::take(std::move(whole), split, /*stage=*/1);
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "dtensor/nn/modules.h"
+
+namespace dtensor::nn::pipeline {
+
+/// How many blocks each stage holds, in stage order.
+struct LayerSplit {
+  std::vector<std::int64_t> blocks_per_stage;
+
+  int stages() const { return static_cast<int>(blocks_per_stage.size()); }
+  std::int64_t first_block(int stage) const;
+  std::int64_t blocks(int stage) const { return blocks_per_stage.at(static_cast<std::size_t>(stage)); }
+};
+
+/// `counts` as given (one per stage, each at least 1, summing to `layers`),
+/// or when empty an even split (the first layers % stages stages one block
+/// more). A ValueError names the values and the rule otherwise.
+LayerSplit split_layers(std::int64_t layers, int stages, std::span<const std::int64_t> counts = {});
+
+/// One stage of a GPT, holding only its own pieces.
+template <TensorOrDTensor X>
+struct GPTStage {
+  int stage = 0, stages = 1;
+  std::int64_t first_block = 0;  // the whole model's index of blocks[0]
+  GPTConfig config;
+  std::optional<Embedding<X>> wte, wpe;  // the first stage's
+  std::vector<Block<X>> blocks;
+  std::optional<LayerNorm<X>> ln_f;  // the last stage's
+  std::optional<Linear<X>> lm_head;  // the last stage's
+  ActivationLayouts layouts;
+
+  bool is_first() const { return stage == 0; }
+  bool is_last() const { return stage == stages - 1; }
+
+  /// Moves stage `stage`'s pieces out of `whole` (built whole so that every
+  /// parameter has the one-rank model's values, whatever the split).
+  static GPTStage take(GPT<X>& whole, const LayerSplit& split, int stage);
+
+  /// The first stage: i64 tokens [B, T] in; the others: the residual stream
+  /// [B, T, D]. Out: the residual stream, or on the last stage the logits.
+  X forward(const X& input) const;
+  /// The loss of the last stage's logits (next_byte_loss).
+  X loss(const X& logits, const X& targets) const;
+
+  /// Under the whole model's names ("blocks.<global index>.", "wte.", ...),
+  /// in the whole model's order.
+  NamedParameters<X> named_parameters();
+  std::vector<X> parameters();
+};
+
+extern template struct GPTStage<Tensor>;
+extern template struct GPTStage<DTensor>;
+
+}  // namespace dtensor::nn::pipeline

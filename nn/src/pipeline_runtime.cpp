@@ -1,0 +1,265 @@
+// The pipeline runtime: one rank's actions of a schedule, run in order.
+#include "dtensor/nn/pipeline_runtime.h"
+
+#include <map>
+#include <optional>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "dtensor/api/autograd.h"
+#include "dtensor/api/pointwise.h"
+#include "dtensor/core/error.h"
+
+namespace dtensor::nn::pipeline {
+
+std::vector<double> equal_loss_scales(std::int64_t microbatches, std::int64_t tokens_each) {
+  // Each microbatch's tokens over the step's: 1/m when they are equal, but
+  // written as the rule, so that unequal microbatches would weigh right.
+  const double step_tokens = static_cast<double>(microbatches * tokens_each);
+  return std::vector<double>(static_cast<std::size_t>(microbatches), static_cast<double>(tokens_each) / step_tokens);
+}
+
+void check_runnable(const Schedule& schedule) {
+  for (int r = 0; r < schedule.ranks(); ++r)
+    for (const Action& action : schedule.actions[static_cast<std::size_t>(r)])
+      if (action.kind == ActionKind::BackwardInput || action.kind == ActionKind::BackwardWeight)
+        throw UnsupportedError(
+            fmt::format("[pipeline] schedule '{}' splits the backward into I and W (rank {} runs {}); the runtime does "
+                        "not split "
+                        "the backward yet (autograd has no input-only backward): use gpipe, 1f1b or interleaved",
+                        schedule.name, r, action));
+  if (schedule.ranks() > 1 && !schedule.has_communication())
+    throw ValueError(fmt::format("[pipeline] schedule '{}' spans {} ranks but has no SEND/RECV actions; lower() it",
+                                 schedule.name, schedule.ranks()));
+}
+
+Schedule forward_only(const Schedule& placement, int microbatches) {
+  Schedule out{placement.name + " forward", placement.stages, microbatches, placement.stages_of_rank, {}};
+  out.actions.resize(static_cast<std::size_t>(placement.ranks()));
+  auto add = [&](int stage, ActionKind kind, int mb) {
+    out.actions[static_cast<std::size_t>(placement.rank_of_stage(stage))].push_back(Action{stage, kind, mb});
+  };
+  for (int mb = 0; mb < microbatches; ++mb)
+    for (int s = 0; s < placement.stages; ++s) {
+      const bool received = s > 0 && placement.rank_of_stage(s - 1) != placement.rank_of_stage(s);
+      if (received) add(s, ActionKind::RecvForward, mb);
+      add(s, ActionKind::Forward, mb);
+      if (s + 1 < placement.stages && placement.rank_of_stage(s + 1) != placement.rank_of_stage(s))
+        add(s, ActionKind::SendForward, mb);
+    }
+  return out;
+}
+
+namespace {
+
+using Key = std::pair<int, int>;  // (stage, microbatch)
+
+// A tensor's bytes on this rank, and a tensor made from received bytes.
+Tensor local_of(const Tensor& x) { return x.detach(); }
+Tensor local_of(const DTensor& x) { return x.detach().to_local(); }
+double first_value(const Tensor& x) { return x.to(DType::Float64).data_as<double>()[0]; }
+double first_value(const DTensor& x) { return first_value(x.full_tensor()); }
+
+// The layout the residual stream crosses a stage boundary in: the plan's
+// at the embedding's output (what every block takes and gives back).
+template <TensorOrDTensor X>
+struct Boundary;
+template <>
+struct Boundary<Tensor> {
+  static Tensor to_boundary(const Tensor& x, const ActivationLayouts&) { return x; }
+  static Shape local_shape(const Tensor&, const Shape& global, const ActivationLayouts&) { return global; }
+  static Tensor wrap(Tensor local, const Tensor&, const Shape&, const ActivationLayouts&) { return local; }
+};
+template <>
+struct Boundary<DTensor> {
+  static Layout layout(const DTensor& like, const ActivationLayouts& layouts) {
+    return layouts[Point::TokenEmbedding].value_or(Layout::replicated(like.mesh().ndim()));
+  }
+  static DTensor to_boundary(const DTensor& x, const ActivationLayouts& layouts) {
+    const Layout want = layout(x, layouts);
+    return x.placements() == want ? x : x.redistribute(want);
+  }
+  static Shape local_shape(const DTensor& tokens, const Shape& global, const ActivationLayouts& layouts) {
+    const DeviceMesh& mesh = tokens.mesh();
+    return local_box(mesh.shape(), global, layout(tokens, layouts), mesh.coordinate()).size;
+  }
+  static DTensor wrap(Tensor local, const DTensor& tokens, const Shape& global, const ActivationLayouts& layouts) {
+    return DTensor::from_local(std::move(local), tokens.mesh(), layout(tokens, layouts), global, FromLocalCheck::Trust);
+  }
+};
+
+// One rank's step: the state between its actions, by (stage, microbatch).
+template <TensorOrDTensor X>
+class StepRunner {
+ public:
+  StepRunner(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
+             const StepInputs<X>& inputs)
+      : schedule_(schedule), pp_(pp), inputs_(inputs), losses_(static_cast<std::size_t>(schedule.microbatches), 0.0) {
+    const auto& mine = schedule.stages_of_rank.at(static_cast<std::size_t>(pp.rank()));
+    if (mine.size() != stages.size())
+      throw ValueError(fmt::format("[pipeline] rank {} of schedule '{}' holds {} stages; {} were given", pp.rank(),
+                                   schedule.name, mine.size(), stages.size()));
+    for (std::size_t i = 0; i < mine.size(); ++i) stages_[mine[i]] = stages[i];
+  }
+
+  void run(const Action& action) {
+    switch (action.kind) {
+      case ActionKind::Forward: return forward(action.stage, action.microbatch);
+      case ActionKind::Backward: return backward(action.stage, action.microbatch);
+      case ActionKind::SendForward: return send(action, forward_out_, action.stage + 1);
+      case ActionKind::SendBackward: return send(action, backward_out_, action.stage - 1);
+      case ActionKind::RecvForward: return receive(action, forward_in_, action.stage - 1);
+      case ActionKind::RecvBackward: return receive(action, backward_in_, action.stage + 1);
+      default: check_runnable(schedule_);  // I and W: refused with its message
+    }
+  }
+
+  std::vector<double>& losses() { return losses_; }
+
+ private:
+  GPTStage<X>& stage(int s) { return *stages_.at(s); }
+  bool here(int s) const { return stages_.count(s) > 0; }
+  Shape activation_shape(int mb) const {
+    const Shape& tokens = inputs_.tokens.at(static_cast<std::size_t>(mb)).shape();
+    return {tokens[0], tokens[1], stages_.begin()->second->config.d_model};
+  }
+
+  void forward(int s, int mb) {
+    const auto m = static_cast<std::size_t>(mb);
+    X input = inputs_.tokens.at(m);
+    if (!stage(s).is_first()) {
+      input = take(forward_in_, {s, mb}, "activation").detach();
+      if (grad_enabled()) input.requires_grad_();
+    }
+    X output = stage(s).forward(input);
+    if (stage(s).is_last()) {
+      const X loss = stage(s).loss(output, inputs_.targets.at(m));
+      losses_[m] = first_value(loss);
+      const double scale = inputs_.loss_scales.empty() ? 1.0 : inputs_.loss_scales.at(m);
+      output = scale != 1.0 ? mul(loss, scale) : loss;
+    } else {
+      // The next stage's input: sent, or handed over where it lives here.
+      X sent = Boundary<X>::to_boundary(output, stage(s).layouts).detach();
+      if (here(s + 1))
+        forward_in_.insert_or_assign(Key{s + 1, mb}, std::move(sent));
+      else
+        forward_out_.insert_or_assign(Key{s, mb}, std::move(sent));
+    }
+    if (grad_enabled())
+      held_.emplace(Key{s, mb}, Held{stage(s).is_first() ? std::nullopt : std::optional(input), output});
+  }
+
+  void backward(int s, int mb) {
+    Held held = take(held_, {s, mb}, "forward");
+    if (stage(s).is_last())
+      held.output.backward();
+    else
+      held.output.backward(take(backward_in_, {s, mb}, "gradient"));
+    if (stage(s).is_first()) return;
+    const std::optional<X> grad = held.input->grad();
+    if (!grad)
+      throw AutogradError(fmt::format("[pipeline] stage {} microbatch {}: no gradient reached its input", s, mb));
+    X sent = Boundary<X>::to_boundary(*grad, stage(s).layouts);
+    if (here(s - 1))
+      backward_in_.insert_or_assign(Key{s - 1, mb}, std::move(sent));
+    else
+      backward_out_.insert_or_assign(Key{s, mb}, std::move(sent));
+  }
+
+  void send(const Action& action, std::map<Key, X>& outbox, int peer_stage) {
+    const Tensor local = local_of(take(outbox, {action.stage, action.microbatch}, "message"));
+    pp_.send(local.data(), local.nbytes(), schedule_.rank_of_stage(peer_stage), tag(action));
+  }
+
+  void receive(const Action& action, std::map<Key, X>& inbox, int peer_stage) {
+    const GPTStage<X>& to = stage(action.stage);
+    const X& tokens = inputs_.tokens.at(static_cast<std::size_t>(action.microbatch));
+    const Shape global = activation_shape(action.microbatch);
+    Tensor local = Tensor::empty(Boundary<X>::local_shape(tokens, global, to.layouts), to.config.dtype);
+    pp_.recv(local.data(), local.nbytes(), schedule_.rank_of_stage(peer_stage), tag(action));
+    inbox.insert_or_assign(Key{action.stage, action.microbatch},
+                           Boundary<X>::wrap(std::move(local), tokens, global, to.layouts));
+  }
+
+  // Unique per message, so that a send meets exactly its receive: the
+  // boundary (by the sending stage), the microbatch and the direction.
+  int tag(const Action& action) const {
+    const bool forward = action.kind == ActionKind::SendForward || action.kind == ActionKind::RecvForward;
+    const int sender = action.kind == ActionKind::RecvForward    ? action.stage - 1
+                       : action.kind == ActionKind::RecvBackward ? action.stage + 1
+                                                                 : action.stage;
+    return 2 * (sender * schedule_.microbatches + action.microbatch) + (forward ? 0 : 1);
+  }
+
+  template <class V>
+  static V take(std::map<Key, V>& from, Key key, const char* what) {
+    const auto it = from.find(key);
+    if (it == from.end())
+      throw ValueError(fmt::format("[pipeline] stage {} microbatch {}: its {} is not here yet (an action out of order)",
+                                   key.first, key.second, what));
+    V out = std::move(it->second);
+    from.erase(it);
+    return out;
+  }
+
+  struct Held {
+    std::optional<X> input;  // the leaf the gradient to send arrives at (not on the first stage)
+    X output;                // the stage's output, or the scaled loss on the last stage
+  };
+
+  const Schedule& schedule_;
+  Communicator& pp_;
+  const StepInputs<X>& inputs_;
+  std::map<int, GPTStage<X>*> stages_;
+  std::map<Key, X> forward_in_, forward_out_, backward_in_, backward_out_;
+  std::map<Key, Held> held_;
+  std::vector<double> losses_;
+};
+
+// The same error type, with the rank, stage and action in front.
+[[noreturn]] void rethrow_at(const Schedule& schedule, int rank, std::size_t position, const Action& action) {
+  const auto where = [&](const std::exception& e) {
+    return fmt::format("[pipeline] schedule '{}', rank {}, stage {}, action {} ({}): {}", schedule.name, rank,
+                       action.stage, position, action, e.what());
+  };
+  try {
+    throw;
+  } catch (const CommTimeout& e) {
+    throw CommTimeout(where(e));
+  } catch (const PeerFailed& e) {
+    throw PeerFailed(where(e));
+  } catch (const CommError& e) {
+    throw CommError(where(e));
+  }
+}
+
+}  // namespace
+
+template <TensorOrDTensor X>
+std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
+                             const StepInputs<X>& inputs) {
+  check_runnable(schedule);
+  if (pp.size() != schedule.ranks())
+    throw ValueError(fmt::format("[pipeline] schedule '{}' has {} ranks; the pp communicator {}", schedule.name,
+                                 schedule.ranks(), pp.size()));
+  StepRunner<X> runner(schedule, stages, pp, inputs);
+  const auto& mine = schedule.actions.at(static_cast<std::size_t>(pp.rank()));
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    try {
+      runner.run(mine[i]);
+    } catch (const CommError&) {
+      rethrow_at(schedule, pp.rank(), i, mine[i]);
+    }
+  }
+  std::vector<double>& losses = runner.losses();
+  pp.broadcast(losses.data(), losses.size() * sizeof(double), schedule.rank_of_stage(schedule.stages - 1));
+  return losses;
+}
+
+template std::vector<double> run_step(const Schedule&, std::span<GPTStage<Tensor>* const>, Communicator&,
+                                      const StepInputs<Tensor>&);
+template std::vector<double> run_step(const Schedule&, std::span<GPTStage<DTensor>* const>, Communicator&,
+                                      const StepInputs<DTensor>&);
+
+}  // namespace dtensor::nn::pipeline

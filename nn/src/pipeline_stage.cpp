@@ -1,0 +1,103 @@
+// A GPT's pieces by stage, and the split of its blocks.
+#include "dtensor/nn/pipeline_stage.h"
+
+#include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtensor/core/error.h"
+#include "dtensor/nn/gpt_pieces.h"
+
+namespace dtensor::nn::pipeline {
+
+std::int64_t LayerSplit::first_block(int stage) const {
+  return std::accumulate(blocks_per_stage.begin(), blocks_per_stage.begin() + stage, std::int64_t{0});
+}
+
+LayerSplit split_layers(std::int64_t layers, int stages, std::span<const std::int64_t> counts) {
+  if (stages < 1) throw ValueError(fmt::format("[pipeline] {} stages; expected at least 1", stages));
+  if (counts.empty()) {
+    if (layers < stages)
+      throw ValueError(
+          fmt::format("[pipeline] {} layers over {} stages; every stage needs at least one block", layers, stages));
+    LayerSplit out;
+    for (int s = 0; s < stages; ++s) out.blocks_per_stage.push_back(layers / stages + (s < layers % stages ? 1 : 0));
+    return out;
+  }
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  const bool each_positive = std::all_of(counts.begin(), counts.end(), [](std::int64_t c) { return c >= 1; });
+  if (static_cast<int>(counts.size()) != stages || total != layers || !each_positive)
+    throw ValueError(
+        fmt::format("[pipeline] layer split {} over {} stages and {} layers; expected one count per stage, each at "
+                    "least 1, "
+                    "summing to the layers",
+                    fmt::join(counts, ","), stages, layers));
+  return LayerSplit{{counts.begin(), counts.end()}};
+}
+
+template <TensorOrDTensor X>
+GPTStage<X> GPTStage<X>::take(GPT<X>& whole, const LayerSplit& split, int stage) {
+  if (stage < 0 || stage >= split.stages())
+    throw ValueError(fmt::format("[pipeline] stage {} of a {}-stage split", stage, split.stages()));
+  if (static_cast<std::int64_t>(whole.blocks.size()) != split.first_block(split.stages()))
+    throw ValueError(fmt::format("[pipeline] a split of {} blocks for a model of {}", split.first_block(split.stages()),
+                                 whole.blocks.size()));
+  GPTStage out;
+  out.stage = stage;
+  out.stages = split.stages();
+  out.first_block = split.first_block(stage);
+  out.config = whole.config;
+  out.layouts = whole.layouts;
+  const auto first = whole.blocks.begin() + out.first_block;
+  out.blocks.assign(std::make_move_iterator(first), std::make_move_iterator(first + split.blocks(stage)));
+  if (out.is_first()) {
+    out.wte = std::move(whole.wte);
+    out.wpe = std::move(whole.wpe);
+  }
+  if (out.is_last()) {
+    out.ln_f = std::move(whole.ln_f);
+    out.lm_head = std::move(whole.lm_head);
+  }
+  return out;
+}
+
+template <TensorOrDTensor X>
+X GPTStage<X>::forward(const X& input) const {
+  X x = is_first() ? embed_tokens(*wte, *wpe, input, 0, layouts) : input;
+  for (const Block<X>& block : blocks) x = block(x, layouts);
+  return is_last() ? head_logits(*ln_f, *lm_head, x, layouts) : x;
+}
+
+template <TensorOrDTensor X>
+X GPTStage<X>::loss(const X& logits, const X& targets) const {
+  return next_byte_loss(logits, targets);
+}
+
+template <TensorOrDTensor X>
+NamedParameters<X> GPTStage<X>::named_parameters() {
+  NamedParameters<X> out;
+  if (wte) {
+    wte->named_parameters("wte.", out);
+    wpe->named_parameters("wpe.", out);
+  }
+  for (std::size_t l = 0; l < blocks.size(); ++l)
+    blocks[l].named_parameters(fmt::format("blocks.{}.", first_block + static_cast<std::int64_t>(l)), out);
+  if (ln_f) {
+    ln_f->named_parameters("ln_f.", out);
+    lm_head->named_parameters("lm_head.", out);
+  }
+  return out;
+}
+
+template <TensorOrDTensor X>
+std::vector<X> GPTStage<X>::parameters() {
+  std::vector<X> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(*p);
+  return out;
+}
+
+template struct GPTStage<Tensor>;
+template struct GPTStage<DTensor>;
+
+}  // namespace dtensor::nn::pipeline

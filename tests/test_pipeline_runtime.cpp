@@ -1,0 +1,255 @@
+// The pipeline runtime (nn/pipeline_runtime.h) through the trainer: the GPT
+// over a pp mesh dim under each runnable schedule gives the one-rank run's
+// losses (f64, 1e-9 relative), with 2·m messages per stage boundary that
+// crosses ranks, each of the activation's bytes; what cannot run is refused
+// before any message.
+#include <boost/test/unit_test.hpp>
+
+#include <mutex>
+
+#include <dtensor/nn/pipeline_runtime.h>
+
+#include "dtensor/train/trainer.h"
+#include "support.h"
+
+using namespace dtensor;
+
+namespace pipeline_runtime_suite {
+
+constexpr std::int64_t kBatch = 2, kSeq = 16, kDModel = 32;
+
+train::TrainOptions small_model(std::int64_t layers, std::int64_t micro_batches) {
+  train::TrainOptions o;
+  o.model = {.vocab = 256, .seq = kSeq, .layers = layers, .d_model = kDModel, .heads = 4, .dtype = DType::Float64};
+  o.batch = kBatch;
+  o.micro_batches = micro_batches;
+  o.steps = 3;
+  o.warmup = 1;
+  o.lr = 3e-3;
+  o.weight_decay = 0.1;
+  o.seed = 7;
+  o.val_batches = 1;
+  return o;
+}
+
+const train::TextData& slice() {
+  static const train::TextData data(train::committed_slice_path());
+  return data;
+}
+
+// Every rank's result (thread ranks), by rank.
+std::vector<train::TrainResult> run_all(const train::TrainOptions& o) {
+  std::vector<train::TrainResult> out(static_cast<std::size_t>(numel(o.mesh)));
+  std::mutex mu;
+  testing::run_ranks(static_cast<int>(numel(o.mesh)), [&](Communicator& world) {
+    train::TrainResult r = train::train(o, slice(), &world);
+    std::lock_guard lock(mu);
+    out[static_cast<std::size_t>(world.rank())] = std::move(r);
+  });
+  return out;
+}
+
+struct Case {
+  std::string schedule;
+  Shape mesh;
+  std::vector<std::string> dims, plans;
+  std::int64_t micro_batches, virtual_stages, layers;
+  int boundaries_across_ranks;  // stage boundaries whose two stages are on different ranks
+  std::int64_t activation_bytes() const {
+    const std::int64_t dp = mesh.size() > 1 ? mesh[1] : 1;  // the batch is split over dp
+    return kBatch / dp * kSeq * kDModel * 8;
+  }
+  std::string name() const {
+    return fmt::format("{} on mesh {} ({}) m={} v={}", schedule, fmt::join(mesh, "x"), fmt::join(plans, ","),
+                       micro_batches, virtual_stages);
+  }
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all{
+      {"gpipe", {2}, {"pp"}, {"pp"}, 2, 1, 4, 1},
+      {"1f1b", {2}, {"pp"}, {"pp"}, 3, 1, 4, 1},
+      {"interleaved", {2}, {"pp"}, {"pp"}, 2, 2, 4, 3},
+      {"gpipe", {4}, {"pp"}, {"pp"}, 4, 1, 4, 3},
+      {"1f1b", {4}, {"pp"}, {"pp"}, 4, 1, 4, 3},
+      {"interleaved", {4}, {"pp"}, {"pp"}, 4, 2, 8, 7},
+      {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 1, 4, 1},
+      {"gpipe", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 3, 1, 4, 1},
+  };
+  return all;
+}
+
+// The one-rank run with the same micro-batches: the reference.
+const train::TrainResult& one_rank(std::int64_t layers, std::int64_t micro_batches) {
+  static std::map<std::pair<std::int64_t, std::int64_t>, train::TrainResult> cache;
+  auto it = cache.find({layers, micro_batches});
+  if (it == cache.end())
+    it = cache
+             .emplace(std::pair{layers, micro_batches},
+                      train::train(small_model(layers, micro_batches), slice(), nullptr))
+             .first;
+  return it->second;
+}
+
+// The step's messages over pp, summed over the ranks: each counts a send
+// once at the sender and once (with its bytes) at the receiver.
+std::pair<std::uint64_t, std::uint64_t> pipeline_messages(const std::vector<train::TrainResult>& ranks) {
+  std::uint64_t calls = 0, bytes = 0;
+  for (const auto& r : ranks)
+    for (const auto& c : r.comm)
+      if (c.phase == "pipeline" && c.kind == "send_recv" && c.mesh_dims == std::vector<std::string>{"pp"}) {
+        calls += c.count;
+        bytes += c.bytes;
+      }
+  return {calls, bytes};
+}
+
+}  // namespace pipeline_runtime_suite
+
+using namespace pipeline_runtime_suite;
+
+BOOST_AUTO_TEST_SUITE(pipeline_runtime)
+
+// Same seed, f64: every schedule's losses and validation loss equal one
+// rank's with the same micro-batches; the messages of a step are 2·m per
+// boundary across ranks, each of the activation's (or its dp shard's) bytes.
+BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::unit_test::timeout(120)) {
+  for (const Case& c : cases()) {
+    if (!testing::can_run(numel(c.mesh))) continue;
+    train::TrainOptions o = small_model(c.layers, c.micro_batches);
+    o.mesh = c.mesh;
+    o.dims = c.dims;
+    o.plans = c.plans;
+    o.schedule = c.schedule;
+    o.virtual_stages = c.virtual_stages;
+    const std::vector<train::TrainResult> ranks = run_all(o);
+    const train::TrainResult& want = one_rank(c.layers, c.micro_batches);
+    BOOST_TEST_REQUIRE(ranks[0].losses.size() == want.losses.size(), c.name());
+    double worst = 0;  // the largest relative difference, logged (--log_level=message)
+    for (const auto& r : ranks)
+      for (std::size_t i = 0; i < want.losses.size(); ++i) {
+        worst = std::max(worst, std::abs(r.losses[i] - want.losses[i]) / std::abs(want.losses[i]));
+        BOOST_TEST(testing::close(r.losses[i], want.losses[i], 1e-9 * std::abs(want.losses[i])),
+                   c.name() << ": step " << i << " loss " << r.losses[i] << " vs one rank's " << want.losses[i]);
+      }
+    BOOST_TEST_MESSAGE(c.name() << ": largest relative loss difference " << worst);
+    BOOST_TEST(testing::close(ranks[0].val_loss, want.val_loss, 1e-9 * std::abs(want.val_loss)),
+               c.name() << ": validation loss " << ranks[0].val_loss << " vs " << want.val_loss);
+    const std::uint64_t messages = static_cast<std::uint64_t>(2 * c.micro_batches * c.boundaries_across_ranks);
+    const std::uint64_t copies =
+        c.mesh.size() > 1 ? static_cast<std::uint64_t>(c.mesh[1]) : 1;  // one pipeline per dp rank
+    const auto [calls, bytes] = pipeline_messages(ranks);
+    BOOST_TEST(calls == 2 * messages * copies, c.name() << ": send and recv calls");
+    BOOST_TEST(bytes == messages * copies * static_cast<std::uint64_t>(c.activation_bytes()), c.name() << ": bytes");
+  }
+}
+
+// With dp beside pp, a stage's gradients stay Partial over the backwards
+// and are reduced once, by the optimizer step: the pipeline phase of stage
+// 0 (which reads no loss) runs no all_reduce over dp.
+BOOST_AUTO_TEST_CASE(data_parallel_reduction_runs_once_per_step) {
+  if (!testing::can_run(4)) return;
+  train::TrainOptions o = small_model(4, 3);
+  o.mesh = {2, 2};
+  o.dims = {"pp", "dp"};
+  o.plans = {"pp", "ddp"};
+  o.steps = 1;
+  const std::vector<train::TrainResult> ranks = run_all(o);
+  std::uint64_t in_pipeline = 0, in_optimizer = 0;
+  for (const auto& c : ranks[0].comm)
+    if (c.kind == "all_reduce" && c.mesh_dims == std::vector<std::string>{"dp"})
+      (c.phase == "pipeline" ? in_pipeline : in_optimizer) += c.count;
+  BOOST_TEST(in_pipeline == 0u);
+  BOOST_TEST(in_optimizer > 0u);
+}
+
+// 1F1B with fewer microbatches than pp ranks is refused by name, on every
+// rank, before any message (torchtitan#775 was a hang).
+BOOST_AUTO_TEST_CASE(too_few_microbatches_refused_before_any_message) {
+  train::TrainOptions o = small_model(4, 2);
+  o.mesh = {4};
+  o.dims = {"pp"};
+  o.plans = {"pp"};
+  testing::FailureLog log;
+  testing::run_ranks(4, [&](Communicator& world) {
+    try {
+      train::train(o, slice(), &world);
+      log.add("trained with m = 2 < p = 4");
+    } catch (const ValueError& e) {
+      const std::string what = e.what();
+      if (what.find("1f1b") == std::string::npos || what.find('2') == std::string::npos)
+        log.add("the refusal does not name 1f1b and m: " + what);
+    }
+    if (world.stats().count(CollectiveKind::SendRecv) != 0) log.add("a message was sent before the refusal");
+  });
+  log.report("1f1b with m < p");
+}
+
+// zb-h1 and zbv split the backward into I and W, which autograd cannot yet:
+// refused with an UnsupportedError naming the schedule, not run as B.
+BOOST_AUTO_TEST_CASE(split_backward_schedules_are_refused) {
+  for (const std::string name : {"zb-h1", "zbv"}) {
+    train::TrainOptions o = small_model(4, 2);
+    o.mesh = {2};
+    o.dims = {"pp"};
+    o.plans = {"pp"};
+    o.schedule = name;
+    try {
+      train::pipeline_schedule(o, o.mesh);
+      BOOST_ERROR(name << " was accepted");
+    } catch (const UnsupportedError& e) {
+      const std::string what = e.what();
+      BOOST_TEST(what.find("'" + name + "'") != std::string::npos, what);
+      BOOST_TEST(what.find("does not split the backward") != std::string::npos, what);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(layer_split_is_validated) {
+  namespace pipe = nn::pipeline;
+  BOOST_TEST(pipe::split_layers(5, 2).blocks_per_stage == (std::vector<std::int64_t>{3, 2}));
+  const std::vector<std::int64_t> given{1, 3};
+  BOOST_TEST(pipe::split_layers(4, 2, given).first_block(1) == 1);
+  const std::vector<std::int64_t> empty_stage{4, 0};
+  BOOST_CHECK_EXCEPTION(pipe::split_layers(4, 2, empty_stage), ValueError,
+                        [](const ValueError& e) { return std::string(e.what()).find("4,0") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(pipe::split_layers(1, 2), ValueError, [](const ValueError& e) {
+    return std::string(e.what()).find("1 layers over 2 stages") != std::string::npos;
+  });
+}
+
+// A stage that dies ends its neighbour's step with an error naming the
+// neighbour's stage and the action it was in, within the deadline.
+BOOST_AUTO_TEST_CASE(a_dead_stage_ends_its_neighbour_with_the_action) {
+  namespace pipe = nn::pipeline;
+  const train::TrainOptions o = small_model(2, 2);
+  const pipe::Schedule lowered = pipe::lower(pipe::make_schedule("1f1b", 2, 2));
+  std::string seen;
+  try {
+    testing::run_ranks(
+        2,
+        [&](Communicator& world) {
+          if (world.rank() == 1) throw Error("stage 1 died");
+          nn::GPT<Tensor> whole = nn::GPT<Tensor>::init(o.model, o.seed, nn::plain_parameters(DType::Float64));
+          pipe::GPTStage<Tensor> first = pipe::GPTStage<Tensor>::take(whole, pipe::split_layers(2, 2), 0);
+          pipe::StepInputs<Tensor> in;
+          for (int mb = 0; mb < 2; ++mb) {
+            in.tokens.push_back(Tensor::zeros({kBatch, kSeq}, DType::Int64));
+            in.targets.push_back(Tensor::zeros({kBatch, kSeq}, DType::Int64));
+          }
+          std::vector<pipe::GPTStage<Tensor>*> mine{&first};
+          try {
+            pipe::run_step<Tensor>(lowered, mine, world, in);
+          } catch (const CommError& e) {
+            seen = e.what();
+            throw;
+          }
+        },
+        std::chrono::milliseconds(5'000));
+  } catch (const RankFailed&) {
+  }
+  BOOST_TEST(seen.find("schedule '1f1b', rank 0, stage 0, action") != std::string::npos, seen);
+  BOOST_TEST((seen.find("SEND_F") != std::string::npos || seen.find("RECV_B") != std::string::npos), seen);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

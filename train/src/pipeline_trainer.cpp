@@ -1,0 +1,191 @@
+// Pipelined training: each rank holds its stages of the GPT and runs its
+// list of the schedule each step; the optimizer steps once per step on the
+// stages' parameters, after every microbatch's backward has accumulated.
+#include "pipeline_trainer.h"
+
+#include <chrono>
+
+#include <dtensor/nn/optim.h>
+#include <dtensor/nn/parallel_plan.h>
+#include <dtensor/nn/pipeline_runtime.h>
+
+#include "step_comm.h"
+
+namespace dtensor::train::detail {
+
+namespace pipe = nn::pipeline;
+
+std::optional<int> pipeline_dim(const std::vector<std::string>& plans) {
+  for (std::size_t d = 0; d < plans.size(); ++d)
+    if (plans[d] == "pp") return static_cast<int>(d);
+  return std::nullopt;
+}
+
+namespace {
+
+// What pipelined training does not do yet, refused by name rather than run
+// wrong: each of these would need the stages to cooperate beyond the
+// schedule (a checkpoint or a gradient norm over every stage, generation
+// through every stage, a trace of sends between stages).
+void refuse_unsupported(const TrainOptions& o) {
+  auto refuse = [](bool asked, const std::string& what) {
+    if (asked) throw UnsupportedError(fmt::format("[train] {} with plan pp: not supported yet", what));
+  };
+  refuse(!o.save_dir.empty(), fmt::format("--save '{}' (a checkpoint of the stages)", o.save_dir));
+  refuse(!o.resume_dir.empty(), fmt::format("--resume '{}' (a checkpoint of the stages)", o.resume_dir));
+  refuse(o.generate > 0, fmt::format("--generate {} (generation through the stages)", o.generate));
+  refuse(!o.trace.empty(), fmt::format("--trace '{}' (a trace of the pipeline)", o.trace));
+  refuse(o.explain, "--explain");
+  refuse(o.clip > 0, fmt::format("--clip {} (a gradient norm over every stage)", o.clip));
+  for (const std::string& plan : o.plans)
+    refuse(plan != "pp" && plan != "ddp", fmt::format("plan {} beside pp (only ddp is supported)", plan));
+}
+
+// How host batches become a stage's inputs: plain tensors when pp is the
+// only dim, else DTensors on the other dims' submesh under their plans.
+struct PlainStages {
+  using X = Tensor;
+  DType dtype;
+  nn::ParameterFactory<Tensor> factory() const { return nn::plain_parameters(dtype); }
+  nn::ActivationLayouts activations() const { return {}; }
+  Tensor input(const Tensor& host) const { return host; }
+};
+struct MeshStages {
+  using X = DTensor;
+  DType dtype;
+  nn::ParallelPlan plan;
+  nn::ParameterFactory<DTensor> factory() const { return plan.parameter_factory(dtype); }
+  nn::ActivationLayouts activations() const { return plan.activations(false); }
+  DTensor input(const Tensor& host) const { return from_full(host, plan.mesh(), plan.batch_layout(false)); }
+};
+
+std::uint64_t largest(const DeviceMesh& mesh, std::uint64_t v) {
+  double x = static_cast<double>(v);
+  mesh.comm().all_reduce(&x, &x, 1, DType::Float64, ReduceOp::Max);
+  return static_cast<std::uint64_t>(x);
+}
+
+template <class Stages, class X>
+std::uint64_t local_bytes(const std::vector<X>& params) {
+  std::uint64_t out = 0;
+  for (const X& p : params) {
+    if constexpr (std::is_same_v<X, DTensor>)
+      out += p.to_local().nbytes();
+    else
+      out += p.nbytes();
+  }
+  return out;
+}
+
+// The whole run on this rank, once the mesh, its pp dim and the schedule
+// are known.
+template <class Stages>
+TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, const DeviceMesh& mesh, int pp_dim,
+                const pipe::Schedule& schedule, const StepCallback& on_step) {
+  using X = typename Stages::X;
+  Communicator& pp = mesh.dim_comm(pp_dim);
+  nn::GPT<X> whole = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations());
+  const pipe::LayerSplit split = pipe::split_layers(o.model.layers, schedule.stages, o.layer_split);
+  std::vector<pipe::GPTStage<X>> stages;
+  for (int s : schedule.stages_of_rank.at(static_cast<std::size_t>(pp.rank())))
+    stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
+  std::vector<pipe::GPTStage<X>*> mine;
+  std::vector<X> params;
+  for (auto& stage : stages) {
+    mine.push_back(&stage);
+    for (X& p : stage.parameters()) params.push_back(p);
+  }
+  nn::AdamW<X> optimizer(params, {.lr = o.lr, .weight_decay = o.weight_decay});
+  const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
+  auto inputs_of = [&](Split part, std::int64_t first_draw, std::int64_t count) {
+    pipe::StepInputs<X> in;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const Batch b = data.next_batch(part, o.batch, o.model.seq, static_cast<std::uint64_t>(first_draw + i), o.seed);
+      in.tokens.push_back(env.input(Tensor::from_vector(b.inputs, {o.batch, o.model.seq})));
+      in.targets.push_back(env.input(Tensor::from_vector(b.targets, {o.batch, o.model.seq})));
+    }
+    return in;
+  };
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;  // in microbatch order, as the plain loop adds them
+    return v.empty() ? 0 : sum / static_cast<double>(v.size());
+  };
+
+  TrainResult result;
+  double seconds = 0;
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
+    pipe::StepInputs<X> in = inputs_of(Split::Train, step * o.micro_batches, o.micro_batches);
+    in.loss_scales = pipe::equal_loss_scales(o.micro_batches, o.batch * o.model.seq);
+    const DimsStats before = mesh_stats(mesh);
+    const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in);
+    const DimsStats passed = mesh_stats(mesh);
+    optimizer.step();  // once per step: under ddp its gradients' reduction too
+    optimizer.zero_grad();
+    const DimsStats updated = mesh_stats(mesh);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (step > 0 || o.steps == 1) seconds += took;
+    result.losses.push_back(mean(losses));
+    if (step == o.steps - 1) {
+      // Forwards and backwards interleave in a pipeline: one phase for both.
+      add_phase(result.comm, "pipeline", passed - before, mesh.dim_names());
+      add_phase(result.comm, "optimizer", updated - passed, mesh.dim_names());
+    }
+    if (on_step) on_step(step, result.losses.back(), took);
+  }
+  const std::int64_t timed_steps = o.steps > 1 ? o.steps - 1 : o.steps;
+  result.tokens_per_second =
+      seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
+  {
+    NoGradGuard no_grad;
+    const pipe::StepInputs<X> val = inputs_of(Split::Validation, 0, o.val_batches);
+    result.val_loss =
+        mean(pipe::run_step<X>(pipe::forward_only(schedule, static_cast<int>(o.val_batches)), mine, pp, val));
+  }
+  result.val_points.emplace_back(o.steps - 1, result.val_loss);
+  result.parameter_bytes = result.gradient_bytes = largest(mesh, local_bytes<Stages>(params));
+  return result;
+}
+
+}  // namespace
+
+TrainResult train_pipelined(const TrainOptions& o, const TextData& data, Communicator& world,
+                            const StepCallback& on_step) {
+  const pipe::Schedule schedule = *pipeline_schedule(o, o.mesh);
+  DeviceMesh mesh(world, o.mesh, o.dims);
+  const int pp_dim = *pipeline_dim(o.plans);
+  std::vector<std::string> other_dims;
+  std::vector<nn::DimPlan> other_plans;
+  for (std::size_t d = 0; d < o.plans.size(); ++d)
+    if (static_cast<int>(d) != pp_dim) {
+      other_dims.push_back(mesh.dim_names()[d]);
+      other_plans.push_back(nn::plan_named(o.plans[d]));
+    }
+  if (other_dims.empty()) return run(o, data, PlainStages{o.model.dtype}, mesh, pp_dim, schedule, on_step);
+  nn::ParallelPlan plan(mesh.submesh(other_dims), std::move(other_plans));
+  plan.check_fits(o.model, o.batch);
+  return run(o, data, MeshStages{o.model.dtype, std::move(plan)}, mesh, pp_dim, schedule, on_step);
+}
+
+}  // namespace dtensor::train::detail
+
+namespace dtensor::train {
+
+std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& o, const Shape& mesh_shape) {
+  const std::optional<int> dim = detail::pipeline_dim(o.plans);
+  if (!dim) return std::nullopt;
+  if (static_cast<std::size_t>(*dim) >= mesh_shape.size())
+    throw ValueError(fmt::format("[train] plan pp on mesh dim {} of a mesh of {} dims", *dim, mesh_shape.size()));
+  detail::refuse_unsupported(o);
+  const int ranks = static_cast<int>(mesh_shape[static_cast<std::size_t>(*dim)]);
+  nn::pipeline::Schedule schedule = nn::pipeline::make_schedule(o.schedule, ranks, static_cast<int>(o.micro_batches),
+                                                                static_cast<int>(o.virtual_stages));
+  nn::pipeline::split_layers(o.model.layers, schedule.stages, o.layer_split);
+  if (ranks > 1) schedule = nn::pipeline::lower(schedule);
+  nn::pipeline::check_runnable(schedule);  // I and W: refused here, before any rank sends anything
+  return schedule;
+}
+
+}  // namespace dtensor::train

@@ -1,0 +1,53 @@
+#pragma once
+// A step's collectives by phase, as TrainResult::comm lists them: shared by
+// the trainer's loops (trainer.cpp, pipeline_trainer.cpp), not installed.
+#include <map>
+#include <string>
+#include <vector>
+
+#include <dtensor/dtensor.h>
+
+#include "dtensor/train/trainer.h"
+
+namespace dtensor::train::detail {
+
+// A rank's collective counters by the mesh dims they ran over.
+using DimsStats = std::map<std::vector<int>, CommStats>;
+
+inline DimsStats operator-(const DimsStats& after, const DimsStats& before) {
+  DimsStats out;
+  for (const auto& [dims, stats] : after) {
+    const auto it = before.find(dims);
+    out[dims] = it == before.end() ? stats : stats - it->second;
+  }
+  return out;
+}
+inline DimsStats operator+(const DimsStats& a, const DimsStats& b) {
+  DimsStats out = a;
+  for (const auto& [dims, stats] : b) out[dims] = out.count(dims) ? out[dims] + stats : stats;
+  return out;
+}
+
+inline DimsStats mesh_stats(const DeviceMesh& mesh) {
+  DimsStats out;
+  for (auto& group : mesh.group_stats()) out[group.mesh_dims] = group.stats;
+  return out;
+}
+
+// Appends `used`'s data-moving collectives to `out` under `phase`, each
+// with the names of the mesh dims it ran over.
+inline void add_phase(std::vector<PhaseComm>& out, const char* phase, const DimsStats& used,
+                      const std::vector<std::string>& names) {
+  for (const auto& [dims, stats] : used) {
+    std::vector<std::string> dim_names;
+    for (int d : dims) dim_names.push_back(names.at(static_cast<std::size_t>(d)));
+    for (int k = 0; k < kNumCollectiveKinds; ++k) {
+      const auto kind = static_cast<CollectiveKind>(k);
+      if (kind == CollectiveKind::Barrier || kind == CollectiveKind::Split || stats.count(kind) == 0) continue;
+      out.push_back({phase, std::string(collective_name(kind)), dim_names, stats.count(kind),
+                     stats.recv_bytes_by_kind[static_cast<std::size_t>(k)]});
+    }
+  }
+}
+
+}  // namespace dtensor::train::detail
