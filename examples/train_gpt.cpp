@@ -5,6 +5,7 @@
 //   build/examples/train_gpt --ranks 4 --mesh 2x2 --dims dp,tp --plan ddp,tp --steps 20
 //   build/examples/train_gpt --ranks 2 --plan tp_sp --json run.json --plot loss.svg --generate 64
 //   mpirun -np 4 build/examples/train_gpt --mesh 4 --plan ddp
+//   build/examples/train_gpt --ranks 4 --dims pp --plan pp --schedule 1f1b --micro-batches 4
 #include <filesystem>
 
 #include <dtensor/dtensor.h>
@@ -77,6 +78,8 @@ nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r
             {"dtype", std::string(dtype_name(o.model.dtype))},
             {"batch", o.batch},
             {"micro_batches", o.micro_batches},
+            {"schedule", o.schedule},
+            {"virtual_stages", o.virtual_stages},
             {"steps", o.steps},
             {"schedule_steps", o.schedule_steps > 0 ? o.schedule_steps : o.steps},
             {"save", o.save_dir},
@@ -127,9 +130,16 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--mesh", cl.mesh_text, "mesh shape, e.g. 8 or 2x4 (default: all ranks on one dim)");
   app.add_option("--dims", cl.dims_text, "mesh dim names, e.g. dp,tp (default: dp on one dim, else d0,d1,...)");
   app.add_option("--plan", cl.plan_text,
-                 fmt::format("one plan per mesh dim, comma-separated, each ddp, zero1, fsdp, tp or tp_sp "
-                             "(e.g. ddp,tp) (default: {})",
+                 fmt::format("one plan per mesh dim, comma-separated, each ddp, zero1, fsdp, tp, tp_sp or pp "
+                             "(pipeline stages; e.g. ddp,tp or pp,ddp) (default: {})",
                              cl.plan_text));
+  app.add_option("--schedule", o.schedule,
+                 fmt::format("pipeline schedule under --plan pp: gpipe, 1f1b or interleaved (zb-h1 and zbv are "
+                             "refused: the runtime does not split the backward yet) (default: {})",
+                             o.schedule));
+  app.add_option("--virtual", o.virtual_stages,
+                 fmt::format("pipeline stages per pp rank (interleaved) (default: {})", o.virtual_stages))
+      ->check(CLI::PositiveNumber);
   app.add_option("--layers", o.model.layers, fmt::format("transformer blocks (default: {})", o.model.layers))
       ->check(CLI::PositiveNumber);
   app.add_option("--d-model", o.model.d_model,
@@ -223,7 +233,12 @@ void check_command_line(CommandLine& cl) {
   // What the mesh's sizes decide, before any rank starts: on threads a
   // 1-D mesh is all the ranks.
   const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{cl.ranks} : Shape{};
-  if (!mesh_shape.empty()) nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
+  if (!mesh_shape.empty()) {
+    nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
+    // A pipeline that cannot be scheduled (1f1b with m < p, ...) is refused
+    // here, before any rank starts, let alone sends.
+    train::pipeline_schedule(o, mesh_shape);
+  }
   if (!o.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(o.resume_dir) / "manifest.json"))
     throw ValueError(fmt::format("--resume '{}' is not a checkpoint: it has no manifest.json", o.resume_dir));
   o.text = train::find_text(o.text.empty() ? std::nullopt : std::optional<std::string>(o.text));

@@ -28,7 +28,11 @@ STEPS = ["--steps", "6"]
 OPTIONS = ["--ranks", "--device", "--mesh", "--dims", "--plan", "--layers", "--d-model", "--heads", "--seq", "--batch",
            "--micro-batches", "--steps", "--warmup", "--schedule-steps", "--save", "--resume", "--lr", "--weight-decay",
            "--clip", "--seed", "--dtype", "--text", "--eval-every", "--json", "--plot", "--explain", "--trace",
-           "--trace-svg", "--generate"]
+           "--trace-svg", "--generate", "--schedule", "--virtual"]
+# A pipeline's run: 4 blocks for up to 4 stages, 2 micro-batches; no
+# --generate or --clip, which pipelined training refuses for now.
+PIPELINE = ["--layers", "4", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--dtype", "f64",
+            "--lr", "3e-3", "--micro-batches", "2", "--steps", "4"]
 
 
 def run(cmd, env):
@@ -81,6 +85,12 @@ def main() -> int:
         result = json.load(open(path)) if rc == 0 and os.path.exists(path) else None
         return rc, out, err, result
 
+    def train_with(base, extra, name):
+        """train_gpt with `base` (not SMALL) and `extra`, and its --json."""
+        path = os.path.join(tmp, name + ".json")
+        rc, out, err = run([exe, *base, *extra, "--json", path], env)
+        return rc, out, err, json.load(open(path)) if rc == 0 and os.path.exists(path) else None
+
     # Bad values first: they need no training run.
     for args, needle in [(["--plan", "foo"], "unknown plan 'foo'"),
                          (["--resume", tmp], "is not a checkpoint: it has no manifest.json"),
@@ -88,7 +98,12 @@ def main() -> int:
                          (["--ranks", "4", "--plan", "tp_sp", "--seq", "6"], "seq = 6"),
                          (["--ranks", "4", "--mesh", "2x3", "--plan", "ddp,ddp"], "--mesh 2x3 has 6 ranks"),
                          (["--mesh", "2xz"], "--mesh '2xz'"),
-                         (["--steps", "0"], "--steps")]:
+                         (["--steps", "0"], "--steps"),
+                         (["--ranks", "4", "--dims", "pp", "--plan", "pp", "--layers", "4", "--micro-batches", "2"],
+                          "2 microbatches on 4 ranks; 1f1b needs m >= p"),
+                         (["--ranks", "2", "--plan", "pp", "--micro-batches", "2", "--schedule", "zb-h1"],
+                          "schedule 'zb-h1' splits the backward"),
+                         (["--ranks", "2", "--plan", "pp", "--generate", "4"], "--generate 4")]:
         rc, out, err = run([exe, *args], env)
         lines = err.strip().splitlines()
         # The temporary folder's name changes from run to run; the case's must not.
@@ -144,6 +159,19 @@ def main() -> int:
     cases.check("--trace leaves the step's comm as it is without it",
                 untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
                 (untraced and untraced["comm"], tp and tp["comm"]))
+
+    # Pipelines: --plan pp over 2 ranks (1f1b), and pp,ddp on 2x2 (interleaved, 2 stages a rank), give the
+    # 1-rank losses with the same micro-batches; the step's messages are listed under "pipeline".
+    rc, out, err, one_pp = train_with(PIPELINE, [], "one_pp")
+    for extra, name in [(["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b"], "pp2_1f1b"),
+                        (["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
+                          "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved")]:
+        rc, out, err, pp = train_with(PIPELINE, extra, name)
+        sends = [c for c in pp["comm"] if c["kind"] == "send_recv"] if pp else []
+        cases.check(f"{' '.join(extra)}: the 1-rank losses, its messages in comm",
+                    one_pp is not None and pp is not None and same_losses(one_pp["losses"], pp["losses"]) and
+                    sends and all(c["phase"] == "pipeline" and c["mesh_dims"] == ["pp"] for c in sends),
+                    err + out)
 
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")

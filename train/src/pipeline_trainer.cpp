@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include <dtensor/core/memory_account.h>
 #include <dtensor/nn/optim.h>
 #include <dtensor/nn/parallel_plan.h>
 #include <dtensor/nn/pipeline_runtime.h>
@@ -65,16 +66,21 @@ std::uint64_t largest(const DeviceMesh& mesh, std::uint64_t v) {
   return static_cast<std::uint64_t>(x);
 }
 
-template <class Stages, class X>
-std::uint64_t local_bytes(const std::vector<X>& params) {
-  std::uint64_t out = 0;
-  for (const X& p : params) {
-    if constexpr (std::is_same_v<X, DTensor>)
-      out += p.to_local().nbytes();
-    else
-      out += p.nbytes();
+std::uint64_t local_bytes(const Tensor& x) { return x.nbytes(); }
+std::uint64_t local_bytes(const DTensor& x) { return x.to_local().nbytes(); }
+
+// The busiest rank's bytes of parameters, gradients (each its parameter's
+// size) and AdamW's moments, and of the peak of a step.
+template <class X>
+void record_memory(TrainResult& result, const DeviceMesh& mesh, const nn::AdamW<X>& optimizer, std::size_t step_peak) {
+  std::uint64_t params = 0, states = 0;
+  for (std::size_t i = 0; i < optimizer.params().size(); ++i) {
+    params += local_bytes(optimizer.params()[i]);
+    if (optimizer.exp_avg(i)) states += local_bytes(*optimizer.exp_avg(i)) + local_bytes(*optimizer.exp_avg_sq(i));
   }
-  return out;
+  result.parameter_bytes = result.gradient_bytes = largest(mesh, params);
+  result.optimizer_state_bytes = largest(mesh, states);
+  result.peak_bytes = largest(mesh, step_peak);
 }
 
 // The whole run on this rank, once the mesh, its pp dim and the schedule
@@ -83,6 +89,10 @@ template <class Stages>
 TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, const DeviceMesh& mesh, int pp_dim,
                 const pipe::Schedule& schedule, const StepCallback& on_step) {
   using X = typename Stages::X;
+  // Everything this rank allocates from here on is charged to it.
+  const auto memory = std::make_shared<MemoryAccount>();
+  const ChargeMemoryTo charge(memory);
+  std::size_t step_peak = 0;
   Communicator& pp = mesh.dim_comm(pp_dim);
   nn::GPT<X> whole = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations());
   const pipe::LayerSplit split = pipe::split_layers(o.model.layers, schedule.stages, o.layer_split);
@@ -116,6 +126,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   double seconds = 0;
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    memory->reset_peak();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
     pipe::StepInputs<X> in = inputs_of(Split::Train, step * o.micro_batches, o.micro_batches);
     in.loss_scales = pipe::equal_loss_scales(o.micro_batches, o.batch * o.model.seq);
@@ -123,6 +134,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in);
     const DimsStats passed = mesh_stats(mesh);
     optimizer.step();  // once per step: under ddp its gradients' reduction too
+    step_peak = memory->peak_bytes();
     optimizer.zero_grad();
     const DimsStats updated = mesh_stats(mesh);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -145,7 +157,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
         mean(pipe::run_step<X>(pipe::forward_only(schedule, static_cast<int>(o.val_batches)), mine, pp, val));
   }
   result.val_points.emplace_back(o.steps - 1, result.val_loss);
-  result.parameter_bytes = result.gradient_bytes = largest(mesh, local_bytes<Stages>(params));
+  record_memory(result, mesh, optimizer, step_peak);
   return result;
 }
 
