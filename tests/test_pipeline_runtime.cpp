@@ -1,10 +1,11 @@
 // The pipeline runtime (nn/pipeline_runtime.h) through the trainer: the GPT
 // over a pp mesh dim under each runnable schedule gives the one-rank run's
 // losses (f64, 1e-9 relative), with 2·m messages per stage boundary that
-// crosses ranks, each of the activation's bytes; what cannot run is refused
-// before any message.
+// crosses ranks, each of the activation's bytes (its shard under pp x dp and
+// pp x tp_sp); what cannot run is refused before any message.
 #include <boost/test/unit_test.hpp>
 
+#include <array>
 #include <mutex>
 
 #include <dtensor/nn/pipeline_runtime.h>
@@ -37,14 +38,36 @@ const train::TextData& slice() {
   return data;
 }
 
-// Every rank's result (thread ranks), by rank.
-std::vector<train::TrainResult> run_all(const train::TrainOptions& o) {
-  std::vector<train::TrainResult> out(static_cast<std::size_t>(numel(o.mesh)));
+// The step's messages over pp on one rank: a send counts once at its
+// sender and once, with its bytes, at its receiver.
+std::pair<std::uint64_t, std::uint64_t> pipeline_messages(const train::TrainResult& r) {
+  std::uint64_t calls = 0, bytes = 0;
+  for (const auto& c : r.comm)
+    if (c.phase == "pipeline" && c.kind == "send_recv" && c.mesh_dims == std::vector<std::string>{"pp"}) {
+      calls += c.count;
+      bytes += c.bytes;
+    }
+  return {calls, bytes};
+}
+
+// A run on the test backend: the reporting rank's result (rank 0 on
+// threads, each process under MPI), and the messages summed over all ranks.
+struct Outcome {
+  train::TrainResult result;
+  int rank = 0;
+  std::uint64_t calls = 0, bytes = 0;
+};
+Outcome run_pipeline(const train::TrainOptions& o) {
+  Outcome out;
   std::mutex mu;
   testing::run_ranks(static_cast<int>(numel(o.mesh)), [&](Communicator& world) {
     train::TrainResult r = train::train(o, slice(), &world);
+    const auto [calls, bytes] = pipeline_messages(r);
+    std::array<double, 2> totals{static_cast<double>(calls), static_cast<double>(bytes)};
+    world.all_reduce(std::span<double>(totals), ReduceOp::Sum);
+    if (!testing::reports_results(world)) return;
     std::lock_guard lock(mu);
-    out[static_cast<std::size_t>(world.rank())] = std::move(r);
+    out = {std::move(r), world.rank(), static_cast<std::uint64_t>(totals[0]), static_cast<std::uint64_t>(totals[1])};
   });
   return out;
 }
@@ -55,10 +78,10 @@ struct Case {
   std::vector<std::string> dims, plans;
   std::int64_t micro_batches, virtual_stages, layers;
   int boundaries_across_ranks;  // stage boundaries whose two stages are on different ranks
-  std::int64_t activation_bytes() const {
-    const std::int64_t dp = mesh.size() > 1 ? mesh[1] : 1;  // the batch is split over dp
-    return kBatch / dp * kSeq * kDModel * 8;
-  }
+  // Into how many shards the other mesh dim cuts the activation a stage
+  // sends (dp the batch, tp_sp the sequence; tp replicates it).
+  std::int64_t shards = 1;
+  std::int64_t activation_bytes() const { return kBatch * kSeq * kDModel * 8 / shards; }
   std::string name() const {
     return fmt::format("{} on mesh {} ({}) m={} v={}", schedule, fmt::join(mesh, "x"), fmt::join(plans, ","),
                        micro_batches, virtual_stages);
@@ -73,8 +96,11 @@ const std::vector<Case>& cases() {
       {"gpipe", {4}, {"pp"}, {"pp"}, 4, 1, 4, 3},
       {"1f1b", {4}, {"pp"}, {"pp"}, 4, 1, 4, 3},
       {"interleaved", {4}, {"pp"}, {"pp"}, 4, 2, 8, 7},
-      {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 1, 4, 1},
-      {"gpipe", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 3, 1, 4, 1},
+      {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 1, 4, 1, 2},
+      {"gpipe", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 3, 1, 4, 1, 2},
+      {"interleaved", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 2, 4, 3, 2},
+      {"1f1b", {2, 2}, {"pp", "tp"}, {"pp", "tp"}, 2, 1, 4, 1, 1},
+      {"1f1b", {2, 2}, {"pp", "tp"}, {"pp", "tp_sp"}, 2, 1, 4, 1, 2},
   };
   return all;
 }
@@ -91,17 +117,17 @@ const train::TrainResult& one_rank(std::int64_t layers, std::int64_t micro_batch
   return it->second;
 }
 
-// The step's messages over pp, summed over the ranks: each counts a send
-// once at the sender and once (with its bytes) at the receiver.
-std::pair<std::uint64_t, std::uint64_t> pipeline_messages(const std::vector<train::TrainResult>& ranks) {
-  std::uint64_t calls = 0, bytes = 0;
-  for (const auto& r : ranks)
-    for (const auto& c : r.comm)
-      if (c.phase == "pipeline" && c.kind == "send_recv" && c.mesh_dims == std::vector<std::string>{"pp"}) {
-        calls += c.count;
-        bytes += c.bytes;
-      }
-  return {calls, bytes};
+struct ranks_available {
+  int ranks;
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    return testing::can_run(ranks);
+  }
+};
+// Under MPI a rank that throws aborts the job: a dying stage is tried on threads.
+boost::test_tools::assertion_result threads_only(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result on_threads(testing::test_backend() == "threads");
+  on_threads.message() << "a rank that throws ends an MPI job";
+  return on_threads;
 }
 
 }  // namespace pipeline_runtime_suite
@@ -122,56 +148,58 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
     o.plans = c.plans;
     o.schedule = c.schedule;
     o.virtual_stages = c.virtual_stages;
-    const std::vector<train::TrainResult> ranks = run_all(o);
+    const Outcome got = run_pipeline(o);
     const train::TrainResult& want = one_rank(c.layers, c.micro_batches);
-    BOOST_TEST_REQUIRE(ranks[0].losses.size() == want.losses.size(), c.name());
+    const std::vector<double>& losses = got.result.losses;
+    BOOST_TEST_REQUIRE(losses.size() == want.losses.size(), c.name());
     double worst = 0;  // the largest relative difference, logged (--log_level=message)
-    for (const auto& r : ranks)
-      for (std::size_t i = 0; i < want.losses.size(); ++i) {
-        worst = std::max(worst, std::abs(r.losses[i] - want.losses[i]) / std::abs(want.losses[i]));
-        BOOST_TEST(testing::close(r.losses[i], want.losses[i], 1e-9 * std::abs(want.losses[i])),
-                   c.name() << ": step " << i << " loss " << r.losses[i] << " vs one rank's " << want.losses[i]);
-      }
+    for (std::size_t i = 0; i < want.losses.size(); ++i) {
+      worst = std::max(worst, std::abs(losses[i] - want.losses[i]) / std::abs(want.losses[i]));
+      BOOST_TEST(testing::close(losses[i], want.losses[i], 1e-9 * std::abs(want.losses[i])),
+                 c.name() << ": step " << i << " loss " << losses[i] << " vs one rank's " << want.losses[i]);
+    }
     BOOST_TEST_MESSAGE(c.name() << ": largest relative loss difference " << worst);
-    BOOST_TEST(testing::close(ranks[0].val_loss, want.val_loss, 1e-9 * std::abs(want.val_loss)),
-               c.name() << ": validation loss " << ranks[0].val_loss << " vs " << want.val_loss);
+    BOOST_TEST(testing::close(got.result.val_loss, want.val_loss, 1e-9 * std::abs(want.val_loss)),
+               c.name() << ": validation loss " << got.result.val_loss << " vs " << want.val_loss);
     const std::uint64_t messages = static_cast<std::uint64_t>(2 * c.micro_batches * c.boundaries_across_ranks);
-    const std::uint64_t copies =
-        c.mesh.size() > 1 ? static_cast<std::uint64_t>(c.mesh[1]) : 1;  // one pipeline per dp rank
-    const auto [calls, bytes] = pipeline_messages(ranks);
-    BOOST_TEST(calls == 2 * messages * copies, c.name() << ": send and recv calls");
-    BOOST_TEST(bytes == messages * copies * static_cast<std::uint64_t>(c.activation_bytes()), c.name() << ": bytes");
+    // One pipeline per rank of the other mesh dim, each sending its shard.
+    const std::uint64_t copies = c.mesh.size() > 1 ? static_cast<std::uint64_t>(c.mesh[1]) : 1;
+    BOOST_TEST(got.calls == 2 * messages * copies, c.name() << ": send and recv calls");
+    BOOST_TEST(got.bytes == messages * copies * static_cast<std::uint64_t>(c.activation_bytes()), c.name()
+                                                                                                      << ": bytes");
   }
 }
 
 // With dp beside pp, a stage's gradients stay Partial over the backwards
 // and are reduced once, by the optimizer step: the pipeline phase of stage
 // 0 (which reads no loss) runs no all_reduce over dp.
-BOOST_AUTO_TEST_CASE(data_parallel_reduction_runs_once_per_step) {
-  if (!testing::can_run(4)) return;
+BOOST_AUTO_TEST_CASE(data_parallel_reduction_runs_once_per_step, *boost::unit_test::precondition(ranks_available{4})) {
   train::TrainOptions o = small_model(4, 3);
   o.mesh = {2, 2};
   o.dims = {"pp", "dp"};
   o.plans = {"pp", "ddp"};
   o.steps = 1;
-  const std::vector<train::TrainResult> ranks = run_all(o);
+  const Outcome got = run_pipeline(o);
+  const bool first_stage = got.rank < 2;  // pp is the mesh's first dim
   std::uint64_t in_pipeline = 0, in_optimizer = 0;
-  for (const auto& c : ranks[0].comm)
+  for (const auto& c : got.result.comm)
     if (c.kind == "all_reduce" && c.mesh_dims == std::vector<std::string>{"dp"})
       (c.phase == "pipeline" ? in_pipeline : in_optimizer) += c.count;
-  BOOST_TEST(in_pipeline == 0u);
+  BOOST_TEST((in_pipeline == 0u || !first_stage), in_pipeline << " all_reduces over dp in stage 0's pipeline phase");
   BOOST_TEST(in_optimizer > 0u);
 }
 
 // 1F1B with fewer microbatches than pp ranks is refused by name, on every
 // rank, before any message (torchtitan#775 was a hang).
-BOOST_AUTO_TEST_CASE(too_few_microbatches_refused_before_any_message) {
+BOOST_AUTO_TEST_CASE(too_few_microbatches_refused_before_any_message,
+                     *boost::unit_test::precondition(ranks_available{4})) {
   train::TrainOptions o = small_model(4, 2);
   o.mesh = {4};
   o.dims = {"pp"};
   o.plans = {"pp"};
   testing::FailureLog log;
   testing::run_ranks(4, [&](Communicator& world) {
+    const std::uint64_t sent_before = world.stats().count(CollectiveKind::SendRecv);  // an MPI world lives on
     try {
       train::train(o, slice(), &world);
       log.add("trained with m = 2 < p = 4");
@@ -180,7 +208,7 @@ BOOST_AUTO_TEST_CASE(too_few_microbatches_refused_before_any_message) {
       if (what.find("1f1b") == std::string::npos || what.find('2') == std::string::npos)
         log.add("the refusal does not name 1f1b and m: " + what);
     }
-    if (world.stats().count(CollectiveKind::SendRecv) != 0) log.add("a message was sent before the refusal");
+    if (world.stats().count(CollectiveKind::SendRecv) != sent_before) log.add("a message was sent before the refusal");
   });
   log.report("1f1b with m < p");
 }
@@ -220,7 +248,7 @@ BOOST_AUTO_TEST_CASE(layer_split_is_validated) {
 
 // A stage that dies ends its neighbour's step with an error naming the
 // neighbour's stage and the action it was in, within the deadline.
-BOOST_AUTO_TEST_CASE(a_dead_stage_ends_its_neighbour_with_the_action) {
+BOOST_AUTO_TEST_CASE(a_dead_stage_ends_its_neighbour_with_the_action, *boost::unit_test::precondition(threads_only)) {
   namespace pipe = nn::pipeline;
   const train::TrainOptions o = small_model(2, 2);
   const pipe::Schedule lowered = pipe::lower(pipe::make_schedule("1f1b", 2, 2));

@@ -39,7 +39,7 @@ void refuse_unsupported(const TrainOptions& o) {
   refuse(o.explain, "--explain");
   refuse(o.clip > 0, fmt::format("--clip {} (a gradient norm over every stage)", o.clip));
   for (const std::string& plan : o.plans)
-    refuse(plan != "pp" && plan != "ddp", fmt::format("plan {} beside pp (only ddp is supported)", plan));
+    refuse(plan == "zero1" || plan == "fsdp", fmt::format("plan {} beside pp (ddp, tp and tp_sp are)", plan));
 }
 
 // How host batches become a stage's inputs: plain tensors when pp is the

@@ -85,7 +85,7 @@ struct TrainResult {
 /// split (1f1b with fewer micro-batches than pp ranks, fewer blocks than
 /// stages, ...), an UnsupportedError naming what pipelined training does not
 /// do yet (split backwards, checkpoints, generation, traces, clipping, plans
-/// other than ddp beside pp). None when no dim has plan "pp".
+/// zero1 or fsdp beside pp). None when no dim has plan "pp".
 std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& options, const Shape& mesh_shape);
 
 /// Called on rank 0 after each step.
