@@ -54,6 +54,20 @@ class Pipeline(unittest.TestCase):
         self.assertEqual(len(out["actions"]["0"]), 2 * 2 * 4)  # v*m forwards and backwards
         self.assertEqual(out["actions"]["0"][0], "0F0")
 
+    def test_svg_draws_each_rank_and_action(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "zb.svg")
+            proc = run("--schedule", "zb-h1", "--stages", "2", "--microbatches", "2", "--svg", path)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            with open(path) as f:
+                svg = f.read()
+        self.assertEqual(svg.count('class="box"'), 2 * 2 * 3)  # F, I and W per microbatch and rank
+        for rank in range(2):
+            self.assertIn(f">rank {rank}</text>", svg)
+        for kind in ("forward", "input_backward", "weight_backward"):
+            self.assertIn(f'data-kind="{kind}"', svg)
+        self.assertIn(">1I0</text>", svg)
+
     def test_a_schedule_that_cannot_be_made_exits_2_naming_the_rule(self):
         proc = run("--schedule", "1f1b", "--stages", "8", "--microbatches", "1")
         self.assertEqual(proc.returncode, 2)

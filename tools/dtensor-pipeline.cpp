@@ -15,6 +15,7 @@
 
 #include "dtensor/core/error.h"
 #include "dtensor/nn/pipeline.h"
+#include "dtensor/pictures/svg.h"
 
 namespace {
 
@@ -24,7 +25,7 @@ using namespace dtensor::nn::pipeline;
 constexpr int kExitInvalid = 2;  // bad arguments, a schedule that cannot be made, an invalid --check file
 
 struct Options {
-  std::string schedule, costs = "1,1,1", check;
+  std::string schedule, costs = "1,1,1", check, svg;
   int ranks = 0, microbatches = 0, virtual_stages = 1;
   bool json = false;
 };
@@ -104,6 +105,36 @@ void print_text(const Schedule& schedule, const SimulationResult& result, const 
   fmt::print("peak microbatches held per rank: {}\n", fmt::join(result.peak_microbatches, " "));
 }
 
+const char* box_kind(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::Forward: return "forward";
+    case ActionKind::Backward: return "backward";
+    case ActionKind::BackwardInput: return "input_backward";
+    case ActionKind::BackwardWeight: return "weight_backward";
+    default: return "message";
+  }
+}
+
+// The simulated timeline as a picture: one row per rank, the bubble hatched.
+void write_svg(const std::string& path, const Schedule& schedule, const SimulationResult& result,
+               const PipelineCosts& costs) {
+  std::vector<pictures::ScheduleRow> rows(schedule.ranks());
+  for (int rank = 0; rank < schedule.ranks(); ++rank) rows[rank].name = fmt::format("rank {}", rank);
+  for (const TimedAction& t : result.timeline)
+    rows[t.rank].boxes.push_back({action_text(t.action), box_kind(t.action.kind), t.start, t.end,
+                                  fmt::format("{}: stage {}, microbatch {}, from {:g} to {:g}", action_text(t.action),
+                                              t.action.stage, t.action.microbatch, t.start, t.end)});
+  pictures::SchedulePictureOptions options;
+  options.title = fmt::format("{}: {} ranks, {} stages, {} microbatches", schedule.name, schedule.ranks(),
+                              schedule.stages, schedule.microbatches);
+  options.subtitle =
+      fmt::format("simulated (F={:g}, I={:g}, W={:g}): makespan {:g}, bubble {:.1f}% of the makespan", costs.forward,
+                  costs.input_backward, costs.weight_backward, result.makespan, 100 * result.bubble_fraction);
+  std::ofstream out(path);
+  out << pictures::schedule_svg(rows, options);
+  if (!out) throw ValueError(fmt::format("[dtensor-pipeline] --svg {}: cannot be written", path));
+}
+
 int run(const Options& o) {
   const PipelineCosts costs = parse_costs(o.costs);
   if (!o.check.empty()) {
@@ -122,6 +153,7 @@ int run(const Options& o) {
   Schedule schedule = make_schedule(o.schedule, o.ranks, o.microbatches, o.virtual_stages);
   lower(schedule);  // proves it runs with blocking sends
   SimulationResult result = simulate(schedule, costs);
+  if (!o.svg.empty()) write_svg(o.svg, schedule, result, costs);
   if (o.json)
     print_json(schedule, result);
   else
@@ -144,6 +176,7 @@ int main(int argc, char** argv) {
   app.add_option("--costs", o.costs, "F,I,W: time of a forward, input- and weight-gradient per stage")
       ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object instead of the text");
+  app.add_option("--svg", o.svg, "also draw the simulated timeline as an SVG picture in this file");
   app.add_option("--check", o.check, "validate a CSV schedule (one row of actions per rank)");
   app.footer(
       "Example: dtensor-pipeline --schedule 1f1b --stages 4 --microbatches 8\n"

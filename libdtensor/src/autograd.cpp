@@ -58,6 +58,10 @@ class OpNode final : public Node {
   std::optional<X> output;
 
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
+    return apply_edges(grad, std::vector<bool>(edges.size(), true));
+  }
+  bool splits_edges() const override { return true; }
+  std::vector<std::optional<AnyTensor>> apply_edges(const AnyTensor& grad, const std::vector<bool>& wanted) override {
     const auto rule = backward_rule(*op_);
     if (!rule)
       throw AutogradError(
@@ -68,7 +72,7 @@ class OpNode final : public Node {
     // Which inputs need a gradient: those with an edge (made here, not at
     // recording, which stays one allocation cheaper on every op).
     std::vector<bool> needs(edges.size());
-    for (std::size_t i = 0; i < edges.size(); ++i) needs[i] = edges[i].fn || edges[i].leaf;
+    for (std::size_t i = 0; i < edges.size(); ++i) needs[i] = (edges[i].fn || edges[i].leaf) && wanted[i];
     BackwardArgs<X> args{attrs_, inputs, *output, g, needs};
     InputGrads<X> got;
     {
@@ -101,24 +105,6 @@ class OpNode final : public Node {
   OpAttrs attrs_;
 };
 
-AnyTensor add_grads(const AnyTensor& a, const AnyTensor& b) {
-  if (a.index() != b.index()) throw Error("[backward] internal: a Tensor and a DTensor gradient for one tensor");
-  if (const Tensor* t = std::get_if<Tensor>(&a)) return call_op_on(registered_op<"add">(), {}, *t, std::get<Tensor>(b));
-  return call_op_on(registered_op<"add">(), {}, std::get<DTensor>(a), std::get<DTensor>(b));
-}
-
-AnyTensor detached_any(const AnyTensor& g) {
-  return std::visit([](const auto& t) -> AnyTensor { return detached(t); }, g);
-}
-
-void accumulate(AutogradMeta& leaf, const AnyTensor& g) {
-  leaf.grad = leaf.grad ? add_grads(*leaf.grad, g) : detached_any(g);
-}
-
-struct Later {
-  bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
-};
-
 // Runs the graph below `root` with `grad` as its output's gradient.
 void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& grad, bool retain_graph) {
   CommScope phase("backward");  // a CommTree recording counts the backward on its own
@@ -131,30 +117,12 @@ void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& gr
     accumulate(*root, grad);
     return;
   }
-  // Count each node's incoming edges, and refuse a freed graph before
-  // running anything.
-  std::unordered_map<Node*, int> deps;
-  std::vector<Node*> stack{root->grad_fn.get()};
-  std::unordered_set<Node*> seen{root->grad_fn.get()};
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    if (n->released)
-      throw AutogradError(
-          fmt::format("[backward] the graph through '{}' was freed by an earlier backward; pass retain_graph = true to "
-                      "the "
-                      "first backward to run another through it",
-                      n->name()));
-    for (const Edge& e : n->edges) {
-      if (!e.fn) continue;
-      ++deps[e.fn.get()];
-      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
-    }
-  }
+  Node* const top = root->grad_fn.get();
+  std::unordered_map<Node*, int> deps = incoming_edges({&top, 1});
   std::unordered_map<Node*, AnyTensor> pending;
-  pending.emplace(root->grad_fn.get(), grad);
+  pending.emplace(top, grad);
   std::priority_queue<Node*, std::vector<Node*>, Later> ready;
-  ready.push(root->grad_fn.get());
+  ready.push(top);
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -213,17 +181,12 @@ void check_scalar(const Shape& shape) {
                     fmt::join(shape, "x")));
 }
 
-void check_grad_shape(const Shape& shape, const Shape& grad) {
-  if (shape != grad)
-    throw ShapeError(fmt::format("[backward] grad_output of shape {} for a tensor of shape {}; expected the same",
-                                 fmt::join(grad, "x"), fmt::join(shape, "x")));
-}
-
 void check_settable_grad(const std::shared_ptr<AutogradMeta>& meta, std::string_view kind) {
   if (!meta || !meta->requires_grad || meta->grad_fn)
-    throw AutogradError(fmt::format(
-        "[set_grad] this {} is not a leaf that requires a gradient ({}): call requires_grad_() on a leaf first",
-        kind, meta && meta->grad_fn ? "an op made it" : "requires_grad() is false"));
+    throw AutogradError(
+        fmt::format("[set_grad] this {} is not a leaf that requires a gradient ({}): call requires_grad_() on a leaf "
+                    "first",
+                    kind, meta && meta->grad_fn ? "an op made it" : "requires_grad() is false"));
 }
 
 void check_grad_matches(const Shape& shape, DType dtype, const Shape& grad_shape, DType grad_dtype) {
@@ -231,7 +194,8 @@ void check_grad_matches(const Shape& shape, DType dtype, const Shape& grad_shape
     throw ShapeError(fmt::format("[set_grad] a gradient of shape {} for a tensor of shape {}; expected the same",
                                  fmt::join(grad_shape, "x"), fmt::join(shape, "x")));
   if (dtype != grad_dtype)
-    throw DTypeError(fmt::format("[set_grad] a {} gradient for a {} tensor; expected the same dtype", grad_dtype, dtype));
+    throw DTypeError(
+        fmt::format("[set_grad] a {} gradient for a {} tensor; expected the same dtype", grad_dtype, dtype));
 }
 
 // Strips a DTensor's records, its own and its shard's.
@@ -274,6 +238,52 @@ bool is_not_differentiable(const OpDef& op) {
 }
 
 // ---- Graph plumbing --------------------------------------------------------------
+
+AnyTensor add_grads(const AnyTensor& a, const AnyTensor& b) {
+  if (a.index() != b.index()) throw Error("[backward] internal: a Tensor and a DTensor gradient for one tensor");
+  if (const Tensor* t = std::get_if<Tensor>(&a)) return call_op_on(registered_op<"add">(), {}, *t, std::get<Tensor>(b));
+  return call_op_on(registered_op<"add">(), {}, std::get<DTensor>(a), std::get<DTensor>(b));
+}
+
+namespace {
+AnyTensor detached_any(const AnyTensor& g) {
+  return std::visit([](const auto& t) -> AnyTensor { return detached(t); }, g);
+}
+}  // namespace
+
+void accumulate(AutogradMeta& leaf, const AnyTensor& grad) {
+  leaf.grad = leaf.grad ? add_grads(*leaf.grad, grad) : detached_any(grad);
+}
+
+void check_grad_shape(const Shape& shape, const Shape& grad) {
+  if (shape != grad)
+    throw ShapeError(fmt::format("[backward] grad_output of shape {} for a tensor of shape {}; expected the same",
+                                 fmt::join(grad, "x"), fmt::join(shape, "x")));
+}
+
+void throw_freed_graph(const Node& node) {
+  throw AutogradError(
+      fmt::format("[backward] the graph through '{}' was freed by an earlier backward; pass retain_graph = true to the "
+                  "first backward to run another through it",
+                  node.name()));
+}
+
+std::unordered_map<Node*, int> incoming_edges(std::span<Node* const> roots) {
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack(roots.begin(), roots.end());
+  std::unordered_set<Node*> seen(roots.begin(), roots.end());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (n->released) throw_freed_graph(*n);
+    for (const Edge& e : n->edges) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+  return deps;
+}
 
 Node::Node() : sequence(next_sequence++) {}
 

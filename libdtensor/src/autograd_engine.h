@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -103,6 +104,17 @@ class Node {
   /// whose gradients come by another route (a group fed by its parts, as in
   /// redistribute_all's record) sends them on here. Default: none.
   virtual std::vector<std::optional<AnyTensor>> apply_collected() { return {}; }
+  /// The gradients of the edges `wanted` marks, and no others, for a
+  /// backward run in two halves (backward_input: the input gradient now,
+  /// the weights' later). Only a node that says it can (splits_edges(): a
+  /// recorded op, whose rule computes each input's gradient apart) is asked;
+  /// the engine computes every other node's edges at once and keeps those
+  /// it does not want yet.
+  virtual bool splits_edges() const { return false; }
+  virtual std::vector<std::optional<AnyTensor>> apply_edges(const AnyTensor& grad, const std::vector<bool>& wanted) {
+    (void)wanted;
+    return apply(grad);
+  }
   /// Drops what the node saved (after a backward without retain_graph).
   virtual void release() = 0;
 
@@ -136,6 +148,24 @@ class GroupNode : public Node {
  private:
   std::vector<std::optional<AnyTensor>> arrived_;
 };
+
+/// The engine's steps, shared by backward and the split backward
+/// (autograd_split.cpp): the sum of two gradients of one tensor, a leaf's
+/// accumulation, and the order nodes run in (newest first: the same on every
+/// rank, so that their collectives match).
+AnyTensor add_grads(const AnyTensor& a, const AnyTensor& b);
+void accumulate(AutogradMeta& leaf, const AnyTensor& grad);
+struct Later {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
+};
+/// ShapeError unless a backward's grad_output has the output's shape.
+void check_grad_shape(const Shape& shape, const Shape& grad);
+/// The AutogradError for a graph freed by an earlier backward.
+[[noreturn]] void throw_freed_graph(const Node& node);
+/// How many edges lead into each node below `roots` (the roots themselves
+/// count only the edges from other nodes); AutogradError if any node was
+/// freed, before anything runs.
+std::unordered_map<Node*, int> incoming_edges(std::span<Node* const> roots);
 
 /// Makes `out` output k of `group`.
 void attach_part(Tensor& out, const std::shared_ptr<GroupNode>& group, std::size_t k);

@@ -7,6 +7,7 @@
 // layout, plan): drawing a DTensor communicates nothing.
 #include <cstddef>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,5 +118,37 @@ struct TimelineOptions {
 /// clock), and a legend with each kind's count. ValueError naming what is
 /// wrong where the text is not such a trace.
 std::string timeline_svg(std::string_view trace_json, const TimelineOptions& options = {});
+
+/// One box of a schedule picture: what a row runs from `start` to `end`.
+struct ScheduleBox {
+  std::string label;  // drawn inside where it fits ("0F3")
+  /// Its colour and class: "forward", "backward", "input_backward",
+  /// "weight_backward"; any other kind is drawn grey under its own name.
+  std::string kind;
+  double start = 0, end = 0;
+  std::string tooltip;  // the hover (the label where empty)
+};
+
+/// One row: a rank's boxes, in any order.
+struct ScheduleRow {
+  std::string name;  // drawn at the row's left ("rank 0")
+  std::vector<ScheduleBox> boxes;
+};
+
+struct SchedulePictureOptions {
+  double width = 900;  // pixels the time axis spans
+  std::string title;
+  /// The text under the title, e.g. how time is measured.
+  std::string subtitle;
+};
+
+/// A schedule as a picture (a pipeline's, from its simulation or a measured
+/// step): one row per rank, named where a person sees it, each box coloured
+/// by kind with its label inside where it fits and its details in a hover;
+/// the idle time in each row (the bubble) hatched, with the row's idle share
+/// at its right; a legend of the kinds. ValueError naming the box where a
+/// start or end is not finite or ends before it starts, or where there is
+/// nothing to draw.
+std::string schedule_svg(std::span<const ScheduleRow> rows, const SchedulePictureOptions& options = {});
 
 }  // namespace dtensor::pictures
