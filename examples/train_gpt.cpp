@@ -134,8 +134,8 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
                              "(pipeline stages; e.g. ddp,tp or pp,ddp) (default: {})",
                              cl.plan_text));
   app.add_option("--schedule", o.schedule,
-                 fmt::format("pipeline schedule under --plan pp: gpipe, 1f1b or interleaved (zb-h1 and zbv are "
-                             "refused: the runtime does not split the backward yet) (default: {})",
+                 fmt::format("pipeline schedule under --plan pp: gpipe, 1f1b, interleaved, zb-h1 or zbv (the "
+                             "last two split each backward into input and weight gradients) (default: {})",
                              o.schedule));
   app.add_option("--virtual", o.virtual_stages,
                  fmt::format("pipeline stages per pp rank (interleaved) (default: {})", o.virtual_stages))

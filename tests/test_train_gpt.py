@@ -101,8 +101,8 @@ def main() -> int:
                          (["--steps", "0"], "--steps"),
                          (["--ranks", "4", "--dims", "pp", "--plan", "pp", "--layers", "4", "--micro-batches", "2"],
                           "2 microbatches on 4 ranks; 1f1b needs m >= p"),
-                         (["--ranks", "2", "--plan", "pp", "--micro-batches", "2", "--schedule", "zb-h1"],
-                          "schedule 'zb-h1' splits the backward"),
+                         (["--ranks", "4", "--dims", "pp", "--plan", "pp", "--layers", "4", "--micro-batches", "2",
+                           "--schedule", "zb-h1"], "2 microbatches on 4 ranks; zb-h1 needs m >= p"),
                          (["--ranks", "2", "--plan", "pp", "--generate", "4"], "--generate 4")]:
         rc, out, err = run([exe, *args], env)
         lines = err.strip().splitlines()
@@ -160,12 +160,14 @@ def main() -> int:
                 untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
                 (untraced and untraced["comm"], tp and tp["comm"]))
 
-    # Pipelines: --plan pp over 2 ranks (1f1b), and pp,ddp on 2x2 (interleaved, 2 stages a rank), give the
-    # 1-rank losses with the same micro-batches; the step's messages are listed under "pipeline".
+    # Pipelines: --plan pp over 2 ranks (1f1b, and zb-h1's split backward), and pp,ddp on 2x2 (interleaved, 2
+    # stages a rank), give the 1-rank losses with the same micro-batches; the step's messages are listed under
+    # "pipeline".
     rc, out, err, one_pp = train_with(PIPELINE, [], "one_pp")
     for extra, name in [(["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b"], "pp2_1f1b"),
                         (["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
-                          "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved")]:
+                          "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),
+                        (["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "zb-h1"], "pp2_zb_h1")]:
         rc, out, err, pp = train_with(PIPELINE, extra, name)
         sends = [c for c in pp["comm"] if c["kind"] == "send_recv"] if pp else []
         cases.check(f"{' '.join(extra)}: the 1-rank losses, its messages in comm",

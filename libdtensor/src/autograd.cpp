@@ -173,14 +173,6 @@ void set_requires_grad(std::shared_ptr<AutogradMeta>& meta, bool on) {
   meta->requires_grad = on;
 }
 
-void check_scalar(const Shape& shape) {
-  if (!shape.empty())
-    throw ValueError(
-        fmt::format("[backward] backward() without a gradient needs a 0-d tensor; this one has shape {}: pass "
-                    "grad_output",
-                    fmt::join(shape, "x")));
-}
-
 void check_settable_grad(const std::shared_ptr<AutogradMeta>& meta, std::string_view kind) {
   if (!meta || !meta->requires_grad || meta->grad_fn)
     throw AutogradError(
@@ -259,6 +251,27 @@ void check_grad_shape(const Shape& shape, const Shape& grad) {
   if (shape != grad)
     throw ShapeError(fmt::format("[backward] grad_output of shape {} for a tensor of shape {}; expected the same",
                                  fmt::join(grad, "x"), fmt::join(shape, "x")));
+}
+
+void check_scalar(const Shape& shape) {
+  if (!shape.empty())
+    throw ValueError(
+        fmt::format("[backward] backward() without a gradient needs a 0-d tensor; this one has shape {}: pass "
+                    "grad_output",
+                    fmt::join(shape, "x")));
+}
+
+Tensor unit_gradient(const Tensor& loss) {
+  check_scalar(loss.shape());
+  return Tensor::ones({}, loss.dtype(), loss.device());
+}
+DTensor unit_gradient(const DTensor& loss) {
+  check_scalar(loss.shape());
+  // The gradient of a 0-d loss is one on every rank: Replicate (a Partial
+  // loss's pieces each get the whole gradient).
+  return DTensor::from_local(Tensor::ones({}, loss.dtype(), loss.mesh().device()), loss.mesh(),
+                             Layout::replicated(loss.mesh().ndim()), Shape{}, FromLocalCheck::Trust)
+      .with_cost_model(loss.cost_model());
 }
 
 void throw_freed_graph(const Node& node) {
@@ -405,10 +418,7 @@ void Tensor::set_grad(const Tensor& grad) {
   check_grad_matches(shape(), dtype(), grad.shape(), grad.dtype());
   autograd_->grad = detached(grad);
 }
-void Tensor::backward(bool retain_graph) const {
-  check_scalar(shape());
-  run_backward(autograd_, Tensor::ones({}, dtype(), device()), retain_graph);
-}
+void Tensor::backward(bool retain_graph) const { run_backward(autograd_, unit_gradient(*this), retain_graph); }
 void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
   check_grad_shape(shape(), grad_output.shape());
   run_backward(autograd_, detached(grad_output), retain_graph);
@@ -436,15 +446,7 @@ void DTensor::set_grad(const DTensor& grad) {
   check_grad_matches(shape(), dtype(), grad.shape(), grad.dtype());
   autograd_->grad = strip(grad);
 }
-void DTensor::backward(bool retain_graph) const {
-  check_scalar(shape());
-  // The gradient of a 0-d loss is one on every rank: Replicate (a Partial
-  // loss's pieces each get the whole gradient).
-  DTensor one = DTensor::from_local(Tensor::ones({}, dtype(), mesh().device()), mesh(),
-                                    Layout::replicated(mesh().ndim()), Shape{}, FromLocalCheck::Trust)
-                    .with_cost_model(cost_model());
-  run_backward(autograd_, one, retain_graph);
-}
+void DTensor::backward(bool retain_graph) const { run_backward(autograd_, unit_gradient(*this), retain_graph); }
 void DTensor::backward(const DTensor& grad_output, bool retain_graph) const {
   check_grad_shape(shape(), grad_output.shape());
   run_backward(autograd_, strip(grad_output), retain_graph);

@@ -158,6 +158,11 @@ void accumulate(AutogradMeta& leaf, const AnyTensor& grad);
 struct Later {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
+/// The gradient backward() starts a 0-d loss from: one (on every rank,
+/// Replicate, for a DTensor). ValueError naming the shape unless 0-d.
+void check_scalar(const Shape& shape);
+Tensor unit_gradient(const Tensor& loss);
+DTensor unit_gradient(const DTensor& loss);
 /// ShapeError unless a backward's grad_output has the output's shape.
 void check_grad_shape(const Shape& shape, const Shape& grad);
 /// The AutogradError for a graph freed by an earlier backward.

@@ -222,5 +222,11 @@ DeferredGradients backward_input(const Tensor& output, const Tensor& grad, std::
 DeferredGradients backward_input(const DTensor& output, const DTensor& grad, std::span<const DTensor> inputs) {
   return split_backward(output, grad, inputs);
 }
+DeferredGradients backward_input(const Tensor& loss, std::span<const Tensor> inputs) {
+  return split_backward(loss, unit_gradient(loss), inputs);
+}
+DeferredGradients backward_input(const DTensor& loss, std::span<const DTensor> inputs) {
+  return split_backward(loss, unit_gradient(loss), inputs);
+}
 
 }  // namespace dtensor

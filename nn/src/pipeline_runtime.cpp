@@ -9,6 +9,7 @@
 
 #include "dtensor/api/autograd.h"
 #include "dtensor/api/pointwise.h"
+#include "dtensor/api/split_backward.h"
 #include "dtensor/core/error.h"
 
 namespace dtensor::nn::pipeline {
@@ -21,14 +22,6 @@ std::vector<double> equal_loss_scales(std::int64_t microbatches, std::int64_t to
 }
 
 void check_runnable(const Schedule& schedule) {
-  for (int r = 0; r < schedule.ranks(); ++r)
-    for (const Action& action : schedule.actions[static_cast<std::size_t>(r)])
-      if (action.kind == ActionKind::BackwardInput || action.kind == ActionKind::BackwardWeight)
-        throw UnsupportedError(
-            fmt::format("[pipeline] schedule '{}' splits the backward into I and W (rank {} runs {}); the runtime does "
-                        "not split "
-                        "the backward yet (autograd has no input-only backward): use gpipe, 1f1b or interleaved",
-                        schedule.name, r, action));
   if (schedule.ranks() > 1 && !schedule.has_communication())
     throw ValueError(fmt::format("[pipeline] schedule '{}' spans {} ranks but has no SEND/RECV actions; lower() it",
                                  schedule.name, schedule.ranks()));
@@ -107,11 +100,12 @@ class StepRunner {
     switch (action.kind) {
       case ActionKind::Forward: return forward(action.stage, action.microbatch);
       case ActionKind::Backward: return backward(action.stage, action.microbatch);
+      case ActionKind::BackwardInput: return input_gradient(action.stage, action.microbatch);
+      case ActionKind::BackwardWeight: return weight_gradient(action.stage, action.microbatch);
       case ActionKind::SendForward: return send(action, forward_out_, action.stage + 1);
       case ActionKind::SendBackward: return send(action, backward_out_, action.stage - 1);
       case ActionKind::RecvForward: return receive(action, forward_in_, action.stage - 1);
       case ActionKind::RecvBackward: return receive(action, backward_in_, action.stage + 1);
-      default: check_runnable(schedule_);  // I and W: refused with its message
     }
   }
 
@@ -156,8 +150,31 @@ class StepRunner {
       held.output.backward();
     else
       held.output.backward(take(backward_in_, {s, mb}, "gradient"));
+    if (!stage(s).is_first()) pass_back(s, mb, *held.input);
+  }
+
+  // I: the input's gradient only (what the previous stage waits for); the
+  // weights' half waits in deferred_ for W. The first stage has no input to
+  // pass back, so its I does nothing and its W runs the whole backward.
+  void input_gradient(int s, int mb) {
     if (stage(s).is_first()) return;
-    const std::optional<X> grad = held.input->grad();
+    Held held = take(held_, {s, mb}, "forward");
+    const X inputs[] = {*held.input};
+    deferred_.emplace(Key{s, mb}, stage(s).is_last()
+                                      ? backward_input(held.output, inputs)
+                                      : backward_input(held.output, take(backward_in_, {s, mb}, "gradient"), inputs));
+    pass_back(s, mb, *held.input);
+  }
+
+  // W: the weights' gradients, accumulated into the stage's parameters.
+  void weight_gradient(int s, int mb) {
+    if (stage(s).is_first()) return backward(s, mb);
+    take(deferred_, {s, mb}, "input gradient (I)").run();
+  }
+
+  // The gradient of a stage's input, on to the stage before.
+  void pass_back(int s, int mb, const X& input) {
+    const std::optional<X> grad = input.grad();
     if (!grad)
       throw AutogradError(fmt::format("[pipeline] stage {} microbatch {}: no gradient reached its input", s, mb));
     X sent = Boundary<X>::to_boundary(*grad, stage(s).layouts);
@@ -214,6 +231,7 @@ class StepRunner {
   std::map<int, GPTStage<X>*> stages_;
   std::map<Key, X> forward_in_, forward_out_, backward_in_, backward_out_;
   std::map<Key, Held> held_;
+  std::map<Key, DeferredGradients> deferred_;  // split backwards between their I and W
   std::vector<double> losses_;
 };
 

@@ -50,5 +50,8 @@ class DeferredGradients {
 /// the output is reached from at least one of them.
 DeferredGradients backward_input(const Tensor& output, const Tensor& grad, std::span<const Tensor> inputs);
 DeferredGradients backward_input(const DTensor& output, const DTensor& grad, std::span<const DTensor> inputs);
+/// The same for a 0-d loss, whose gradient is one (as loss.backward()).
+DeferredGradients backward_input(const Tensor& loss, std::span<const Tensor> inputs);
+DeferredGradients backward_input(const DTensor& loss, std::span<const DTensor> inputs);
 
 }  // namespace dtensor

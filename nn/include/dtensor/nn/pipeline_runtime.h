@@ -2,9 +2,9 @@
 // Running a pipeline: one rank executes its list of a lowered Schedule
 // (pipeline.h), in order, on the stages it holds (pipeline_stage.h). F runs
 // a stage's forward on a microbatch and keeps what its backward needs; B
-// runs that backward; SEND_F/RECV_F and SEND_B/RECV_B move the residual
-// stream and its gradient to the neighbouring stage's rank over the `pp`
-// communicator. A different schedule is a different list, not other code.
+// runs that backward, or I and W its two halves (zero-bubble schedules); SEND_F/RECV_F and SEND_B/RECV_B move the
+// residual stream and its gradient to the neighbouring stage's rank over the `pp` communicator. A different schedule is
+// a different list, not other code.
 //
 //   auto lowered = nn::pipeline::lower(nn::pipeline::make_schedule("1f1b", p, m));
 //   nn::pipeline::check_runnable(lowered);                 // before any message
@@ -37,11 +37,10 @@ struct StepInputs {
 /// The scales of `microbatches` microbatches of `tokens_each` tokens each.
 std::vector<double> equal_loss_scales(std::int64_t microbatches, std::int64_t tokens_each);
 
-/// An UnsupportedError naming the schedule and the first I or W action
-/// unless every action is one the runtime runs (F, B and the messages): our
-/// autograd has no input-only backward, so a split backward is refused
-/// rather than run as a full one. A ValueError if a schedule over several
-/// ranks has no messages (lower() it first).
+/// A ValueError if a schedule over several ranks has no messages (lower()
+/// it first). Every kind of action runs: F, B, the split backward's I
+/// (backward_input: the input's gradient, sent on at once) and W (the
+/// weights', where the schedule puts it), and the messages.
 void check_runnable(const Schedule& schedule);
 
 /// The forward-only schedule of `microbatches` microbatches on `placement`'s

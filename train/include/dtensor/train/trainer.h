@@ -46,9 +46,9 @@ struct TrainOptions {
   /// The text: an explicit path, else the fetched cache, else the slice.
   std::string text;
   /// Pipeline parallelism, where a mesh dim's plan is "pp": the schedule's
-  /// name (nn::pipeline::make_schedule: gpipe, 1f1b, interleaved; zb-h1 and
-  /// zbv are refused until the runtime splits the backward), the stages per
-  /// pp rank (interleaved), and the blocks per stage (empty: an even split).
+  /// name (nn::pipeline::make_schedule: gpipe, 1f1b, interleaved, zb-h1,
+  /// zbv), the stages per pp rank (interleaved; zbv's is 2), and the blocks
+  /// per stage (empty: an even split).
   std::string schedule = "1f1b";
   std::int64_t virtual_stages = 1;
   std::vector<std::int64_t> layer_split;
