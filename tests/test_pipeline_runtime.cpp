@@ -178,6 +178,28 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
   }
 }
 
+// In f32 too, pp = 2 under 1f1b and zb-h1 gives the one-rank run's losses
+// bit for bit: each stage computes what one rank computes, in the same order
+// (the loss scale is applied to each microbatch before its backward, and
+// gradients accumulate over microbatches in their order on both).
+BOOST_AUTO_TEST_CASE(f32_losses_are_bitwise_those_of_one_rank, *boost::unit_test::precondition(ranks_available{2})) {
+  train::TrainOptions one = small_model(4, 2);
+  one.model.dtype = DType::Float32;
+  const train::TrainResult want = train::train(one, slice(), nullptr);
+  for (const std::string schedule : {"1f1b", "zb-h1"}) {
+    train::TrainOptions o = one;
+    o.mesh = {2};
+    o.dims = {"pp"};
+    o.plans = {"pp"};
+    o.schedule = schedule;
+    const Outcome got = run_pipeline(o);
+    BOOST_TEST_REQUIRE(got.result.losses.size() == want.losses.size(), schedule);
+    for (std::size_t i = 0; i < want.losses.size(); ++i)
+      BOOST_TEST(got.result.losses[i] == want.losses[i],
+                 schedule << " step " << i << ": " << got.result.losses[i] << " vs one rank's " << want.losses[i]);
+  }
+}
+
 // With dp beside pp, a stage's gradients stay Partial over the backwards
 // and are reduced once, by the optimizer step: the pipeline phase of stage
 // 0 (which reads no loss) runs no all_reduce over dp.
