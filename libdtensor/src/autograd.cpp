@@ -57,11 +57,22 @@ class OpNode final : public Node {
   NodeSlots<X, 2> inputs;
   std::optional<X> output;
 
-  std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
-    return apply_edges(grad, std::vector<bool>(edges.size(), true));
-  }
+  std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override { return run_rule(grad, nullptr); }
   bool splits_edges() const override { return true; }
   std::vector<std::optional<AnyTensor>> apply_edges(const AnyTensor& grad, const std::vector<bool>& wanted) override {
+    return run_rule(grad, &wanted);
+  }
+  void release() override {
+    inputs.clear();
+    output.reset();
+    released = true;
+  }
+
+ private:
+  // The rule's gradients of the inputs with an edge, and of those only
+  // that `wanted` marks where it is given (a split backward's half). A
+  // whole backward passes none: no mask is built on every node.
+  std::vector<std::optional<AnyTensor>> run_rule(const AnyTensor& grad, const std::vector<bool>* wanted) {
     const auto rule = backward_rule(*op_);
     if (!rule)
       throw AutogradError(
@@ -72,7 +83,8 @@ class OpNode final : public Node {
     // Which inputs need a gradient: those with an edge (made here, not at
     // recording, which stays one allocation cheaper on every op).
     std::vector<bool> needs(edges.size());
-    for (std::size_t i = 0; i < edges.size(); ++i) needs[i] = (edges[i].fn || edges[i].leaf) && wanted[i];
+    for (std::size_t i = 0; i < edges.size(); ++i)
+      needs[i] = (edges[i].fn || edges[i].leaf) && (!wanted || (*wanted)[i]);
     BackwardArgs<X> args{attrs_, inputs, *output, g, needs};
     InputGrads<X> got;
     {
@@ -94,13 +106,7 @@ class OpNode final : public Node {
     }
     return out;
   }
-  void release() override {
-    inputs.clear();
-    output.reset();
-    released = true;
-  }
 
- private:
   const OpDef* op_;
   OpAttrs attrs_;
 };
