@@ -24,7 +24,12 @@ void require_microbatches_at_least_ranks(std::string_view schedule, int ranks, i
                     schedule, microbatches, ranks, schedule));
 }
 
-Schedule one_stage_per_rank(std::string name, int ranks, int microbatches) {
+// The empty schedule of one stage per rank, after the checks every such
+// generator makes (and m >= p where its warm-up needs it).
+Schedule one_stage_per_rank(std::string name, int ranks, int microbatches, bool needs_microbatches_at_least_ranks) {
+  require_positive(name, "ranks", ranks);
+  require_positive(name, "microbatches", microbatches);
+  if (needs_microbatches_at_least_ranks) require_microbatches_at_least_ranks(name, ranks, microbatches);
   Schedule schedule;
   schedule.name = std::move(name);
   schedule.stages = ranks;
@@ -37,9 +42,7 @@ Schedule one_stage_per_rank(std::string name, int ranks, int microbatches) {
 }  // namespace
 
 Schedule gpipe(int ranks, int microbatches) {
-  require_positive("gpipe", "ranks", ranks);
-  require_positive("gpipe", "microbatches", microbatches);
-  Schedule schedule = one_stage_per_rank("gpipe", ranks, microbatches);
+  Schedule schedule = one_stage_per_rank("gpipe", ranks, microbatches, false);
   for (int rank = 0; rank < ranks; ++rank) {
     auto& list = schedule.actions[rank];
     for (int mb = 0; mb < microbatches; ++mb) list.push_back({rank, ActionKind::Forward, mb});
@@ -49,10 +52,7 @@ Schedule gpipe(int ranks, int microbatches) {
 }
 
 Schedule one_f_one_b(int ranks, int microbatches) {
-  require_positive("1f1b", "ranks", ranks);
-  require_positive("1f1b", "microbatches", microbatches);
-  require_microbatches_at_least_ranks("1f1b", ranks, microbatches);
-  Schedule schedule = one_stage_per_rank("1f1b", ranks, microbatches);
+  Schedule schedule = one_stage_per_rank("1f1b", ranks, microbatches, true);
   for (int rank = 0; rank < ranks; ++rank) {
     auto& list = schedule.actions[rank];
     const int warmup = ranks - 1 - rank;
@@ -67,10 +67,7 @@ Schedule one_f_one_b(int ranks, int microbatches) {
 }
 
 Schedule zero_bubble_h1(int ranks, int microbatches) {
-  require_positive("zb-h1", "ranks", ranks);
-  require_positive("zb-h1", "microbatches", microbatches);
-  require_microbatches_at_least_ranks("zb-h1", ranks, microbatches);
-  Schedule schedule = one_stage_per_rank("zb-h1", ranks, microbatches);
+  Schedule schedule = one_stage_per_rank("zb-h1", ranks, microbatches, true);
   for (int rank = 0; rank < ranks; ++rank) {
     auto& list = schedule.actions[rank];
     const int warmup = ranks - 1 - rank;
