@@ -66,45 +66,60 @@ nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r
   for (const auto& c : r.comm)
     comm.push_back(
         {{"phase", c.phase}, {"kind", c.kind}, {"mesh_dims", c.mesh_dims}, {"count", c.count}, {"bytes", c.bytes}});
-  return {{"config",
-           {{"mesh", mesh_text},
-            {"dims", o.dims},
-            {"plan", plan_text},
-            {"layers", o.model.layers},
-            {"d_model", o.model.d_model},
-            {"heads", o.model.heads},
-            {"seq", o.model.seq},
-            {"vocab", o.model.vocab},
-            {"dtype", std::string(dtype_name(o.model.dtype))},
-            {"batch", o.batch},
-            {"micro_batches", o.micro_batches},
-            {"schedule", o.schedule},
-            {"virtual_stages", o.virtual_stages},
-            {"steps", o.steps},
-            {"schedule_steps", o.schedule_steps > 0 ? o.schedule_steps : o.steps},
-            {"save", o.save_dir},
-            {"resume", o.resume_dir},
-            {"warmup", o.warmup},
-            {"lr", o.lr},
-            {"weight_decay", o.weight_decay},
-            {"clip", o.clip},
-            {"seed", o.seed},
-            {"generate", o.generate},
-            {"val_batches", o.val_batches},
-            {"eval_every", o.eval_every},
-            {"text", o.text}}},
-          {"first_step", r.first_step},
-          {"losses", r.losses},
-          {"val_loss", r.val_loss},
-          {"val_points", r.val_points},
-          {"comm", comm},
-          {"tokens_per_second", r.tokens_per_second},
-          {"peak_bytes_per_rank", r.peak_bytes},
-          {"memory_per_rank",
-           {{"parameters", r.parameter_bytes},
-            {"gradients", r.gradient_bytes},
-            {"optimizer_states", r.optimizer_state_bytes}}},
-          {"generated", r.generated}};
+  nlohmann::json out = {{"config",
+                         {{"mesh", mesh_text},
+                          {"dims", o.dims},
+                          {"plan", plan_text},
+                          {"layers", o.model.layers},
+                          {"d_model", o.model.d_model},
+                          {"heads", o.model.heads},
+                          {"seq", o.model.seq},
+                          {"vocab", o.model.vocab},
+                          {"dtype", std::string(dtype_name(o.model.dtype))},
+                          {"batch", o.batch},
+                          {"micro_batches", o.micro_batches},
+                          {"schedule", o.schedule},
+                          {"virtual_stages", o.virtual_stages},
+                          {"steps", o.steps},
+                          {"schedule_steps", o.schedule_steps > 0 ? o.schedule_steps : o.steps},
+                          {"save", o.save_dir},
+                          {"resume", o.resume_dir},
+                          {"warmup", o.warmup},
+                          {"lr", o.lr},
+                          {"weight_decay", o.weight_decay},
+                          {"clip", o.clip},
+                          {"seed", o.seed},
+                          {"generate", o.generate},
+                          {"val_batches", o.val_batches},
+                          {"eval_every", o.eval_every},
+                          {"text", o.text}}},
+                        {"first_step", r.first_step},
+                        {"losses", r.losses},
+                        {"val_loss", r.val_loss},
+                        {"val_points", r.val_points},
+                        {"comm", comm},
+                        {"tokens_per_second", r.tokens_per_second},
+                        {"peak_bytes_per_rank", r.peak_bytes},
+                        {"memory_per_rank",
+                         {{"parameters", r.parameter_bytes},
+                          {"gradients", r.gradient_bytes},
+                          {"optimizer_states", r.optimizer_state_bytes}}},
+                        {"generated", r.generated}};
+  if (r.schedule) {
+    nlohmann::json actions = nlohmann::json::object();
+    for (int rank = 0; rank < r.schedule->ranks(); ++rank) {
+      std::vector<std::string> texts;
+      for (const auto& a : r.schedule->actions[static_cast<std::size_t>(rank)])
+        texts.push_back(nn::pipeline::action_text(a));
+      actions[std::to_string(rank)] = texts;
+    }
+    out["schedule"] = {{"name", r.schedule->name},
+                       {"stages", r.schedule->stages},
+                       {"microbatches", r.schedule->microbatches},
+                       {"actions", actions}};
+    out["bubble_fraction"] = r.bubble_fraction;
+  }
+  return out;
 }
 
 // The command line as given: the training options and the texts still to be
@@ -272,6 +287,9 @@ void print_summary(const train::TrainResult& r) {
              human_bytes(static_cast<std::int64_t>(r.gradient_bytes)),
              human_bytes(static_cast<std::int64_t>(r.optimizer_state_bytes)),
              human_bytes(static_cast<std::int64_t>(r.peak_bytes)));
+  if (r.schedule)
+    fmt::print("pipeline: schedule {} ({} stages, {} micro-batches); bubble of the last step {:.1f}% (measured)\n",
+               r.schedule->name, r.schedule->stages, r.schedule->microbatches, 100 * r.bubble_fraction);
   if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
 }
 

@@ -411,7 +411,10 @@ void send_recv_tags_and_size_mismatch(const Engine& engine) {
       }
       EXPECT_R(ra.download<std::int64_t>(0, 5) == std::vector<std::int64_t>(5, prev), "tag 1 payload");
       EXPECT_R(rb.download<std::int64_t>(0, 3) == std::vector<std::int64_t>(3, prev * 100), "tag 2 payload");
-      EXPECT_R(diff.recv_bytes == 64 && diff.count(CollectiveKind::SendRecv) == 2, "recv bytes {}", diff.recv_bytes);
+      EXPECT_R(diff.recv_bytes == 64 && diff.count(CollectiveKind::Recv) == 2 &&
+                   diff.count(CollectiveKind::Send) == 0 &&
+                   diff.bytes_by_kind[static_cast<int>(CollectiveKind::Recv)] == 64,
+               "recvs: {}", diff);
       // A size mismatch names both sizes and the backend, and the message is
       // consumed.
       auto mismatch = [&] {

@@ -52,7 +52,7 @@ BOOST_AUTO_TEST_CASE(names_and_stats_arithmetic) {
   BOOST_TEST(d.count(CollectiveKind::AllGather) == 1u);
   BOOST_TEST(d.count(CollectiveKind::Barrier) == 0u);
   BOOST_TEST(d.recv_bytes == 8u);
-  BOOST_TEST(d.recv_bytes_by_kind[static_cast<int>(CollectiveKind::AllReduce)] == 3u);
+  BOOST_TEST(d.bytes_by_kind[static_cast<int>(CollectiveKind::AllReduce)] == 3u);
 }
 
 BOOST_AUTO_TEST_CASE(world_size_must_be_positive) {

@@ -38,16 +38,20 @@ const train::TextData& slice() {
   return data;
 }
 
-// The step's messages over pp on one rank: a send counts once at its
-// sender and once, with its bytes, at its receiver.
-std::pair<std::uint64_t, std::uint64_t> pipeline_messages(const train::TrainResult& r) {
-  std::uint64_t calls = 0, bytes = 0;
-  for (const auto& c : r.comm)
-    if (c.phase == "pipeline" && c.kind == "send_recv" && c.mesh_dims == std::vector<std::string>{"pp"}) {
-      calls += c.count;
-      bytes += c.bytes;
-    }
-  return {calls, bytes};
+// The step's messages over pp on one rank, as its comm lists them: a
+// message is a send at its sender and a recv at its receiver, each with
+// the message's bytes.
+struct Messages {
+  std::uint64_t sends = 0, recvs = 0, sent_bytes = 0, received_bytes = 0;
+};
+Messages pipeline_messages(const train::TrainResult& r) {
+  Messages m;
+  for (const auto& c : r.comm) {
+    if (c.phase != "pipeline" || c.mesh_dims != std::vector<std::string>{"pp"}) continue;
+    if (c.kind == "send") m.sends += c.count, m.sent_bytes += c.bytes;
+    if (c.kind == "recv") m.recvs += c.count, m.received_bytes += c.bytes;
+  }
+  return m;
 }
 
 // A run on the test backend: the reporting rank's result (rank 0 on
@@ -55,19 +59,21 @@ std::pair<std::uint64_t, std::uint64_t> pipeline_messages(const train::TrainResu
 struct Outcome {
   train::TrainResult result;
   int rank = 0;
-  std::uint64_t calls = 0, bytes = 0;
+  Messages messages;                   // summed over every rank
 };
 Outcome run_pipeline(const train::TrainOptions& o) {
   Outcome out;
   std::mutex mu;
   testing::run_ranks(static_cast<int>(numel(o.mesh)), [&](Communicator& world) {
     train::TrainResult r = train::train(o, slice(), &world);
-    const auto [calls, bytes] = pipeline_messages(r);
-    std::array<double, 2> totals{static_cast<double>(calls), static_cast<double>(bytes)};
+    const Messages m = pipeline_messages(r);
+    std::array<double, 4> totals{static_cast<double>(m.sends), static_cast<double>(m.recvs),
+                                 static_cast<double>(m.sent_bytes), static_cast<double>(m.received_bytes)};
     world.all_reduce(std::span<double>(totals), ReduceOp::Sum);
     if (!testing::reports_results(world)) return;
     std::lock_guard lock(mu);
-    out = {std::move(r), world.rank(), static_cast<std::uint64_t>(totals[0]), static_cast<std::uint64_t>(totals[1])};
+    const auto whole = [&](int i) { return static_cast<std::uint64_t>(totals[static_cast<std::size_t>(i)]); };
+    out = {std::move(r), world.rank(), Messages{whole(0), whole(1), whole(2), whole(3)}};
   });
   return out;
 }
@@ -172,9 +178,17 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
     const std::uint64_t messages = static_cast<std::uint64_t>(2 * c.micro_batches * c.boundaries_across_ranks);
     // One pipeline per rank of the other mesh dim, each sending its shard.
     const std::uint64_t copies = c.mesh.size() > 1 ? static_cast<std::uint64_t>(c.mesh[1]) : 1;
-    BOOST_TEST(got.calls == 2 * messages * copies, c.name() << ": send and recv calls");
-    BOOST_TEST(got.bytes == messages * copies * static_cast<std::uint64_t>(c.activation_bytes()), c.name()
-                                                                                                      << ": bytes");
+    const std::uint64_t bytes = messages * copies * static_cast<std::uint64_t>(c.activation_bytes());
+    BOOST_TEST(got.messages.sends == messages * copies, c.name() << ": sends");
+    BOOST_TEST(got.messages.recvs == messages * copies, c.name() << ": recvs");
+    BOOST_TEST(got.messages.sent_bytes == bytes, c.name() << ": bytes sent");
+    BOOST_TEST(got.messages.received_bytes == bytes, c.name() << ": bytes received");
+    // The run reports the schedule it ran and a measured bubble in [0, 1).
+    BOOST_TEST_REQUIRE(got.result.schedule.has_value(), c.name());
+    BOOST_TEST(got.result.schedule->name == c.schedule, c.name());
+    BOOST_TEST(got.result.schedule->ranks() == static_cast<int>(c.mesh[0]), c.name());
+    BOOST_TEST((got.result.bubble_fraction >= 0 && got.result.bubble_fraction < 1),
+               c.name() << ": measured bubble " << got.result.bubble_fraction);
   }
 }
 
@@ -229,7 +243,10 @@ BOOST_AUTO_TEST_CASE(too_few_microbatches_refused_before_any_message,
   o.plans = {"pp"};
   testing::FailureLog log;
   testing::run_ranks(4, [&](Communicator& world) {
-    const std::uint64_t sent_before = world.stats().count(CollectiveKind::SendRecv);  // an MPI world lives on
+    const auto messages = [&] {
+      return world.stats().count(CollectiveKind::Send) + world.stats().count(CollectiveKind::Recv);
+    };
+    const std::uint64_t sent_before = messages();  // an MPI world lives on
     try {
       train::train(o, slice(), &world);
       log.add("trained with m = 2 < p = 4");
@@ -238,7 +255,7 @@ BOOST_AUTO_TEST_CASE(too_few_microbatches_refused_before_any_message,
       if (what.find("1f1b") == std::string::npos || what.find('2') == std::string::npos)
         log.add("the refusal does not name 1f1b and m: " + what);
     }
-    if (world.stats().count(CollectiveKind::SendRecv) != sent_before) log.add("a message was sent before the refusal");
+    if (messages() != sent_before) log.add("a message was sent before the refusal");
   });
   log.report("1f1b with m < p");
 }

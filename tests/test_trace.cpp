@@ -61,11 +61,12 @@ void sharded_program(const DeviceMesh& mesh) {
   const DTensor c = matmul(a, b);
   const DTensor replicated = c.redistribute(Layout::parse("R,R"));
   const Layout partial = Layout::parse("P(sum),R");
-  const std::vector<DTensor> grads{
-      DTensor::from_local(testing::source_shard(b_full, mesh.shape(), partial, mesh.coordinate(), 3), mesh, partial,
-                          b_full.shape()),
-      DTensor::from_local(testing::source_shard(a_full, mesh.shape(), partial, mesh.coordinate(), 4), mesh, partial,
-                          a_full.shape())};
+  const std::vector<DTensor> grads{DTensor::from_local(testing::source_shard(b_full, mesh.shape(), partial,
+                                                                             mesh.coordinate(), 3),
+                                                       mesh, partial, b_full.shape()),
+                                   DTensor::from_local(testing::source_shard(a_full, mesh.shape(), partial,
+                                                                             mesh.coordinate(), 4),
+                                                       mesh, partial, a_full.shape())};
   const std::vector<Layout> targets(grads.size(), Layout::parse("R,R"));
   (void)redistribute_all(grads, targets);
 }
@@ -282,12 +283,13 @@ BOOST_AUTO_TEST_CASE(messages_are_flow_arrows, *boost::unit_test::precondition(m
     if (to != expected)
       log.add(fmt::format("rank {}: arrows to {} (rank: count), expected {}", rank, fmt::join(to, ", "),
                           fmt::join(expected, ", ")));
-    // The send_recv events name their direction, peer (a world rank) and tag.
+    // The send and recv events name their direction, peer (a world rank) and tag.
     int sends = 0, recvs = 0;
     for (const json& e : trace["traceEvents"]) {
-      if (e["ph"] != "X" || e["pid"] != rank || e["name"] != "send_recv") continue;
+      if (e["ph"] != "X" || e["pid"] != rank || (e["name"] != "send" && e["name"] != "recv")) continue;
       const json& args = e["args"];
-      (args.value("direction", "") == "send" ? sends : recvs) += 1;
+      if (args.value("direction", "") != e["name"]) log.add(fmt::format("rank {}: direction of {}", rank, e.dump()));
+      (e["name"] == "send" ? sends : recvs) += 1;
       if (!args.contains("peer") || !args.contains("tag")) log.add(fmt::format("rank {}: {}", rank, e.dump()));
     }
     if (sends != 7 || recvs != 5) log.add(fmt::format("rank {}: {} sends and {} recvs traced", rank, sends, recvs));
@@ -406,7 +408,8 @@ BOOST_AUTO_TEST_CASE(bad_paths_are_named, *boost::unit_test::precondition(mesh_r
 // DTENSOR_TRACE=FILE: launch() records every rank's whole run into FILE,
 // naming each rank by the mesh its program builds. Threads only.
 BOOST_AUTO_TEST_CASE(dtensor_trace_records_a_launch, *boost::unit_test::precondition(on_threads{})) {
-  const auto path = (std::filesystem::temp_directory_path() / fmt::format("dtensor_launch_{}.json", ::getpid())).string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / fmt::format("dtensor_launch_{}.json", ::getpid())).string();
   ::setenv("DTENSOR_TRACE", path.c_str(), 1);
   std::string program = "trace_test", ranks_flag = "--ranks", ranks = "4";
   std::array<char*, 4> argv{program.data(), ranks_flag.data(), ranks.data(), nullptr};

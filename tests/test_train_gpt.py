@@ -35,6 +35,36 @@ PIPELINE = ["--layers", "4", "--d-model", "16", "--heads", "4", "--seq", "8", "-
             "--lr", "3e-3", "--micro-batches", "2", "--steps", "4"]
 
 
+def check_pipeline_run(cases, result, trace_path, output):
+    """A pipelined run's --json names the schedule it ran and a measured bubble; its --trace shows each
+    action as an event on the rank's scopes track, in the schedule's order, and each message as a send, a
+    recv and a flow arrow between them."""
+    schedule = (result or {}).get("schedule", {})
+    actions = schedule.get("actions", {})
+    sends = sum(1 for rank in actions.values() for a in rank if "SEND_" in a)
+    # comm is rank 0's: its sends and its recvs.
+    rank0 = actions.get("0", [])
+    comm = {c["kind"]: c for c in (result or {}).get("comm", []) if c["phase"] == "pipeline"}
+    cases.check("pp --json: the schedule run (lowered, per rank), the measured bubble, sends and recvs apart",
+                schedule.get("name") == "1f1b" and sorted(actions) == ["0", "1"] and sends > 0 and
+                0 <= result.get("bubble_fraction", -1) < 1 and
+                comm.get("send", {}).get("count") == sum("SEND_" in a for a in rank0) > 0 and
+                comm.get("recv", {}).get("count") == sum("RECV_" in a for a in rank0) > 0 and
+                comm["send"]["bytes"] == comm["recv"]["bytes"] > 0, (schedule, result and result.get("comm"), output))
+    events = json.load(open(trace_path)).get("traceEvents", []) if os.path.exists(trace_path) else []
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    scopes = {}
+    for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
+        # The scopes track also holds the step's own regions ("backward", "optimizer").
+        if threads.get((e["pid"], e["tid"])) == "scopes" and re.fullmatch(r"\d+[A-Z_]+\d+", e["name"]):
+            scopes.setdefault(str(e["pid"]), []).append(e["name"])
+    arrows = [e for e in events if e.get("ph") in ("s", "f")]
+    messages = [e for e in events if e.get("ph") == "X" and e["name"] in ("send", "recv")]
+    cases.check("pp --trace: every action an event in the schedule's order, every message a send, a recv and an arrow",
+                actions and scopes == actions and len(messages) == 2 * sends and len(arrows) == 2 * sends,
+                (scopes, actions, len(messages), len(arrows), sends))
+
+
 def run(cmd, env):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
@@ -164,16 +194,20 @@ def main() -> int:
     # stages a rank), give the 1-rank losses with the same micro-batches; the step's messages are listed under
     # "pipeline".
     rc, out, err, one_pp = train_with(PIPELINE, [], "one_pp")
-    for extra, name in [(["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b"], "pp2_1f1b"),
+    pp_trace = os.path.join(tmp, "pp_step.json")
+    for extra, name in [(["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b", "--trace", pp_trace],
+                         "pp2_1f1b"),
                         (["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
                           "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),
                         (["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "zb-h1"], "pp2_zb_h1")]:
         rc, out, err, pp = train_with(PIPELINE, extra, name)
-        sends = [c for c in pp["comm"] if c["kind"] == "send_recv"] if pp else []
+        sends = [c for c in pp["comm"] if c["kind"] in ("send", "recv")] if pp else []
         cases.check(f"{' '.join(extra)}: the 1-rank losses, its messages in comm",
                     one_pp is not None and pp is not None and same_losses(one_pp["losses"], pp["losses"]) and
                     sends and all(c["phase"] == "pipeline" and c["mesh_dims"] == ["pp"] for c in sends),
                     err + out)
+        if name == "pp2_1f1b":
+            check_pipeline_run(cases, pp, pp_trace, err + out)
 
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")

@@ -24,8 +24,11 @@ std::vector<DimsCount> detail::dims_counts(const std::vector<GroupStats>& groups
   for (const auto& group : groups) {
     for (int k = 0; k < kNumCollectiveKinds; ++k) {
       if (group.stats.calls[k] == 0) continue;
-      DimsCount c{group.mesh_dims, {}, static_cast<CollectiveKind>(k), group.stats.calls[k],
-                  group.stats.recv_bytes_by_kind[k]};
+      DimsCount c{group.mesh_dims,
+                  {},
+                  static_cast<CollectiveKind>(k),
+                  group.stats.calls[k],
+                  group.stats.bytes_by_kind[k]};
       if (!names.empty())
         for (int d : group.mesh_dims) c.dim_names.push_back(names[static_cast<std::size_t>(d)]);
       out.push_back(std::move(c));

@@ -46,4 +46,7 @@ std::size_t TraceScope::recorded_events() const { return recorder_->events().siz
 
 bool trace_recording() { return trace::current != nullptr; }
 
+void TraceRegion::open(const std::string& name) { span_ = trace::ScopeSpan::open(name).release(); }
+TraceRegion::~TraceRegion() { delete span_; }
+
 }  // namespace dtensor

@@ -102,14 +102,14 @@ void BackendCommunicator::scatter(const void* send, std::span<const std::size_t>
 
 void BackendCommunicator::send(const void* buf, std::size_t bytes, int dst, int tag) {
   checks(*this).peer("send to", dst);
-  const Entered call(*this, CollectiveKind::SendRecv);
+  const Entered call(*this, CollectiveKind::Send);
   do_send(buf, bytes, dst, tag);
-  stats_.record_message(true, rank(), dst, tag, 0);
+  stats_.record_message(true, rank(), dst, tag, bytes);
 }
 
 void BackendCommunicator::recv(void* buf, std::size_t bytes, int src, int tag) {
   checks(*this).peer("recv from", src);
-  const Entered call(*this, CollectiveKind::SendRecv);
+  const Entered call(*this, CollectiveKind::Recv);
   const std::size_t got = do_recv(buf, bytes, src, tag);
   if (got != bytes) {
     // The message is gone from its route: the route's later ones keep their numbers.

@@ -23,7 +23,8 @@ std::string_view collective_name(CollectiveKind kind) {
     case CollectiveKind::AllToAll: return "all_to_all";
     case CollectiveKind::Broadcast: return "broadcast";
     case CollectiveKind::Scatter: return "scatter";
-    case CollectiveKind::SendRecv: return "send_recv";
+    case CollectiveKind::Send: return "send";
+    case CollectiveKind::Recv: return "recv";
     case CollectiveKind::Barrier: return "barrier";
     case CollectiveKind::Split: return "split";
   }
@@ -43,7 +44,7 @@ CommStats operator-(const CommStats& after, const CommStats& before) {
   CommStats d;
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
     d.calls[k] = after.calls[k] - before.calls[k];
-    d.recv_bytes_by_kind[k] = after.recv_bytes_by_kind[k] - before.recv_bytes_by_kind[k];
+    d.bytes_by_kind[k] = after.bytes_by_kind[k] - before.bytes_by_kind[k];
   }
   d.recv_bytes = after.recv_bytes - before.recv_bytes;
   return d;
@@ -53,7 +54,7 @@ CommStats operator+(const CommStats& a, const CommStats& b) {
   CommStats s;
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
     s.calls[k] = a.calls[k] + b.calls[k];
-    s.recv_bytes_by_kind[k] = a.recv_bytes_by_kind[k] + b.recv_bytes_by_kind[k];
+    s.bytes_by_kind[k] = a.bytes_by_kind[k] + b.bytes_by_kind[k];
   }
   s.recv_bytes = a.recv_bytes + b.recv_bytes;
   return s;
@@ -108,7 +109,7 @@ fmt::format_context::iterator fmt::formatter<dtensor::CommStats>::format(const d
   for (int k = 0; k < dtensor::kNumCollectiveKinds; ++k) {
     if (s.calls[k] == 0) continue;
     out = fmt::format_to(out, "{}{} x{} ({})", sep, static_cast<dtensor::CollectiveKind>(k), s.calls[k],
-                         dtensor::human_bytes(static_cast<std::int64_t>(s.recv_bytes_by_kind[k])));
+                         dtensor::human_bytes(static_cast<std::int64_t>(s.bytes_by_kind[k])));
     sep = ", ";
   }
   return out;

@@ -41,8 +41,9 @@ class StatsRecorder {
   /// (Sends and recvs count apart, so that a rank's messages to itself pair
   /// too. The counts grow with the routes used: one entry per peer and tag.)
   void record_message(bool sending, int self, int peer, int tag, std::uint64_t bytes) {
-    own_.record(CollectiveKind::SendRecv, bytes);
-    rank_totals_->record(CollectiveKind::SendRecv, bytes);
+    const auto kind = sending ? CollectiveKind::Send : CollectiveKind::Recv;
+    own_.record(kind, bytes);
+    rank_totals_->record(kind, bytes);
     const std::uint64_t sequence = messages_[route(sending, self, peer, tag)]++;
     if (trace::current != nullptr) [[unlikely]]
       trace::record_message(&own_, trace::MessageEnd{sending, self, peer, tag, sequence}, bytes,

@@ -169,9 +169,7 @@ std::string json_quote(std::string_view text) {
   return out;
 }
 
-Recorder::Recorder(Communicator& world) : world_(&world), outer_(current), started_(Clock::now()) {
-  current = this;
-}
+Recorder::Recorder(Communicator& world) : world_(&world), outer_(current), started_(Clock::now()) { current = this; }
 
 Recorder::~Recorder() { stop(); }
 
@@ -237,7 +235,8 @@ std::string Recorder::rank_text(std::int64_t origin_ns) const {
   const int rank = world_->rank();
   const std::string name = process_name_.empty() ? fmt::format("rank {}", rank) : process_name_;
   std::string out = fmt::format(
-      "{{\"name\": \"process_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, \"args\": {{\"name\": {1}}}}},\n"
+      "{{\"name\": \"process_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, \"args\": {{\"name\": "
+      "{1}}}}},\n"
       "{{\"name\": \"process_sort_index\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, "
       "\"args\": {{\"sort_index\": {0}}}}}",
       rank, json_quote(name));
@@ -251,9 +250,8 @@ std::string Recorder::rank_text(std::int64_t origin_ns) const {
     out += fmt::format(
         ",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {}, \"pid\": {}, \"tid\": {}, "
         "\"args\": {{{}}}}}",
-        json_quote(e.name), track_text(e.track).category,
-        microseconds(nanoseconds(e.start) - origin_ns), microseconds(std::max<std::int64_t>(dur_ns, 0)), rank,
-        static_cast<int>(e.track), e.args);
+        json_quote(e.name), track_text(e.track).category, microseconds(nanoseconds(e.start) - origin_ns),
+        microseconds(std::max<std::int64_t>(dur_ns, 0)), rank, static_cast<int>(e.track), e.args);
   }
   out += kFlowSection;
   for (const FlowEnd& f : flows_)
@@ -308,17 +306,16 @@ void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t
   // group's members are known, else its rank in the group.
   const int peer = known ? members[static_cast<std::size_t>(end.peer)] : end.peer;
   const std::string label = r->group_label(group);
-  std::string args = fmt::format("\"bytes\": {}, \"group\": {}, \"direction\": \"{}\", \"{}\": {}, \"tag\": {}", bytes,
-                                 json_quote(label), end.sending ? "send" : "recv",
-                                 known ? "peer" : "peer_in_group", peer, end.tag);
+  std::string args =
+      fmt::format("\"bytes\": {}, \"group\": {}, \"direction\": \"{}\", \"{}\": {}, \"tag\": {}", bytes,
+                  json_quote(label), end.sending ? "send" : "recv", known ? "peer" : "peer_in_group", peer, end.tag);
   if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
-  r->add(Event{std::string(collective_name(CollectiveKind::SendRecv)), Track::Collectives, start, finish - start,
-               std::move(args)});
+  r->add(Event{std::string(collective_name(end.sending ? CollectiveKind::Send : CollectiveKind::Recv)),
+               Track::Collectives, start, finish - start, std::move(args)});
   if (!known) return;
   const int self = members[static_cast<std::size_t>(end.self)];
-  const std::string route =
-      fmt::format("{} [{}] {}>{} tag {} #{}", label, fmt::join(members, ","),
-                  end.sending ? self : peer, end.sending ? peer : self, end.tag, end.sequence);
+  const std::string route = fmt::format("{} [{}] {}>{} tag {} #{}", label, fmt::join(members, ","),
+                                        end.sending ? self : peer, end.sending ? peer : self, end.tag, end.sequence);
   // The arrow leaves the send where it starts and reaches the recv just
   // before it ends (inside it, as a finish bound to its enclosing slice
   // must be), so it points forward in time.

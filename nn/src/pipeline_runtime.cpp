@@ -1,6 +1,7 @@
 // The pipeline runtime: one rank's actions of a schedule, run in order.
 #include "dtensor/nn/pipeline_runtime.h"
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <utility>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "dtensor/api/autograd.h"
+#include "dtensor/api/trace.h"
 #include "dtensor/api/pointwise.h"
 #include "dtensor/api/split_backward.h"
 #include "dtensor/core/error.h"
@@ -25,6 +27,22 @@ void check_runnable(const Schedule& schedule) {
   if (schedule.ranks() > 1 && !schedule.has_communication())
     throw ValueError(fmt::format("[pipeline] schedule '{}' spans {} ranks but has no SEND/RECV actions; lower() it",
                                  schedule.name, schedule.ranks()));
+}
+
+double StepTimeline::busy() const {
+  double sum = 0;
+  for (const TimedAction& a : actions)
+    if (is_compute(a.action.kind)) sum += a.end - a.start;
+  return sum;
+}
+
+double StepTimeline::idle_fraction() const { return seconds > 0 ? (seconds - busy()) / seconds : 0; }
+
+double bubble_fraction(std::span<const StepTimeline> ranks) {
+  if (ranks.empty()) return 0;
+  double sum = 0;
+  for (const StepTimeline& t : ranks) sum += t.idle_fraction();
+  return sum / static_cast<double>(ranks.size());
 }
 
 Schedule forward_only(const Schedule& placement, int microbatches) {
@@ -256,28 +274,36 @@ class StepRunner {
 
 template <TensorOrDTensor X>
 std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
-                             const StepInputs<X>& inputs) {
+                             const StepInputs<X>& inputs, StepTimeline* timeline) {
   check_runnable(schedule);
   if (pp.size() != schedule.ranks())
     throw ValueError(fmt::format("[pipeline] schedule '{}' has {} ranks; the pp communicator {}", schedule.name,
                                  schedule.ranks(), pp.size()));
   StepRunner<X> runner(schedule, stages, pp, inputs);
   const auto& mine = schedule.actions.at(static_cast<std::size_t>(pp.rank()));
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point step_start = Clock::now();
+  const auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - step_start).count(); };
+  if (timeline) *timeline = StepTimeline{};
   for (std::size_t i = 0; i < mine.size(); ++i) {
+    const double start = timeline ? since_start() : 0;
     try {
+      const TraceRegion traced([&] { return action_text(mine[i]); });
       runner.run(mine[i]);
     } catch (const CommError&) {
       rethrow_at(schedule, pp.rank(), i, mine[i]);
     }
+    if (timeline) timeline->actions.push_back({pp.rank(), mine[i], start, since_start()});
   }
+  if (timeline) timeline->seconds = timeline->actions.empty() ? 0 : timeline->actions.back().end;
   std::vector<double>& losses = runner.losses();
   pp.broadcast(losses.data(), losses.size() * sizeof(double), schedule.rank_of_stage(schedule.stages - 1));
   return losses;
 }
 
 template std::vector<double> run_step(const Schedule&, std::span<GPTStage<Tensor>* const>, Communicator&,
-                                      const StepInputs<Tensor>&);
+                                      const StepInputs<Tensor>&, StepTimeline*);
 template std::vector<double> run_step(const Schedule&, std::span<GPTStage<DTensor>* const>, Communicator&,
-                                      const StepInputs<DTensor>&);
+                                      const StepInputs<DTensor>&, StepTimeline*);
 
 }  // namespace dtensor::nn::pipeline

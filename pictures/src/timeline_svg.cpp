@@ -39,9 +39,9 @@ struct Slice {
   std::string group;       // collectives: their group's label
   std::vector<int> ranks;  // collectives: their group's processes, when recorded
   std::string tooltip;
-  int depth = 0;           // ops: how many ops enclose it
-  double x0 = 0, x1 = 0;   // on the picture's clock
-  int instance = -1;       // collectives: which call across ranks, once lined up
+  int depth = 0;          // ops: how many ops enclose it
+  double x0 = 0, x1 = 0;  // on the picture's clock
+  int instance = -1;      // collectives: which call across ranks, once lined up
 };
 
 struct Rank {
@@ -51,18 +51,23 @@ struct Rank {
 };
 
 std::string kind_colour(std::string_view kind) {
-  static const std::map<std::string_view, std::string_view> colours{
-      {"all_reduce", "#d9534f"}, {"all_gather", "#337ab7"}, {"reduce_scatter", "#4cae4c"},
-      {"all_to_all", "#8e6bbf"}, {"broadcast", "#f0ad4e"},  {"scatter", "#e08e45"},
-      {"send_recv", "#777777"}};
+  static const std::map<std::string_view, std::string_view> colours{{"all_reduce", "#d9534f"},
+                                                                    {"all_gather", "#337ab7"},
+                                                                    {"reduce_scatter", "#4cae4c"},
+                                                                    {"all_to_all", "#8e6bbf"},
+                                                                    {"broadcast", "#f0ad4e"},
+                                                                    {"scatter", "#e08e45"},
+                                                                    {"send", "#777777"},
+                                                                    {"recv", "#999999"}};
   const auto it = colours.find(kind);
   return std::string(it == colours.end() ? "#bbbbbb" : it->second);
 }
 
 [[noreturn]] void bad_trace(std::string_view why) {
-  throw ValueError(fmt::format("[pictures] timeline_svg: {}; expected a Chrome trace as TraceScope writes it "
-                               "(an object with a traceEvents array of events with ph, ts, pid and tid)",
-                               why));
+  throw ValueError(
+      fmt::format("[pictures] timeline_svg: {}; expected a Chrome trace as TraceScope writes it "
+                  "(an object with a traceEvents array of events with ph, ts, pid and tid)",
+                  why));
 }
 
 // A JSON integer that fits an int (a pid or a rank), else nothing: a float
@@ -295,8 +300,8 @@ struct RowLayout {
 template <class XOf>
 std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XOf& x_of) {
   std::string out = fmt::format(R"(<g class="rank" data-pid="{}">)", rank.pid);
-  out += fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11">{}</text>)", kMargin, y + kLane - 3,
-                     xml_escape(rank.name));
+  out +=
+      fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11">{}</text>)", kMargin, y + kLane - 3, xml_escape(rank.name));
   std::vector<std::pair<Lane, const char*>> lanes{{Lane::Ops, "ops"}, {Lane::Collectives, "collectives"}};
   if (row.scopes) lanes.insert(lanes.begin(), {Lane::Scopes, "scopes"});
   for (const auto& [lane, name] : lanes)
@@ -306,30 +311,29 @@ std::string draw_rank(const Rank& rank, const RowLayout& row, double y, const XO
     const double x = x_of(slice.x0), w = std::max(x_of(slice.x1) - x, 1.0);
     const bool labelled = w >= static_cast<double>(slice.name.size()) * 5.6 + 4;
     if (slice.collective) {
-      out += fmt::format(
-          R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
-          R"(fill="{}" stroke="#333" stroke-width="0.4"/><title>{}</title></g>)",
-          xml_escape(slice.name), x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
-          xml_escape(slice.tooltip));
+      out +=
+          fmt::format(R"(<g class="collective" data-kind="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" )"
+                      R"(fill="{}" stroke="#333" stroke-width="0.4"/><title>{}</title></g>)",
+                      xml_escape(slice.name), x, row.lane_y(y, Lane::Collectives), w, kLane, kind_colour(slice.name),
+                      xml_escape(slice.tooltip));
     } else if (slice.scope) {
       const double top = row.lane_y(y, Lane::Scopes);
-      out += fmt::format(
-          R"(<g class="scope"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" fill="#f3e9c6" )"
-          R"(stroke="#a38b3c" stroke-width="0.6"/>{}<title>{}</title></g>)",
-          x, top, w, kLane, labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="10">{}</text>)", x + 3,
-                                                   top + kLane - 4, xml_escape(slice.name))
-                                     : std::string(),
-          xml_escape(slice.tooltip));
+      out += fmt::format(R"(<g class="scope"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" fill="#f3e9c6" )"
+                         R"(stroke="#a38b3c" stroke-width="0.6"/>{}<title>{}</title></g>)",
+                         x, top, w, kLane,
+                         labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="10">{}</text>)", x + 3,
+                                                top + kLane - 4, xml_escape(slice.name))
+                                  : std::string(),
+                         xml_escape(slice.tooltip));
     } else {
       const double top = row.lane_y(y, Lane::Ops), inset = std::min(2.0 * slice.depth, kLane / 2 - 2);
-      out += fmt::format(
-          R"(<g class="op" data-depth="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{:.1f}" )"
-          R"(fill="#c9d6e8" stroke="#6f86a8" stroke-width="0.4"/>{}<title>{}</title></g>)",
-          slice.depth, x, top + inset, w, kLane - 2 * inset,
-          labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="9">{}</text>)", x + 2, top + kLane - 4,
-                                 xml_escape(slice.name))
-                   : std::string(),
-          xml_escape(slice.tooltip));
+      out += fmt::format(R"(<g class="op" data-depth="{}"><rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{:.1f}" )"
+                         R"(fill="#c9d6e8" stroke="#6f86a8" stroke-width="0.4"/>{}<title>{}</title></g>)",
+                         slice.depth, x, top + inset, w, kLane - 2 * inset,
+                         labelled ? fmt::format(R"(<text x="{:.2f}" y="{:.1f}" font-size="9">{}</text>)", x + 2,
+                                                top + kLane - 4, xml_escape(slice.name))
+                                  : std::string(),
+                         xml_escape(slice.tooltip));
     }
   }
   return out + "</g>";
@@ -364,22 +368,22 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
   auto x_of = [&](double t) { return left + (t - start) * scale; };
 
   detail::Drawing d;
-  const std::string title =
-      options.title.empty() ? fmt::format("timeline of {} rank(s)", ranks.size()) : options.title;
+  const std::string title = options.title.empty() ? fmt::format("timeline of {} rank(s)", ranks.size()) : options.title;
   d.body += fmt::format(R"(<text class="title" x="{}" y="{}" font-size="15" font-weight="bold">{}</text>)", kMargin,
                         kMargin + 12, xml_escape(title));
   const std::string clock_text =
       options.clock == TimelineClock::Logical
-          ? fmt::format("logical time: each op one unit, each collective {:g}; a collective starts on all its ranks "
-                        "when the last of them reaches it",
-                        kCollectiveUnits)
+          ? fmt::format(
+                "logical time: each op one unit, each collective {:g}; a collective starts on all its ranks "
+                "when the last of them reaches it",
+                kCollectiveUnits)
           : fmt::format("measured time: {} from left to right", human_seconds(span * 1e-6));
   d.body += fmt::format(R"(<text class="clock" x="{}" y="{}" font-size="11" fill="#555">{}</text>)", kMargin,
                         kMargin + 30, xml_escape(clock_text));
 
   double y = kMargin + 46;
   std::map<std::pair<std::size_t, std::size_t>, double> lane_top;  // (rank, slice): its collective lane's top
-  std::map<std::string, int> kinds;  // calls of each kind on the rank that made the most
+  std::map<std::string, int> kinds;                                // calls of each kind on the rank that made the most
   for (const Rank& rank : ranks) {
     std::map<std::string, int> mine;
     for (const Slice& s : rank.slices)
@@ -406,29 +410,28 @@ std::string timeline_svg(std::string_view trace_json, const TimelineOptions& opt
     }
     const Slice& first = ranks[members[0].first].slices[members[0].second];
     const double x = x_of((first.x0 + first.x1) / 2);
-    d.body += fmt::format(
-        R"(<line class="sync" x1="{:.2f}" y1="{:.1f}" x2="{:.2f}" y2="{:.1f}" stroke="{}" stroke-width="1" )"
-        R"(stroke-dasharray="2,2" stroke-opacity="0.7"/>)",
-        x, top, x, bottom, kind_colour(first.name));
+    d.body += fmt::
+        format(R"(<line class="sync" x1="{:.2f}" y1="{:.1f}" x2="{:.2f}" y2="{:.1f}" stroke="{}" stroke-width="1" )"
+               R"(stroke-dasharray="2,2" stroke-opacity="0.7"/>)",
+               x, top, x, bottom, kind_colour(first.name));
   }
   // The legend: each kind's colour and how many calls of it a rank made.
   double lx = kMargin;
   if (!kinds.empty()) {
-    d.body += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="11" fill="#555">calls per rank:</text>)", lx,
-                          y + 10);
+    d.body +=
+        fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="11" fill="#555">calls per rank:</text>)", lx, y + 10);
     lx += 100;
   }
   for (const auto& [kind, count] : kinds) {
     const std::string text = fmt::format("{} x{}", kind, count);
-    d.body += fmt::format(
-        R"(<g class="legend"><rect x="{:.1f}" y="{:.1f}" width="12" height="12" fill="{}"/>)"
-        R"(<text x="{:.1f}" y="{:.1f}" font-size="11">{}</text></g>)",
-        lx, y, kind_colour(kind), lx + 16, y + 10, xml_escape(text));
+    d.body += fmt::format(R"(<g class="legend"><rect x="{:.1f}" y="{:.1f}" width="12" height="12" fill="{}"/>)"
+                          R"(<text x="{:.1f}" y="{:.1f}" font-size="11">{}</text></g>)",
+                          lx, y, kind_colour(kind), lx + 16, y + 10, xml_escape(text));
     lx += 16 + static_cast<double>(text.size()) * 6.6 + 14;
   }
-  d.width = std::max({left + options.width + kMargin, lx + kMargin,
-                      static_cast<double>(title.size()) * 9.5 + 2 * kMargin,
-                      static_cast<double>(clock_text.size()) * 6.2 + 2 * kMargin});
+  d.width =
+      std::max({left + options.width + kMargin, lx + kMargin, static_cast<double>(title.size()) * 9.5 + 2 * kMargin,
+                static_cast<double>(clock_text.size()) * 6.2 + 2 * kMargin});
   d.height = y + 12 + kMargin;
   return detail::svg_document(d);
 }

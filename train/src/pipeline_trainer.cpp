@@ -27,7 +27,7 @@ namespace {
 // What pipelined training does not do yet, refused by name rather than run
 // wrong: each of these would need the stages to cooperate beyond the
 // schedule (a checkpoint or a gradient norm over every stage, generation
-// through every stage, a trace of sends between stages).
+// through every stage).
 void refuse_unsupported(const TrainOptions& o) {
   auto refuse = [](bool asked, const std::string& what) {
     if (asked) throw UnsupportedError(fmt::format("[train] {} with plan pp: not supported yet", what));
@@ -35,7 +35,6 @@ void refuse_unsupported(const TrainOptions& o) {
   refuse(!o.save_dir.empty(), fmt::format("--save '{}' (a checkpoint of the stages)", o.save_dir));
   refuse(!o.resume_dir.empty(), fmt::format("--resume '{}' (a checkpoint of the stages)", o.resume_dir));
   refuse(o.generate > 0, fmt::format("--generate {} (generation through the stages)", o.generate));
-  refuse(!o.trace.empty(), fmt::format("--trace '{}' (a trace of the pipeline)", o.trace));
   refuse(o.explain, "--explain");
   refuse(o.clip > 0, fmt::format("--clip {} (a gradient norm over every stage)", o.clip));
   for (const std::string& plan : o.plans)
@@ -64,6 +63,11 @@ std::uint64_t largest(const DeviceMesh& mesh, std::uint64_t v) {
   double x = static_cast<double>(v);
   mesh.comm().all_reduce(&x, &x, 1, DType::Float64, ReduceOp::Max);
   return static_cast<std::uint64_t>(x);
+}
+
+double mean_over_ranks(const DeviceMesh& mesh, double v) {
+  mesh.comm().all_reduce(&v, &v, 1, DType::Float64, ReduceOp::Avg);
+  return v;
 }
 
 std::uint64_t local_bytes(const Tensor& x) { return x.nbytes(); }
@@ -130,8 +134,12 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
     pipe::StepInputs<X> in = inputs_of(Split::Train, step * o.micro_batches, o.micro_batches);
     in.loss_scales = pipe::equal_loss_scales(o.micro_batches, o.batch * o.model.seq);
+    const bool last = step == o.steps - 1;
+    std::optional<TraceScope> trace;  // the last step's, as the unpipelined loop records
+    if (last && !o.trace.empty()) trace.emplace(mesh, o.trace);
     const DimsStats before = mesh_stats(mesh);
-    const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in);
+    pipe::StepTimeline timeline;
+    const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in, last ? &timeline : nullptr);
     const DimsStats passed = mesh_stats(mesh);
     optimizer.step();  // once per step: under ddp its gradients' reduction too
     step_peak = memory->peak_bytes();
@@ -140,10 +148,12 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step > 0 || o.steps == 1) seconds += took;
     result.losses.push_back(mean(losses));
-    if (step == o.steps - 1) {
+    if (trace) trace->finish();
+    if (last) {
       // Forwards and backwards interleave in a pipeline: one phase for both.
       add_phase(result.comm, "pipeline", passed - before, mesh.dim_names());
       add_phase(result.comm, "optimizer", updated - passed, mesh.dim_names());
+      result.bubble_fraction = mean_over_ranks(mesh, timeline.idle_fraction());
     }
     if (on_step) on_step(step, result.losses.back(), took);
   }
@@ -158,6 +168,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   }
   result.val_points.emplace_back(o.steps - 1, result.val_loss);
   record_memory(result, mesh, optimizer, step_peak);
+  result.schedule = schedule;
   return result;
 }
 

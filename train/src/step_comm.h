@@ -45,7 +45,7 @@ inline void add_phase(std::vector<PhaseComm>& out, const char* phase, const Dims
       const auto kind = static_cast<CollectiveKind>(k);
       if (kind == CollectiveKind::Barrier || kind == CollectiveKind::Split || stats.count(kind) == 0) continue;
       out.push_back({phase, std::string(collective_name(kind)), dim_names, stats.count(kind),
-                     stats.recv_bytes_by_kind[static_cast<std::size_t>(k)]});
+                     stats.bytes_by_kind[static_cast<std::size_t>(k)]});
     }
   }
 }

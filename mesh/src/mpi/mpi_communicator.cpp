@@ -289,7 +289,7 @@ class MpiCommunicator final : public backend_detail::BackendCommunicator {
   void do_send(const void* buf, std::size_t bytes, int dst, int tag) override { link_.send(buf, bytes, dst, tag); }
 
   std::size_t do_recv(void* buf, std::size_t bytes, int src, int tag) override {
-    constexpr auto kind = CollectiveKind::SendRecv;
+    constexpr auto kind = CollectiveKind::Recv;
     // Probe first: a plain receive of the wrong size would truncate or
     // under-fill, where the skeleton reports the mismatch as CommError.
     const int got = link_.probe(src, tag);

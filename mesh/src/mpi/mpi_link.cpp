@@ -208,7 +208,7 @@ void MpiLink::check(CollectiveKind kind, int rc) const {
 }
 
 void MpiLink::send(const void* buf, std::size_t bytes, int dst, int tag) {
-  constexpr auto kind = CollectiveKind::SendRecv;
+  constexpr auto kind = CollectiveKind::Send;
   reap_sends();
   auto& s = pending_.emplace_back();
   s.data.resize(bytes);
@@ -226,12 +226,12 @@ void MpiLink::reap_sends() {
 }
 
 void MpiLink::drain_sends() {
-  for (auto& s : pending_) wait(CollectiveKind::SendRecv, s.request);
+  for (auto& s : pending_) wait(CollectiveKind::Send, s.request);
   pending_.clear();
 }
 
 int MpiLink::probe(int src, int tag) {
-  constexpr auto kind = CollectiveKind::SendRecv;
+  constexpr auto kind = CollectiveKind::Recv;
   int flag = 0;
   MPI_Status status;
   const auto deadline = Clock::now() + timeout_;

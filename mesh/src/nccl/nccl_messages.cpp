@@ -27,7 +27,7 @@
 namespace dtensor::nccl_detail {
 
 void NcclCommunicator::do_send(const void* buf, std::size_t bytes, int dst, int tag) {
-  constexpr auto kind = CollectiveKind::SendRecv;
+  constexpr auto kind = CollectiveKind::Send;
   const cudaStream_t s = stream_;
   if (dst == rank_) {
     // No peer to meet: keep a copy for the matching recv.
@@ -50,7 +50,7 @@ void NcclCommunicator::do_send(const void* buf, std::size_t bytes, int dst, int 
 }
 
 std::size_t NcclCommunicator::do_recv(void* buf, std::size_t bytes, int src, int tag) {
-  constexpr auto kind = CollectiveKind::SendRecv;
+  constexpr auto kind = CollectiveKind::Recv;
   const cudaStream_t s = stream_;
   const std::string what = fmt::format("from rank {} (tag {})", src, tag);
   for (;;) {

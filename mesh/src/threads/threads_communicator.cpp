@@ -235,7 +235,7 @@ class ThreadsCommunicator final : public backend_detail::BackendCommunicator {
           if (it->second.empty()) group_->mail.erase(it);
           break;
         }
-        if (world_->has_failed()) throw peer_failed(CollectiveKind::SendRecv);
+        if (world_->has_failed()) throw peer_failed(CollectiveKind::Recv);
         if (group_->mail_cv.wait_until(lock, deadline_) == std::cv_status::timeout && Clock::now() >= deadline_) {
           it = group_->mail.find(key);
           if (it == group_->mail.end() || it->second.empty()) {

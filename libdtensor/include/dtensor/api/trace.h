@@ -19,7 +19,7 @@
 // trace has as many collective events of each kind as CommCounter counts
 // over the same scope.
 // Point-to-point messages (Communicator::send/recv, on a mesh's
-// communicators) are send_recv events naming their direction, peer and tag,
+// communicators) are send and recv events naming their direction, peer and tag,
 // and each send is joined to its recv by a flow arrow across the two ranks'
 // processes; a message whose other end ran outside the scope gets none. The
 // library's own ops and plans move data only by collectives, which have no
@@ -37,7 +37,8 @@ namespace dtensor {
 
 namespace trace {
 class Recorder;
-}
+class ScopeSpan;
+}  // namespace trace
 
 class TraceScope {
  public:
@@ -71,5 +72,26 @@ class TraceScope {
 
 /// Whether a TraceScope (or DTENSOR_TRACE) is recording on this thread.
 bool trace_recording();
+
+/// Names a region of this rank's work on the trace's "scopes" track while a
+/// TraceScope records (the pipeline runtime's actions, "1F3"); unlike
+/// CommScope it adds nothing to a CommTree. When nothing records: one
+/// thread-local read, and `name` is never built.
+class TraceRegion {
+ public:
+  template <class MakeName>
+  explicit TraceRegion(MakeName&& make_name) {
+    if (trace_recording()) [[unlikely]]
+      open(make_name());
+  }
+  TraceRegion(const TraceRegion&) = delete;
+  TraceRegion& operator=(const TraceRegion&) = delete;
+  ~TraceRegion();
+
+ private:
+  void open(const std::string& name);
+  // Owned; a plain pointer so that the inline constructor needs no complete type.
+  trace::ScopeSpan* span_ = nullptr;
+};
 
 }  // namespace dtensor

@@ -43,11 +43,12 @@ enum class CollectiveKind : std::uint8_t {
   AllToAll,
   Broadcast,
   Scatter,
-  SendRecv,
+  Send,  // one end of a point-to-point message
+  Recv,  // the other
   Barrier,
   Split,
 };
-inline constexpr int kNumCollectiveKinds = 9;
+inline constexpr int kNumCollectiveKinds = 10;
 std::string_view collective_name(CollectiveKind kind);
 
 /// The deadline every backend accepts, in milliseconds: at least 1 (a zero or
@@ -65,13 +66,15 @@ std::chrono::milliseconds checked_timeout(std::string_view what, std::chrono::mi
 /// Counters of one rank: calls and received bytes per kind of collective.
 struct CommStats {
   std::array<std::uint64_t, kNumCollectiveKinds> calls{};
-  std::array<std::uint64_t, kNumCollectiveKinds> recv_bytes_by_kind{};
-  std::uint64_t recv_bytes = 0;
+  /// Per kind, the bytes its calls received; a Send's, the bytes it sent
+  /// (which no rank receives twice: they are the matching Recv's).
+  std::array<std::uint64_t, kNumCollectiveKinds> bytes_by_kind{};
+  std::uint64_t recv_bytes = 0;  // every kind's received bytes (a Send's are not)
 
   void record(CollectiveKind kind, std::uint64_t bytes) {
     calls[static_cast<int>(kind)] += 1;
-    recv_bytes_by_kind[static_cast<int>(kind)] += bytes;
-    recv_bytes += bytes;
+    bytes_by_kind[static_cast<int>(kind)] += bytes;
+    if (kind != CollectiveKind::Send) recv_bytes += bytes;
   }
   std::uint64_t count(CollectiveKind kind) const { return calls[static_cast<int>(kind)]; }
   /// Calls of the data-moving collectives (all but Barrier and Split).

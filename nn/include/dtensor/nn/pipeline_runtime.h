@@ -48,14 +48,34 @@ void check_runnable(const Schedule& schedule);
 /// order, with its messages, before the next.
 Schedule forward_only(const Schedule& placement, int microbatches);
 
+/// What one rank did in one step, measured: each of its actions (compute
+/// and messages) with its start and end in seconds from the step's start on
+/// this rank's clock, and the step's length on it (up to its last action).
+struct StepTimeline {
+  std::vector<TimedAction> actions;
+  double seconds = 0;
+
+  /// Time in compute actions (F, B, I, W).
+  double busy() const;
+  /// (seconds - busy) / seconds: this rank's share of the step spent
+  /// waiting on messages or on nothing, its bubble as measured.
+  double idle_fraction() const;
+};
+
+/// The measured bubble: each rank's idle_fraction, averaged over ranks, as
+/// simulate()'s bubble_fraction averages the predicted one.
+double bubble_fraction(std::span<const StepTimeline> ranks);
+
 /// Runs rank `pp.rank()`'s actions of `schedule` (lowered, or
 /// forward_only()) on `stages`, this rank's stages in
 /// schedule.stages_of_rank order. Returns each microbatch's loss (unscaled)
 /// on every rank of `pp`: the last stage's rank broadcasts them. Gradients
 /// accumulate into the stages' parameters; under a NoGradGuard only the
-/// forwards run.
+/// forwards run. With `timeline`, each action's start and end are recorded
+/// into it (two clock reads per action). While a trace records, each action
+/// is an event on the rank's "scopes" track, named as it prints ("1F3").
 template <TensorOrDTensor X>
 std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
-                             const StepInputs<X>& inputs);
+                             const StepInputs<X>& inputs, StepTimeline* timeline = nullptr);
 
 }  // namespace dtensor::nn::pipeline

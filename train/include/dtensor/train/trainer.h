@@ -77,6 +77,11 @@ struct TrainResult {
   /// of collectives (MemoryAccount); the largest over the ranks.
   std::uint64_t peak_bytes = 0;
   std::string generated;
+  /// A pipelined run's (plan "pp"): the lowered schedule every rank ran, and
+  /// the bubble of its last step as measured (each rank's time outside its
+  /// F, B, I and W over the step's, averaged over every rank of the mesh).
+  std::optional<nn::pipeline::Schedule> schedule;
+  double bubble_fraction = 0;
 };
 
 /// The lowered schedule every rank of a pipelined run (a mesh dim with plan
@@ -84,8 +89,8 @@ struct TrainResult {
 /// anything: a ValueError naming the value that cannot be scheduled or
 /// split (1f1b with fewer micro-batches than pp ranks, fewer blocks than
 /// stages, ...), an UnsupportedError naming what pipelined training does not
-/// do yet (split backwards, checkpoints, generation, traces, clipping, plans
-/// zero1 or fsdp beside pp). None when no dim has plan "pp".
+/// do yet (checkpoints, generation, clipping, plans zero1 or fsdp beside
+/// pp). None when no dim has plan "pp".
 std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& options, const Shape& mesh_shape);
 
 /// Called on rank 0 after each step.

@@ -140,8 +140,8 @@ std::string json_quote(std::string_view text);
 void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start);
 
 /// Called by a backend's StatsRecorder when a send or recv ends while
-/// recording: one event on the collectives track, named as the kind
-/// (send_recv) so that counts equal CommStats', with the direction, the
+/// recording: one event on the collectives track, named as its kind (send
+/// or recv) so that counts equal CommStats', with the direction, the
 /// peer and the tag in its args; and, where the group's members are known,
 /// one end of the flow arrow from the send to its recv.
 void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start);
