@@ -35,6 +35,12 @@ PIPELINE = ["--layers", "4", "--d-model", "16", "--heads", "4", "--seq", "8", "-
             "--lr", "3e-3", "--micro-batches", "2", "--steps", "4"]
 
 
+def replaced(args, option, value):
+    """`args` with `option`'s value replaced by `value`."""
+    i = args.index(option)
+    return [*args[:i + 1], value, *args[i + 2:]]
+
+
 def run(cmd, env):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
@@ -160,18 +166,23 @@ def main() -> int:
                 untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
                 (untraced and untraced["comm"], tp and tp["comm"]))
 
-    # Pipelines: --plan pp over 2 ranks (1f1b, and zb-h1's split backward), and pp,ddp on 2x2 (interleaved, 2
-    # stages a rank), give the 1-rank losses with the same micro-batches; the step's messages are listed under
-    # "pipeline".
+    # Pipelines: --plan pp over 2 ranks (1f1b, zb-h1's split backward, and dualpipev's V with the 4 micro-batches
+    # it needs on 2 ranks), and pp,ddp on 2x2 (interleaved, 2 stages a rank), give the 1-rank losses with the same
+    # micro-batches; the step's messages are listed under "pipeline".
+    four_micro_batches = replaced(PIPELINE, "--micro-batches", "4")
     rc, out, err, one_pp = train_with(PIPELINE, [], "one_pp")
-    for extra, name in [(["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b"], "pp2_1f1b"),
-                        (["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
-                          "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),
-                        (["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "zb-h1"], "pp2_zb_h1")]:
-        rc, out, err, pp = train_with(PIPELINE, extra, name)
+    rc, out, err, one_pp4 = train_with(four_micro_batches, [], "one_pp4")
+    for base, one_ref, extra, name in [
+            (PIPELINE, one_pp, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b"], "pp2_1f1b"),
+            (PIPELINE, one_pp, ["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
+                                "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),
+            (PIPELINE, one_pp, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "zb-h1"], "pp2_zb_h1"),
+            (four_micro_batches, one_pp4, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "dualpipev",
+                                           "--virtual", "2"], "pp2_dualpipev")]:
+        rc, out, err, pp = train_with(base, extra, name)
         sends = [c for c in pp["comm"] if c["kind"] == "send_recv"] if pp else []
         cases.check(f"{' '.join(extra)}: the 1-rank losses, its messages in comm",
-                    one_pp is not None and pp is not None and same_losses(one_pp["losses"], pp["losses"]) and
+                    one_ref is not None and pp is not None and same_losses(one_ref["losses"], pp["losses"]) and
                     sends and all(c["phase"] == "pipeline" and c["mesh_dims"] == ["pp"] for c in sends),
                     err + out)
 
