@@ -149,11 +149,14 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
                              "(pipeline stages; e.g. ddp,tp or pp,ddp) (default: {})",
                              cl.plan_text));
   app.add_option("--schedule", o.schedule,
-                 fmt::format("pipeline schedule under --plan pp: gpipe, 1f1b, interleaved, zb-h1 or zbv (the "
-                             "last two split each backward into input and weight gradients) (default: {})",
+                 fmt::format("pipeline schedule under --plan pp: gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev "
+                             "(the last three split backwards into input and weight gradients; zbv and dualpipev "
+                             "hold 2 stages per rank, in a V, and dualpipev needs m >= 2p) (default: {})",
                              o.schedule));
   app.add_option("--virtual", o.virtual_stages,
-                 fmt::format("pipeline stages per pp rank (interleaved) (default: {})", o.virtual_stages))
+                 fmt::format("pipeline stages per pp rank (interleaved; zbv and dualpipev: 1 or 2, they hold 2) "
+                             "(default: {})",
+                             o.virtual_stages))
       ->check(CLI::PositiveNumber);
   app.add_option("--layers", o.model.layers, fmt::format("transformer blocks (default: {})", o.model.layers))
       ->check(CLI::PositiveNumber);

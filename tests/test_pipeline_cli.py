@@ -73,6 +73,20 @@ class Pipeline(unittest.TestCase):
         self.assertEqual(proc.returncode, 2)
         self.assertIn("1f1b needs m >= p", proc.stderr)
 
+    def test_help_lists_every_schedule_and_dualpipev_runs_by_name(self):
+        proc = run("--help")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for name in ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"):
+            self.assertIn(name, proc.stdout)
+        proc = run("--schedule", "dualpipev", "--stages", "4", "--microbatches", "8", "--virtual", "2", "--json")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        out = json.loads(proc.stdout)
+        self.assertEqual(out["stages"], 8)  # 2 per rank, in a V
+        self.assertEqual(out["peak_microbatches"], [9] * 4)  # 2p + 1 stage activations on every rank
+        proc = run("--schedule", "dualpipev", "--stages", "4", "--microbatches", "7")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("dualpipev needs m >= 2p", proc.stderr)
+
     def test_check_accepts_a_valid_csv_and_refuses_a_deadlock(self):
         proc = check_file("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
         self.assertEqual(proc.returncode, 0, proc.stderr)

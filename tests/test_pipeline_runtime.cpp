@@ -104,10 +104,12 @@ const std::vector<Case>& cases() {
       {"interleaved", {4}, {"pp"}, {"pp"}, 4, 2, 8, 7},
       // The split backward (I then W): zb-h1 one stage per rank; zbv two per
       // rank in a V (stages 0 and 3 on rank 0, 1 and 2 on rank 1), so one of
-      // its three boundaries stays on a rank.
+      // its three boundaries stays on a rank. DualPipeV: the same V, full
+      // backwards (B) beside I and W, and m >= 2p microbatches.
       {"zb-h1", {2}, {"pp"}, {"pp"}, 2, 1, 4, 1},
       {"zb-h1", {4}, {"pp"}, {"pp"}, 4, 1, 4, 3},
       {"zbv", {2}, {"pp"}, {"pp"}, 2, 2, 4, 2},
+      {"dualpipev", {2}, {"pp"}, {"pp"}, 4, 2, 4, 2},
       {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 1, 4, 1, 2},
       {"gpipe", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 3, 1, 4, 1, 2},
       {"interleaved", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 2, 4, 3, 2},
@@ -192,25 +194,31 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
   }
 }
 
-// In f32 too, pp = 2 under 1f1b and zb-h1 gives the one-rank run's losses
-// bit for bit: each stage computes what one rank computes, in the same order
-// (the loss scale is applied to each microbatch before its backward, and
-// gradients accumulate over microbatches in their order on both).
+// In f32 too, pp = 2 under 1f1b, zb-h1 and dualpipev gives the one-rank
+// run's losses bit for bit: each stage computes what one rank computes, in
+// the same order (the loss scale is applied to each microbatch before its
+// backward, and gradients accumulate over microbatches in their order on
+// both: a stage's backwards, and its W's, take the microbatches in turn).
 BOOST_AUTO_TEST_CASE(f32_losses_are_bitwise_those_of_one_rank, *boost::unit_test::precondition(ranks_available{2})) {
-  train::TrainOptions one = small_model(4, 2);
-  one.model.dtype = DType::Float32;
-  const train::TrainResult want = train::train(one, slice(), nullptr);
-  for (const std::string schedule : {"1f1b", "zb-h1"}) {
+  struct Run {
+    std::string schedule;
+    std::int64_t micro_batches, virtual_stages;
+  };
+  for (const Run& run : {Run{"1f1b", 2, 1}, Run{"zb-h1", 2, 1}, Run{"dualpipev", 4, 2}}) {
+    train::TrainOptions one = small_model(4, run.micro_batches);
+    one.model.dtype = DType::Float32;
+    const train::TrainResult want = train::train(one, slice(), nullptr);
     train::TrainOptions o = one;
     o.mesh = {2};
     o.dims = {"pp"};
     o.plans = {"pp"};
-    o.schedule = schedule;
+    o.schedule = run.schedule;
+    o.virtual_stages = run.virtual_stages;
     const Outcome got = run_pipeline(o);
-    BOOST_TEST_REQUIRE(got.result.losses.size() == want.losses.size(), schedule);
+    BOOST_TEST_REQUIRE(got.result.losses.size() == want.losses.size(), run.schedule);
     for (std::size_t i = 0; i < want.losses.size(); ++i)
       BOOST_TEST(got.result.losses[i] == want.losses[i],
-                 schedule << " step " << i << ": " << got.result.losses[i] << " vs one rank's " << want.losses[i]);
+                 run.schedule << " step " << i << ": " << got.result.losses[i] << " vs one rank's " << want.losses[i]);
   }
 }
 

@@ -1,6 +1,7 @@
 // Pipeline schedules as data (nn/pipeline.h): the text and CSV forms round
 // trip; every generator's schedule validates and lowers for p in {2, 4, 8}
-// and m in {p, 2p, 4p}; the simulator reproduces the known makespans,
+// and m in {p, 2p, 4p} (DualPipeV: p in {2, 3, 4, 8}, m in {2p, 2p+1, 3p,
+// 4p}, as it needs m >= 2p); the simulator reproduces the known makespans,
 // bubbles and memory exactly at unit costs (F = I = W = 1, B = 2, free
 // messages); refusals, the deadlock of two ranks both in send
 // (pytorch#172668), and invalid schedules' messages.
@@ -180,6 +181,74 @@ BOOST_DATA_TEST_CASE(zbv_holds_2p_stages_and_nearly_takes_6m_plus_p_minus_1, bda
   BOOST_TEST(r.makespan < 6.0 * (m + p - 1), c);  // 1F1B on p ranks of two stages each
 }
 
+// DualPipeV for p in {2, 3, 4, 8} and m in {2p, 2p+1, 3p, 4p} (it needs m >= 2p).
+std::vector<Case> dualpipev_cases() {
+  std::vector<Case> all;
+  for (int p : {2, 3, 4, 8})
+    for (int m : {2 * p, 2 * p + 1, 3 * p, 4 * p}) all.push_back({p, m, 2});
+  return all;
+}
+
+BOOST_DATA_TEST_CASE(dualpipev_runs_every_stage_s_microbatches_and_lowers, bdata::make(dualpipev_cases()), c) {
+  const int p = c.ranks, m = c.microbatches;
+  Schedule s = dualpipev(p, m);
+  BOOST_TEST(s.stages == 2 * p, c);
+  BOOST_TEST((s.stages_of_rank == v_placement(p)), c);
+  std::vector<int> forwards(s.stages, 0), backwards(s.stages, 0), inputs(s.stages, 0), weights(s.stages, 0);
+  for (const auto& list : s.actions)
+    for (const Action& a : list) {
+      if (a.kind == ActionKind::Forward) ++forwards[a.stage];
+      if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) ++backwards[a.stage];
+      if (a.kind == ActionKind::BackwardInput) ++inputs[a.stage];
+      if (a.kind == ActionKind::BackwardWeight) ++weights[a.stage];
+    }
+  for (int stage = 0; stage < s.stages; ++stage) {
+    BOOST_TEST(forwards[stage] == m, c << " stage " << stage);
+    BOOST_TEST(backwards[stage] == m, c << " stage " << stage);
+    BOOST_TEST(weights[stage] == inputs[stage], c << " stage " << stage);  // every I's W, none more
+  }
+  BOOST_CHECK_NO_THROW(validate(s));
+  BOOST_CHECK_NO_THROW(validate(lower(s)));
+}
+
+// Unit costs, each of the 2p stages F = I = W = 1 (B = 2), so a rank's work
+// is 2 stages x m x 3 = 6m. Memory: rank r holds 2(p-1-r) + 2(r+1) = 2p
+// stage activations after its warm-up (phases 1 and 2; phase 3 frees one
+// with each W before its next forward), and the main phase's first down
+// forward comes before the up backward that frees one: 2p + 1 on every
+// rank, DeepSeek's "PP + 1" with PP = 2p stages. Time: the V's turn, rank
+// p-1, has nothing to run before microbatch 0 crosses the p-1 stages below
+// it, so no V schedule beats 6m + p - 1; DualPipeV meets that bound (its
+// turn never waits again). DeepSeek's bubble (PP/2 - 1)(F&B + B - 3W), with
+// F&B = F + B = 3 (no overlap) and B = 2, allows 2(p-1), and ZB-H1 on p
+// stages of twice the cost, 2(3m + p - 1) = 6m + 2(p-1), takes that too;
+// 1F1B on them, 6(m + p - 1).
+BOOST_DATA_TEST_CASE(dualpipev_holds_2p_plus_1_stages_and_takes_6m_plus_p_minus_1, bdata::make(dualpipev_cases()), c) {
+  const int p = c.ranks, m = c.microbatches;
+  SimulationResult r = simulate(dualpipev(p, m));
+  for (int rank = 0; rank < p; ++rank) BOOST_TEST(r.peak_microbatches[rank] == 2 * p + 1, c << " rank " << rank);
+  BOOST_TEST(r.makespan == 6.0 * m + p - 1, c);
+  for (int rank = 0; rank < p; ++rank) BOOST_TEST(r.idle[rank] == double(p - 1), c << " rank " << rank);
+  BOOST_TEST(testing::close(r.bubble_fraction, double(p - 1) / (6 * m + p - 1), 1e-12), c << ": " << r.bubble_fraction);
+  BOOST_TEST(testing::close(r.bubble_ratio, double(p - 1) / (6 * m), 1e-12), c << ": " << r.bubble_ratio);
+  BOOST_TEST(r.makespan <= 6.0 * m + 2 * (p - 1), c);  // DeepSeek's bubble
+  BOOST_TEST(r.makespan <= simulate(zbv(p, m)).makespan, c);
+  BOOST_TEST(r.makespan < 6.0 * (m + p - 1), c);  // 1F1B on p ranks of two stages each
+}
+
+// The order written out by hand from DualPipeV's eight phases for p = 2,
+// m = 4. Rank 0 (stages 0 and 3): 2 down forwards; one pair 0F2,3F0; one
+// 3I0,3W0,3F1; one main step 0F3,3B1,3F2,0B0; one 3B2,3F3,0B1; one cool-down
+// pair 3B3 then 0I2 (even rank: the split starts at the down half); one
+// 0W2,0I3; the last W. Rank 1 (stages 1 and 2) has no phases 1, 3, 5 or 7:
+// two pairs, two main steps, the cool-down pairs 2B2,1B2 and 2I3,1I3 (odd
+// rank: its middle pair is split whole), its two W's in their I's order.
+BOOST_AUTO_TEST_CASE(dualpipev_on_2_ranks_and_4_microbatches_is_the_eight_phases) {
+  BOOST_TEST(to_csv(dualpipev(2, 4)) ==
+             "0F0,0F1,0F2,3F0,3I0,3W0,3F1,0F3,3B1,3F2,0B0,3B2,3F3,0B1,3B3,0I2,0W2,0I3,0W3\n"
+             "1F0,2F0,1F1,2F1,1F2,2B0,2F2,1B0,1F3,2B1,2F3,1B1,2B2,1B2,2I3,1I3,2W3,1W3\n");
+}
+
 BOOST_AUTO_TEST_CASE(interleaved_groups_of_n_between_p_and_2p_keep_the_formula) {
   // p = 4: m = 6 (one round, N = 6) and m = 10 (two rounds, N = 5).
   for (int m : {5, 6, 10}) {
@@ -191,13 +260,15 @@ BOOST_AUTO_TEST_CASE(interleaved_groups_of_n_between_p_and_2p_keep_the_formula) 
 BOOST_DATA_TEST_CASE(every_generator_lowers_with_two_messages_per_boundary_and_microbatch, bdata::make(cases({1, 2})),
                      c) {
   for (const std::string& name : schedule_names()) {
-    if ((name == "interleaved" || name == "zbv") != (c.virtual_stages > 1)) continue;
+    const bool v_shaped = name == "zbv" || name == "dualpipev";
+    if ((name == "interleaved" || v_shaped) != (c.virtual_stages > 1)) continue;
+    if (name == "dualpipev" && c.microbatches < 2 * c.ranks) continue;  // it needs m >= 2p
     Schedule s = make_schedule(name, c.ranks, c.microbatches, c.virtual_stages);
     Schedule lowered = lower(s);
     // One activation and one gradient per microbatch across each boundary
     // between ranks: every boundary but the V's turn (stages p-1 and p share
-    // rank p-1) under zbv.
-    const int boundaries = name == "zbv" ? s.stages - 2 : s.stages - 1;
+    // rank p-1) under zbv and dualpipev.
+    const int boundaries = v_shaped ? s.stages - 2 : s.stages - 1;
     const int messages = 2 * c.microbatches * boundaries;
     BOOST_TEST(count_of(lowered, {ActionKind::SendForward, ActionKind::SendBackward}) == messages, name << " " << c);
     BOOST_TEST(count_of(lowered, {ActionKind::RecvForward, ActionKind::RecvBackward}) == messages, name << " " << c);
@@ -233,6 +304,18 @@ BOOST_AUTO_TEST_CASE(bad_names_and_sizes_are_typed_errors_naming_the_value) {
   testing::check_throws<ValueError>([] { interleaved(2, 4, 0); }, "virtual stages per rank = 0");
   testing::check_throws<ValueError>([] { zbv(1, 4); }, "zbv needs p >= 2");
   testing::check_throws<ValueError>([] { make_schedule("zbv", 4, 8, 3); }, "zbv holds exactly 2 per rank");
+}
+
+BOOST_AUTO_TEST_CASE(dualpipev_refuses_fewer_than_2p_microbatches_one_rank_and_other_than_2_stages_per_rank) {
+  testing::check_throws<ValueError>([] { dualpipev(4, 7); }, "7 microbatches on 4 ranks; dualpipev needs m >= 2p");
+  testing::check_throws<ValueError>([] { dualpipev(4, 7); }, "(here 8)");
+  testing::check_throws<ValueError>([] { make_schedule("dualpipev", 2, 3, 2); }, "dualpipev needs m >= 2p");
+  testing::check_throws<ValueError>([] { dualpipev(1, 4); }, "1 ranks; dualpipev needs p >= 2");
+  testing::check_throws<ValueError>([] { dualpipev(0, 4); }, "0 ranks; dualpipev needs p >= 2");
+  testing::check_throws<ValueError>([] { make_schedule("dualpipev", 4, 8, 3); },
+                                    "3 stages per rank; dualpipev holds exactly 2 per rank");
+  BOOST_CHECK_NO_THROW(dualpipev(4, 8));
+  BOOST_TEST((make_schedule("dualpipev", 4, 8, 1) == make_schedule("dualpipev", 4, 8, 2)));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -65,6 +65,12 @@ def check_pipeline_run(cases, result, trace_path, output):
                 (scopes, actions, len(messages), len(arrows), sends))
 
 
+def replaced(args, option, value):
+    """`args` with `option`'s value replaced by `value`."""
+    i = args.index(option)
+    return [*args[:i + 1], value, *args[i + 2:]]
+
+
 def run(cmd, env):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
@@ -190,20 +196,25 @@ def main() -> int:
                 untraced is not None and tp is not None and untraced["comm"] == tp["comm"],
                 (untraced and untraced["comm"], tp and tp["comm"]))
 
-    # Pipelines: --plan pp over 2 ranks (1f1b, and zb-h1's split backward), and pp,ddp on 2x2 (interleaved, 2
-    # stages a rank), give the 1-rank losses with the same micro-batches; the step's messages are listed under
-    # "pipeline".
+    # Pipelines: --plan pp over 2 ranks (1f1b, zb-h1's split backward, and dualpipev's V with the 4 micro-batches
+    # it needs on 2 ranks), and pp,ddp on 2x2 (interleaved, 2 stages a rank), give the 1-rank losses with the same
+    # micro-batches; the step's messages are listed under "pipeline".
+    four_micro_batches = replaced(PIPELINE, "--micro-batches", "4")
     rc, out, err, one_pp = train_with(PIPELINE, [], "one_pp")
+    rc, out, err, one_pp4 = train_with(four_micro_batches, [], "one_pp4")
     pp_trace = os.path.join(tmp, "pp_step.json")
-    for extra, name in [(["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b", "--trace", pp_trace],
-                         "pp2_1f1b"),
-                        (["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
-                          "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),
-                        (["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "zb-h1"], "pp2_zb_h1")]:
-        rc, out, err, pp = train_with(PIPELINE, extra, name)
+    for base, one_ref, extra, name in [
+            (PIPELINE, one_pp, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b", "--trace", pp_trace],
+             "pp2_1f1b"),
+            (PIPELINE, one_pp, ["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
+                                "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),
+            (PIPELINE, one_pp, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "zb-h1"], "pp2_zb_h1"),
+            (four_micro_batches, one_pp4, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "dualpipev",
+                                           "--virtual", "2"], "pp2_dualpipev")]:
+        rc, out, err, pp = train_with(base, extra, name)
         sends = [c for c in pp["comm"] if c["kind"] in ("send", "recv")] if pp else []
         cases.check(f"{' '.join(extra)}: the 1-rank losses, its messages in comm",
-                    one_pp is not None and pp is not None and same_losses(one_pp["losses"], pp["losses"]) and
+                    one_ref is not None and pp is not None and same_losses(one_ref["losses"], pp["losses"]) and
                     sends and all(c["phase"] == "pipeline" and c["mesh_dims"] == ["pp"] for c in sends),
                     err + out)
         if name == "pp2_1f1b":

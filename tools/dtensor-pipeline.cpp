@@ -149,7 +149,8 @@ int run(const Options& o) {
   }
   if (o.schedule.empty())
     throw ValueError(
-        "[dtensor-pipeline] expected --schedule NAME (one of gpipe, 1f1b, interleaved, zb-h1, zbv) or --check");
+        "[dtensor-pipeline] expected --schedule NAME (one of gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev) or "
+        "--check");
   Schedule schedule = make_schedule(o.schedule, o.ranks, o.microbatches, o.virtual_stages);
   lower(schedule);  // proves it runs with blocking sends
   SimulationResult result = simulate(schedule, costs);
@@ -169,10 +170,11 @@ int main(int argc, char** argv) {
       app{"Makes, checks and simulates pipeline schedules: the actions of each rank, the timeline, the "
           "makespan, the bubble and the activations held.",
           "dtensor-pipeline"};
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved, zb-h1 or zbv");
+  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev");
   app.add_option("--stages", o.ranks, "P: pipeline ranks (with --virtual V each holds V stages)");
   app.add_option("--microbatches", o.microbatches, "M: microbatches per step");
-  app.add_option("--virtual", o.virtual_stages, "V: stages per rank (interleaved)")->capture_default_str();
+  app.add_option("--virtual", o.virtual_stages, "V: stages per rank (interleaved; zbv and dualpipev hold 2)")
+      ->capture_default_str();
   app.add_option("--costs", o.costs, "F,I,W: time of a forward, input- and weight-gradient per stage")
       ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object instead of the text");

@@ -1,5 +1,6 @@
 // The schedule generators: compute-only action lists (F, B, I, W) in the
-// orders of GPipe, Megatron's 1F1B and interleaved 1F1B, and ZB-H1.
+// orders of GPipe, Megatron's 1F1B and interleaved 1F1B, and ZB-H1 (ZBV and
+// DualPipeV have their own files).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -138,19 +139,20 @@ Schedule interleaved(int ranks, int microbatches, int virtual_stages) {
   return schedule;
 }
 
-std::vector<std::string> schedule_names() { return {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"}; }
+std::vector<std::string> schedule_names() { return {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"}; }
 
 Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_stages) {
   if (name == "interleaved") return interleaved(ranks, microbatches, virtual_stages);
-  if (name == "zbv") {
+  if (name == "zbv" || name == "dualpipev") {
     if (virtual_stages != 1 && virtual_stages != 2)
-      throw ValueError(
-          fmt::format("[pipeline] zbv: {} stages per rank; zbv holds exactly 2 per rank, in a V", virtual_stages));
-    return zbv(ranks, microbatches);
+      throw ValueError(fmt::format("[pipeline] {}: {} stages per rank; {} holds exactly 2 per rank, in a V", name,
+                                   virtual_stages, name));
+    return name == "zbv" ? zbv(ranks, microbatches) : dualpipev(ranks, microbatches);
   }
   if (name != "gpipe" && name != "1f1b" && name != "zb-h1")
     throw ValueError(
-        fmt::format("[pipeline] unknown schedule '{}'; expected one of gpipe, 1f1b, interleaved, zb-h1, zbv", name));
+        fmt::format("[pipeline] unknown schedule '{}'; expected one of gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev",
+                    name));
   if (virtual_stages != 1)
     throw ValueError(
         fmt::format("[pipeline] {}: {} stages per rank; {} holds one stage per rank (use interleaved for more)", name,

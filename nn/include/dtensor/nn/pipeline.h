@@ -116,10 +116,19 @@ Schedule zero_bubble_h1(int ranks, int microbatches);
 /// see docs/pipeline.md for where its makespan differs.
 Schedule zbv(int ranks, int microbatches);
 
-/// The names make_schedule accepts: gpipe, 1f1b, interleaved, zb-h1, zbv.
+/// DualPipeV (DeepSeek's DualPipe cut in half): ZBV's V placement, in the
+/// order of deepseek-ai/DualPipe's dualpipev.py. Rank r runs 2(p-1-r) down
+/// forwards; r+1 pairs of a down and an up forward; p-1-r times an up I, its
+/// W and an up forward; then m-2p+r+1 main steps of two F&B pairs (down F
+/// with up B, up F with down B; run one after the other, F then B); then the
+/// cool-down of full backwards turning into I's, and the W's they owe.
+/// Holds at most 2p+1 stage activations per rank. Needs p >= 2 and m >= 2p.
+Schedule dualpipev(int ranks, int microbatches);
+
+/// The names make_schedule accepts: gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev.
 std::vector<std::string> schedule_names();
 /// By name; `virtual_stages` must be 1 for the one-stage-per-rank schedules
-/// (zbv also accepts 2, the stages it holds per rank).
+/// (zbv and dualpipev also accept 2, the stages they hold per rank).
 Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_stages = 1);
 
 // ---- Lowering and validation.

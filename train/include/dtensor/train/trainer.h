@@ -47,8 +47,8 @@ struct TrainOptions {
   std::string text;
   /// Pipeline parallelism, where a mesh dim's plan is "pp": the schedule's
   /// name (nn::pipeline::make_schedule: gpipe, 1f1b, interleaved, zb-h1,
-  /// zbv), the stages per pp rank (interleaved; zbv's is 2), and the blocks
-  /// per stage (empty: an even split).
+  /// zbv, dualpipev), the stages per pp rank (interleaved; zbv's and
+  /// dualpipev's is 2), and the blocks per stage (empty: an even split).
   std::string schedule = "1f1b";
   std::int64_t virtual_stages = 1;
   std::vector<std::int64_t> layer_split;
