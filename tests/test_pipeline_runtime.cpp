@@ -5,8 +5,11 @@
 // pp x tp_sp); what cannot run is refused before any message.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <array>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include <dtensor/nn/pipeline_runtime.h>
 
@@ -59,7 +62,7 @@ Messages pipeline_messages(const train::TrainResult& r) {
 struct Outcome {
   train::TrainResult result;
   int rank = 0;
-  Messages messages;                   // summed over every rank
+  Messages messages;  // summed over every rank
 };
 Outcome run_pipeline(const train::TrainOptions& o) {
   Outcome out;
@@ -87,10 +90,13 @@ struct Case {
   // Into how many shards the other mesh dim cuts the activation a stage
   // sends (dp the batch, tp_sp the sequence; tp replicates it).
   std::int64_t shards = 1;
+  double clip = 0;  // --clip: the gradient norm over every stage
   std::int64_t activation_bytes() const { return kBatch * kSeq * kDModel * 8 / shards; }
+  // One pipeline per rank of the other mesh dims, each sending its shard.
+  std::uint64_t pipelines() const { return static_cast<std::uint64_t>(numel(mesh) / mesh[0]); }
   std::string name() const {
-    return fmt::format("{} on mesh {} ({}) m={} v={}", schedule, fmt::join(mesh, "x"), fmt::join(plans, ","),
-                       micro_batches, virtual_stages);
+    return fmt::format("{} on mesh {} ({}) m={} v={}{}", schedule, fmt::join(mesh, "x"), fmt::join(plans, ","),
+                       micro_batches, virtual_stages, clip > 0 ? fmt::format(" clip={}", clip) : "");
   }
 };
 
@@ -117,19 +123,29 @@ const std::vector<Case>& cases() {
       {"1f1b", {2, 2}, {"pp", "tp"}, {"pp", "tp_sp"}, 2, 1, 4, 1, 2},
       {"zb-h1", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 1, 4, 1, 2},
       {"zb-h1", {2, 2}, {"pp", "tp"}, {"pp", "tp"}, 2, 1, 4, 1, 1},
+      // ZeRO-1 beside pp: each stage's AdamW states sharded over dp.
+      {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "zero1"}, 2, 1, 4, 1, 2},
+      // Clipped by the whole model's norm: each stage's part summed over pp
+      // (0.05 is below every step's norm here, so every step clips).
+      {"1f1b", {2}, {"pp"}, {"pp"}, 2, 1, 4, 1, 1, 0.05},
+      {"zb-h1", {2, 2}, {"pp", "dp"}, {"pp", "zero1"}, 2, 1, 4, 1, 2, 0.05},
+      // Three dims on 8 ranks: pp x dp x tp, 2 pipelines per dp rank (tp
+      // replicates the activation, so each tp rank sends its dp shard whole).
+      {"1f1b", {2, 2, 2}, {"pp", "dp", "tp"}, {"pp", "ddp", "tp"}, 2, 1, 4, 1, 2},
+      {"interleaved", {2, 2, 2}, {"pp", "dp", "tp"}, {"pp", "ddp", "tp"}, 2, 2, 4, 3, 2, 0.05},
   };
   return all;
 }
 
-// The one-rank run with the same micro-batches: the reference.
-const train::TrainResult& one_rank(std::int64_t layers, std::int64_t micro_batches) {
-  static std::map<std::pair<std::int64_t, std::int64_t>, train::TrainResult> cache;
-  auto it = cache.find({layers, micro_batches});
-  if (it == cache.end())
-    it = cache
-             .emplace(std::pair{layers, micro_batches},
-                      train::train(small_model(layers, micro_batches), slice(), nullptr))
-             .first;
+// The one-rank run with the same micro-batches (and clipping): the reference.
+const train::TrainResult& one_rank(std::int64_t layers, std::int64_t micro_batches, double clip = 0) {
+  static std::map<std::tuple<std::int64_t, std::int64_t, double>, train::TrainResult> cache;
+  auto it = cache.find({layers, micro_batches, clip});
+  if (it == cache.end()) {
+    train::TrainOptions o = small_model(layers, micro_batches);
+    o.clip = clip;
+    it = cache.emplace(std::tuple{layers, micro_batches, clip}, train::train(o, slice(), nullptr)).first;
+  }
   return it->second;
 }
 
@@ -164,8 +180,12 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
     o.plans = c.plans;
     o.schedule = c.schedule;
     o.virtual_stages = c.virtual_stages;
+    o.clip = c.clip;
     const Outcome got = run_pipeline(o);
-    const train::TrainResult& want = one_rank(c.layers, c.micro_batches);
+    const train::TrainResult& want = one_rank(c.layers, c.micro_batches, c.clip);
+    if (c.clip > 0)  // else a pipeline that ignored --clip would pass too
+      BOOST_TEST(want.losses.back() != one_rank(c.layers, c.micro_batches).losses.back(),
+                 c.name() << ": clipping changes nothing");
     const std::vector<double>& losses = got.result.losses;
     BOOST_TEST_REQUIRE(losses.size() == want.losses.size(), c.name());
     double worst = 0;  // the largest relative difference, logged (--log_level=message)
@@ -178,13 +198,18 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
     BOOST_TEST(testing::close(got.result.val_loss, want.val_loss, 1e-9 * std::abs(want.val_loss)),
                c.name() << ": validation loss " << got.result.val_loss << " vs " << want.val_loss);
     const std::uint64_t messages = static_cast<std::uint64_t>(2 * c.micro_batches * c.boundaries_across_ranks);
-    // One pipeline per rank of the other mesh dim, each sending its shard.
-    const std::uint64_t copies = c.mesh.size() > 1 ? static_cast<std::uint64_t>(c.mesh[1]) : 1;
+    const std::uint64_t copies = c.pipelines();
     const std::uint64_t bytes = messages * copies * static_cast<std::uint64_t>(c.activation_bytes());
     BOOST_TEST(got.messages.sends == messages * copies, c.name() << ": sends");
     BOOST_TEST(got.messages.recvs == messages * copies, c.name() << ": recvs");
     BOOST_TEST(got.messages.sent_bytes == bytes, c.name() << ": bytes sent");
     BOOST_TEST(got.messages.received_bytes == bytes, c.name() << ": bytes received");
+    // ZeRO-1 keeps AdamW's two moments sharded over dp: less than twice
+    // the parameters' bytes (which every other plan here holds).
+    const bool zero1 = std::find(c.plans.begin(), c.plans.end(), "zero1") != c.plans.end();
+    BOOST_TEST((got.result.optimizer_state_bytes < 2 * got.result.parameter_bytes) == zero1,
+               c.name() << ": optimizer states " << got.result.optimizer_state_bytes << " bytes, parameters "
+                        << got.result.parameter_bytes);
     // The run reports the schedule it ran and a measured bubble in [0, 1).
     BOOST_TEST_REQUIRE(got.result.schedule.has_value(), c.name());
     BOOST_TEST(got.result.schedule->name == c.schedule, c.name());

@@ -29,8 +29,8 @@ DTensor owned_copy(const DTensor& t) {
 // One name per parameter, or a ValueError naming both counts.
 void check_names(const std::vector<std::string>& names, std::size_t params, const char* where) {
   if (names.size() != params)
-    throw ValueError(fmt::format("[AdamW] {}: {} names for {} parameters; expected one each", where, names.size(),
-                                 params));
+    throw ValueError(
+        fmt::format("[AdamW] {}: {} names for {} parameters; expected one each", where, names.size(), params));
 }
 
 // The shard an update writes into (shares the parameter's storage).
@@ -140,18 +140,20 @@ Layout checked_state_layout(const DTensor& p, const Layout& layout, std::size_t 
     throw LayoutError(fmt::format("[{}] state layout of parameter {}: {}", who, i, e.what()));
   }
   if (state.has_partial())
-    throw LayoutError(fmt::format("[{}] state layout {} of parameter {} holds a Partial: states are values, not addends",
-                                  who, state, i));
+    throw LayoutError(
+        fmt::format("[{}] state layout {} of parameter {} holds a Partial: states are values, not addends", who, state,
+                    i));
   const DeviceMesh& mesh = p.mesh();
   for (int r = 0; r < static_cast<int>(mesh.size()); ++r) {
     const Shape coord = mesh.coordinate_of(r);
     const Box part = local_box(mesh.shape(), p.shape(), state, coord);
     const Box whole = local_box(mesh.shape(), p.shape(), p.placements(), coord);
     if (!contains(whole, part))
-      throw LayoutError(fmt::format(
-          "[{}] state layout {} of parameter {} (shape {}, layout {}): rank {} would update rows it does not hold; "
-          "a state layout must split the parameter further, nested inside its shards",
-          who, state, i, fmt::join(p.shape(), "x"), p.placements(), r));
+      throw LayoutError(
+          fmt::format("[{}] state layout {} of parameter {} (shape {}, layout {}): rank {} would update rows it does "
+                      "not hold; "
+                      "a state layout must split the parameter further, nested inside its shards",
+                      who, state, i, fmt::join(p.shape(), "x"), p.placements(), r));
   }
   return state;
 }
@@ -163,8 +165,8 @@ std::vector<Layout> zero_state_layouts(std::span<const DTensor> params, int mesh
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Layout& l = params[i].placements();
     if (mesh_dim < 0 || mesh_dim >= l.mesh_ndim())
-      throw LayoutError(fmt::format("[zero_state_layouts] mesh dim {} of parameter {} on a mesh of {} dims", mesh_dim, i,
-                                    l.mesh_ndim()));
+      throw LayoutError(fmt::format("[zero_state_layouts] mesh dim {} of parameter {} on a mesh of {} dims", mesh_dim,
+                                    i, l.mesh_ndim()));
     out.push_back(params[i].dim() > 0 && is_replicate(l[mesh_dim]) ? l.with(mesh_dim, Shard{0}) : l);
   }
   return out;
@@ -194,8 +196,8 @@ Optimizer<X>::Optimizer(std::vector<X> params, double lr, const char* name, Shar
       state_layouts_.push_back(given.empty() ? params_[i].placements()
                                              : checked_state_layout(params_[i], given[i], i, name));
   } else if (!given.empty()) {
-    throw ValueError(fmt::format("[{}] {} state layouts for Tensor parameters: layouts are for DTensors", name,
-                                 given.size()));
+    throw ValueError(
+        fmt::format("[{}] {} state layouts for Tensor parameters: layouts are for DTensors", name, given.size()));
   }
 }
 
@@ -363,9 +365,10 @@ void AdamW<X>::check_state(std::size_t i, const X& exp_avg, const X& exp_avg_sq,
       throw DTypeError(fmt::format("[AdamW] load_state: a {} moment for parameter {} of {}", m->dtype(), i, p.dtype()));
     if constexpr (std::same_as<X, DTensor>)
       if (m->placements() != this->state_layout(i))
-        throw LayoutError(fmt::format("[AdamW] load_state: a moment laid out {} for parameter {}, whose state layout "
-                                      "is {}",
-                                      m->placements(), i, this->state_layout(i)));
+        throw LayoutError(
+            fmt::format("[AdamW] load_state: a moment laid out {} for parameter {}, whose state layout "
+                        "is {}",
+                        m->placements(), i, this->state_layout(i)));
   }
   if (updates < 0) throw ValueError(fmt::format("[AdamW] load_state: updates = {}; expected >= 0", updates));
 }
@@ -479,7 +482,8 @@ std::vector<std::optional<X>> gradients_without_partial(std::span<const X> param
 }  // namespace
 
 template <Parameter X>
-double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type, CoalesceOptions coalesce) {
+double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type, CoalesceOptions coalesce,
+                      Communicator* across) {
   CommScope phase("optimizer");  // its one all_reduce belongs to the update
   check_finite_non_negative(max_norm, "max_norm", "clip_grad_norm");
   if (!(norm_type > 0))
@@ -506,7 +510,9 @@ double clip_grad_norm(std::span<const X> params, double max_norm, double norm_ty
     part = inf ? (std::isnan(mine) || std::isnan(part) ? mine + part : std::max(part, mine)) : part + mine;
   }
   double total = part;
-  if (world) world->all_reduce(&part, &total, 1, DType::Float64, inf ? ReduceOp::Max : ReduceOp::Sum);
+  const ReduceOp combine = inf ? ReduceOp::Max : ReduceOp::Sum;
+  if (world) world->all_reduce(&part, &total, 1, DType::Float64, combine);
+  if (across) across->all_reduce(&total, &total, 1, DType::Float64, combine);
   const double norm = inf ? total : std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (norm + 1e-6);
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -543,7 +549,7 @@ template class SGD<Tensor>;
 template class SGD<DTensor>;
 template class AdamW<Tensor>;
 template class AdamW<DTensor>;
-template double clip_grad_norm<Tensor>(std::span<const Tensor>, double, double, CoalesceOptions);
-template double clip_grad_norm<DTensor>(std::span<const DTensor>, double, double, CoalesceOptions);
+template double clip_grad_norm<Tensor>(std::span<const Tensor>, double, double, CoalesceOptions, Communicator*);
+template double clip_grad_norm<DTensor>(std::span<const DTensor>, double, double, CoalesceOptions, Communicator*);
 
 }  // namespace dtensor::nn

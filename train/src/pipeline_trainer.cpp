@@ -36,9 +36,8 @@ void refuse_unsupported(const TrainOptions& o) {
   refuse(!o.resume_dir.empty(), fmt::format("--resume '{}' (a checkpoint of the stages)", o.resume_dir));
   refuse(o.generate > 0, fmt::format("--generate {} (generation through the stages)", o.generate));
   refuse(o.explain, "--explain");
-  refuse(o.clip > 0, fmt::format("--clip {} (a gradient norm over every stage)", o.clip));
   for (const std::string& plan : o.plans)
-    refuse(plan == "zero1" || plan == "fsdp", fmt::format("plan {} beside pp (ddp, tp and tp_sp are)", plan));
+    refuse(plan == "fsdp", fmt::format("plan {} beside pp (ddp, zero1, tp and tp_sp are)", plan));
 }
 
 // How host batches become a stage's inputs: plain tensors when pp is the
@@ -49,6 +48,7 @@ struct PlainStages {
   nn::ParameterFactory<Tensor> factory() const { return nn::plain_parameters(dtype); }
   nn::ActivationLayouts activations() const { return {}; }
   Tensor input(const Tensor& host) const { return host; }
+  std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
 };
 struct MeshStages {
   using X = DTensor;
@@ -57,6 +57,17 @@ struct MeshStages {
   nn::ParameterFactory<DTensor> factory() const { return plan.parameter_factory(dtype); }
   nn::ActivationLayouts activations() const { return plan.activations(false); }
   DTensor input(const Tensor& host) const { return from_full(host, plan.mesh(), plan.batch_layout(false)); }
+  // The optimizer states where the plan keeps them (zero1: S(0) over dp);
+  // none where every state is in its parameter's layout.
+  std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
+    std::vector<Layout> out;
+    bool moved = false;
+    for (const auto& [name, p] : named) {
+      out.push_back(plan.state_layout(name));
+      moved = moved || out.back() != plan.parameter_layout(name);
+    }
+    return moved ? out : std::vector<Layout>{};
+  }
 };
 
 std::uint64_t largest(const DeviceMesh& mesh, std::uint64_t v) {
@@ -105,11 +116,15 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
   std::vector<pipe::GPTStage<X>*> mine;
   std::vector<X> params;
+  nn::NamedParameters<X> named;
   for (auto& stage : stages) {
     mine.push_back(&stage);
     for (X& p : stage.parameters()) params.push_back(p);
+    for (auto& member : stage.named_parameters()) named.push_back(member);
   }
-  nn::AdamW<X> optimizer(params, {.lr = o.lr, .weight_decay = o.weight_decay});
+  nn::AdamW<X> optimizer(params, {.lr = o.lr,
+                                  .weight_decay = o.weight_decay,
+                                  .sharding = {.state_layouts = env.state_layouts(named)}});
   const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
   auto inputs_of = [&](Split part, std::int64_t first_draw, std::int64_t count) {
     pipe::StepInputs<X> in;
@@ -141,6 +156,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     pipe::StepTimeline timeline;
     const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in, last ? &timeline : nullptr);
     const DimsStats passed = mesh_stats(mesh);
+    // The norm over every stage's gradients: each stage's part, summed over pp.
+    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip, 2.0, {}, &pp);
     optimizer.step();  // once per step: under ddp its gradients' reduction too
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();

@@ -99,11 +99,7 @@ class Optimizer {
   std::int64_t steps() const { return steps_; }
   /// The layout parameter i's states live in and its update reads its
   /// gradient in (DTensor optimizers): its own unless ShardingOptions gave one.
-  const Layout& state_layout(std::size_t i) const
-    requires std::same_as<X, DTensor>
-  {
-    return state_layouts_.at(i);
-  }
+  const Layout& state_layout(std::size_t i) const requires std::same_as<X, DTensor> { return state_layouts_.at(i); }
 
  protected:
   Optimizer(std::vector<X> params, double lr, const char* name, ShardingOptions sharding);
@@ -196,9 +192,14 @@ class AdamW : public Optimizer<X> {
 /// per bucket for DDP's P(sum) -> R), in buckets of `coalesce.bucket_mib`.
 /// All parameters must live on meshes of one world communicator (MeshError
 /// otherwise).
+///
+/// `across`: where other ranks hold other parameters of the same model (a
+/// pipeline's stages, each on its own ranks), the communicator joining
+/// them; the sum (or max) runs over it too, one more all_reduce of one f64,
+/// so that every stage clips by the whole model's norm.
 template <Parameter X>
-double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0,
-                      CoalesceOptions coalesce = {});
+double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0, CoalesceOptions coalesce = {},
+                      Communicator* across = nullptr);
 
 /// Linear warmup from 0 over `warmup_steps`, then a cosine from max_lr down
 /// to min_lr at `total_steps` (and min_lr after): the schedule of GPT-2 and
