@@ -219,6 +219,37 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
   }
 }
 
+// Generation runs each new byte's positions through the stages with a KV
+// cache per stage: greedy bytes equal one rank's, the V placement (stages 0
+// and 3 on one rank) and tp_sp's sharded activations included.
+BOOST_AUTO_TEST_CASE(generation_gives_the_one_rank_bytes, *boost::unit_test::precondition(ranks_available{4})) {
+  train::TrainOptions one = small_model(4, 2);
+  one.generate = 24;  // past seq = 16: the caches restart once
+  const train::TrainResult want = train::train(one, slice(), nullptr);
+  BOOST_TEST_REQUIRE(want.generated.size() == 24u);
+  struct Run {
+    std::string schedule;
+    Shape mesh;
+    std::vector<std::string> dims, plans;
+    std::int64_t virtual_stages;
+  };
+  for (const Run& run : {Run{"1f1b", {2}, {"pp"}, {"pp"}, 1}, Run{"zbv", {2}, {"pp"}, {"pp"}, 2},
+                         Run{"1f1b", {2, 2}, {"pp", "tp"}, {"pp", "tp_sp"}, 1}}) {
+    if (!testing::can_run(numel(run.mesh))) continue;  // under MPI: the job's size only
+    train::TrainOptions o = one;
+    o.mesh = run.mesh;
+    o.dims = run.dims;
+    o.plans = run.plans;
+    o.schedule = run.schedule;
+    o.virtual_stages = run.virtual_stages;
+    const Outcome got = run_pipeline(o);
+    BOOST_TEST(got.result.generated == want.generated,
+               run.schedule << " on " << fmt::format("{}", fmt::join(run.plans, ",")) << ": generated "
+                            << fmt::format("{:?}", got.result.generated) << " vs "
+                            << fmt::format("{:?}", want.generated));
+  }
+}
+
 // In f32 too, pp = 2 under 1f1b, zb-h1 and dualpipev gives the one-rank
 // run's losses bit for bit: each stage computes what one rank computes, in
 // the same order (the loss scale is applied to each microbatch before its

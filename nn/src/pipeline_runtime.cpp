@@ -1,6 +1,7 @@
 // The pipeline runtime: one rank's actions of a schedule, run in order.
 #include "dtensor/nn/pipeline_runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -300,6 +301,45 @@ std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* co
   pp.broadcast(losses.data(), losses.size() * sizeof(double), schedule.rank_of_stage(schedule.stages - 1));
   return losses;
 }
+
+template <TensorOrDTensor X>
+std::optional<X> forward_through(const Schedule& placement, std::span<GPTStage<X>* const> stages, Communicator& pp,
+                                 const X& tokens, std::span<KVCache<X>> caches) {
+  const auto& mine = placement.stages_of_rank.at(static_cast<std::size_t>(pp.rank()));
+  if (mine.size() != stages.size() || caches.size() != stages.size())
+    throw ValueError(fmt::format("[pipeline] rank {} holds {} stages; {} stages and {} caches were given", pp.rank(),
+                                 mine.size(), stages.size(), caches.size()));
+  const Shape global{tokens.shape()[0], tokens.shape()[1], stages[0]->config.d_model};
+  std::optional<X> x;  // the activation, while it is on this rank
+  for (int s = 0; s < placement.stages; ++s) {
+    const auto at = std::find(mine.begin(), mine.end(), s);
+    if (at == mine.end()) {
+      x.reset();
+      continue;
+    }
+    const auto i = static_cast<std::size_t>(at - mine.begin());
+    GPTStage<X>& stage = *stages[i];
+    const int tag = 2 * s * placement.microbatches;  // the runtime's tag for microbatch 0 reaching stage s
+    if (s > 0 && !x) {
+      Tensor local = Tensor::empty(Boundary<X>::local_shape(tokens, global, stage.layouts), stage.config.dtype);
+      pp.recv(local.data(), local.nbytes(), placement.rank_of_stage(s - 1), tag - 2 * placement.microbatches);
+      x = Boundary<X>::wrap(std::move(local), tokens, global, stage.layouts);
+    }
+    x = stage.forward(s == 0 ? tokens : *x, caches[i]);
+    if (stage.is_last()) return x;
+    x = Boundary<X>::to_boundary(*x, stage.layouts);
+    if (placement.rank_of_stage(s + 1) != pp.rank()) {
+      const Tensor local = local_of(*x);
+      pp.send(local.data(), local.nbytes(), placement.rank_of_stage(s + 1), tag);
+    }
+  }
+  return std::nullopt;
+}
+
+template std::optional<Tensor> forward_through(const Schedule&, std::span<GPTStage<Tensor>* const>, Communicator&,
+                                               const Tensor&, std::span<KVCache<Tensor>>);
+template std::optional<DTensor> forward_through(const Schedule&, std::span<GPTStage<DTensor>* const>, Communicator&,
+                                                const DTensor&, std::span<KVCache<DTensor>>);
 
 template std::vector<double> run_step(const Schedule&, std::span<GPTStage<Tensor>* const>, Communicator&,
                                       const StepInputs<Tensor>&, StepTimeline*);

@@ -70,6 +70,22 @@ X GPTStage<X>::forward(const X& input) const {
 }
 
 template <TensorOrDTensor X>
+X GPTStage<X>::forward(const X& input, KVCache<X>& cache) const {
+  const std::int64_t len = input.shape()[1];
+  if (cache.length + len > config.seq)
+    throw ShapeError(fmt::format("[pipeline] stage {}: positions up to {}; the model has {} (seq)", stage,
+                                 cache.length + len, config.seq));
+  if (cache.keys.empty()) {
+    cache.keys.resize(blocks.size());
+    cache.values.resize(blocks.size());
+  }
+  X x = is_first() ? embed_tokens(*wte, *wpe, input, cache.length, layouts) : input;
+  for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x, layouts, &cache, l);
+  cache.length += len;
+  return is_last() ? head_logits(*ln_f, *lm_head, x, layouts) : x;
+}
+
+template <TensorOrDTensor X>
 X GPTStage<X>::loss(const X& logits, const X& targets) const {
   return next_byte_loss(logits, targets);
 }

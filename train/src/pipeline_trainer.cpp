@@ -26,15 +26,13 @@ namespace {
 
 // What pipelined training does not do yet, refused by name rather than run
 // wrong: each of these would need the stages to cooperate beyond the
-// schedule (a checkpoint or a gradient norm over every stage, generation
-// through every stage).
+// schedule (a checkpoint of every stage, the planner's explanations).
 void refuse_unsupported(const TrainOptions& o) {
   auto refuse = [](bool asked, const std::string& what) {
     if (asked) throw UnsupportedError(fmt::format("[train] {} with plan pp: not supported yet", what));
   };
   refuse(!o.save_dir.empty(), fmt::format("--save '{}' (a checkpoint of the stages)", o.save_dir));
   refuse(!o.resume_dir.empty(), fmt::format("--resume '{}' (a checkpoint of the stages)", o.resume_dir));
-  refuse(o.generate > 0, fmt::format("--generate {} (generation through the stages)", o.generate));
   refuse(o.explain, "--explain");
   for (const std::string& plan : o.plans)
     refuse(plan == "fsdp", fmt::format("plan {} beside pp (ddp, zero1, tp and tp_sp are)", plan));
@@ -46,8 +44,8 @@ struct PlainStages {
   using X = Tensor;
   DType dtype;
   nn::ParameterFactory<Tensor> factory() const { return nn::plain_parameters(dtype); }
-  nn::ActivationLayouts activations() const { return {}; }
-  Tensor input(const Tensor& host) const { return host; }
+  nn::ActivationLayouts activations(bool = false) const { return {}; }
+  Tensor input(const Tensor& host, bool = false) const { return host; }
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
 };
 struct MeshStages {
@@ -55,8 +53,10 @@ struct MeshStages {
   DType dtype;
   nn::ParallelPlan plan;
   nn::ParameterFactory<DTensor> factory() const { return plan.parameter_factory(dtype); }
-  nn::ActivationLayouts activations() const { return plan.activations(false); }
-  DTensor input(const Tensor& host) const { return from_full(host, plan.mesh(), plan.batch_layout(false)); }
+  nn::ActivationLayouts activations(bool generation = false) const { return plan.activations(generation); }
+  DTensor input(const Tensor& host, bool generation = false) const {
+    return from_full(host, plan.mesh(), plan.batch_layout(generation));
+  }
   // The optimizer states where the plan keeps them (zero1: S(0) over dp);
   // none where every state is in its parameter's layout.
   std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
@@ -96,6 +96,40 @@ void record_memory(TrainResult& result, const DeviceMesh& mesh, const nn::AdamW<
   result.parameter_bytes = result.gradient_bytes = largest(mesh, params);
   result.optimizer_state_bytes = largest(mesh, states);
   result.peak_bytes = largest(mesh, step_peak);
+}
+
+// Greedy sampling of `count` bytes after `context`, as the unpipelined
+// trainer does it (one position at a time through each stage's KV cache,
+// restarted from the last half of the context when full): the last stage's
+// rank picks each byte and broadcasts it over pp.
+template <class Stages, class X = typename Stages::X>
+std::string generate(const Stages& env, const pipe::Schedule& schedule, std::span<pipe::GPTStage<X>* const> mine,
+                     Communicator& pp, std::vector<std::int64_t> context, std::int64_t count) {
+  NoGradGuard no_grad;
+  for (auto* stage : mine) stage->layouts = env.activations(true);
+  const std::int64_t seq = mine.front()->config.seq;
+  const int last = schedule.rank_of_stage(schedule.stages - 1);
+  std::string out;
+  std::vector<nn::KVCache<X>> caches;
+  std::vector<std::int64_t> pending = context;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (caches.empty() || caches.front().length + static_cast<std::int64_t>(pending.size()) > seq) {
+      const std::size_t keep = static_cast<std::size_t>(seq / 2);
+      if (context.size() > keep) context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
+      caches.assign(mine.size(), nn::KVCache<X>{});
+      pending = context;
+    }
+    const auto n = static_cast<std::int64_t>(pending.size());
+    const X tokens = env.input(Tensor::from_vector(pending, {1, n}), true);
+    const std::optional<X> logits = pipe::forward_through<X>(schedule, mine, pp, tokens, caches);
+    double token = logits ? first_value(argmax(narrow(*logits, 1, n - 1, 1), -1)) : 0;
+    pp.broadcast(&token, sizeof token, last);
+    out.push_back(static_cast<char>(token));
+    context.push_back(static_cast<std::int64_t>(token));
+    pending = {static_cast<std::int64_t>(token)};
+  }
+  for (auto* stage : mine) stage->layouts = env.activations(false);
+  return out;
 }
 
 // The whole run on this rank, once the mesh, its pp dim and the schedule
@@ -186,6 +220,11 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   result.val_points.emplace_back(o.steps - 1, result.val_loss);
   record_memory(result, mesh, optimizer, step_peak);
   result.schedule = schedule;
+  if (o.generate > 0) {
+    const Batch prompt = data.next_batch(Split::Validation, 1, std::max<std::int64_t>(1, o.model.seq / 4), 0, o.seed);
+    result.generated =
+        generate(env, schedule, std::span<pipe::GPTStage<X>* const>(mine), pp, prompt.inputs, o.generate);
+  }
   return result;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// A step's collectives by phase, as TrainResult::comm lists them: shared by
-// the trainer's loops (trainer.cpp, pipeline_trainer.cpp), not installed.
+// A step's collectives by phase, as TrainResult::comm lists them, and a
+// scalar's value: shared by the trainer's loops (trainer.cpp,
+// pipeline_trainer.cpp), not installed.
 #include <map>
 #include <string>
 #include <vector>
@@ -10,6 +11,10 @@
 #include "dtensor/train/trainer.h"
 
 namespace dtensor::train::detail {
+
+// A scalar's value (a loss, a sampled token), whole.
+inline double first_value(const Tensor& t) { return t.to(DType::Float64).data_as<double>()[0]; }
+inline double first_value(const DTensor& t) { return first_value(t.full_tensor()); }
 
 // A rank's collective counters by the mesh dims they ran over.
 using DimsStats = std::map<std::vector<int>, CommStats>;

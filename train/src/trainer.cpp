@@ -23,10 +23,9 @@ namespace {
 
 using detail::add_phase;
 using detail::DimsStats;
+using detail::first_value;
 using detail::operator+;
 using detail::operator-;
-
-double first_value(const Tensor& t) { return t.to(DType::Float64).data_as<double>()[0]; }
 
 Tensor host_tokens(const std::vector<std::int64_t>& values, std::int64_t rows, std::int64_t cols) {
   return Tensor::from_vector(values, {rows, cols});

@@ -13,6 +13,7 @@
 // Every wait keeps the communicator's deadline; a failed or stalled peer
 // ends the step with the same error type (CommTimeout, PeerFailed, ...)
 // naming this rank's stage and action.
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -77,5 +78,16 @@ double bubble_fraction(std::span<const StepTimeline> ranks);
 template <TensorOrDTensor X>
 std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
                              const StepInputs<X>& inputs, StepTimeline* timeline = nullptr);
+
+/// One forward of `tokens` ([B, n]: the positions after those the caches
+/// hold) through every stage in order, for generation: no schedule, no
+/// microbatches; each rank runs its stages as the activation reaches them,
+/// receiving it from and sending it to the neighbouring stages' ranks.
+/// `caches` holds one KVCache per stage of this rank (in `stages` order),
+/// each extended by n positions. Returns the logits on the last stage's
+/// rank, none elsewhere.
+template <TensorOrDTensor X>
+std::optional<X> forward_through(const Schedule& placement, std::span<GPTStage<X>* const> stages, Communicator& pp,
+                                 const X& tokens, std::span<KVCache<X>> caches);
 
 }  // namespace dtensor::nn::pipeline

@@ -51,6 +51,9 @@ struct GPTStage {
   /// The first stage: i64 tokens [B, T] in; the others: the residual stream
   /// [B, T, D]. Out: the residual stream, or on the last stage the logits.
   X forward(const X& input) const;
+  /// The same for generation: `input` holds the positions after the ones
+  /// `cache` (this stage's own, for its blocks) holds, which it extends.
+  X forward(const X& input, KVCache<X>& cache) const;
   /// The loss of the last stage's logits (next_byte_loss).
   X loss(const X& logits, const X& targets) const;
 
