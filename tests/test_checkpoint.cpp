@@ -90,8 +90,8 @@ void round_trip(const fs::path& dir, const Tensor& full, const Shape& mesh_from,
     if (!equal(got.at("t").to_local(), want))
       failures.add(fmt::format("rank {}: the loaded shard of box {} differs", world.rank(), got.at("t").local_box()));
     if (stats.bytes_needed != want.nbytes())
-      failures.add(fmt::format("rank {}: needed {} bytes, its box has {}", world.rank(), stats.bytes_needed,
-                               want.nbytes()));
+      failures.add(
+          fmt::format("rank {}: needed {} bytes, its box has {}", world.rank(), stats.bytes_needed, want.nbytes()));
     if (chunk_bytes == itemsize(full.dtype()) ? stats.bytes_read != stats.bytes_needed
                                               : stats.bytes_read < stats.bytes_needed)
       failures.add(fmt::format("rank {}: read {} bytes for the {} its box needs (chunks of {})", world.rank(),
@@ -136,8 +136,8 @@ BOOST_AUTO_TEST_CASE(any_mesh_and_layout_to_any_other) {
   const TempDir tmp("property");
   for (std::size_t c = 0; c < cases; ++c) {
     const Shape shape = random_shape(rng);
-    const DType dtype = std::array{DType::Float32, DType::Float64, DType::Int64, DType::BFloat16,
-                                   DType::Float16}[rng() % 5];
+    const DType dtype =
+        std::array{DType::Float32, DType::Float64, DType::Int64, DType::BFloat16, DType::Float16}[rng() % 5];
     Shape mesh_from = random_mesh(rng), mesh_to = random_mesh(rng);
     if (testing::test_backend() == "mpi") {
       const auto all = testing::backend_meshes({{1}});
@@ -154,7 +154,7 @@ BOOST_AUTO_TEST_CASE(any_mesh_and_layout_to_any_other) {
     const Layout to = testing::random_layout(rng, static_cast<int>(mesh_to.size()), nd, ReduceOp::Sum, 0);
     const std::size_t chunk = rng() % 2 ? itemsize(dtype) : 1 + rng() % 64;
     const Tensor full = narrow ? testing::integer_tensor(shape, DType::Float32, seed + c).to(dtype)
-                                                : testing::integer_tensor(shape, dtype, seed + c);
+                               : testing::integer_tensor(shape, dtype, seed + c);
     Failures failures;
     const std::string context =
         fmt::format("seed {} case {}: [{}] {} {} on mesh [{}] -> {} on mesh [{}], chunks of {} bytes", seed, c,
@@ -229,11 +229,13 @@ BOOST_AUTO_TEST_CASE(a_failed_save_leaves_the_older_checkpoint, *boost::unit_tes
   };
   testing::run_ranks(4, save_on_4(v1, {}));
   std::string type;
-  const std::string message = error_on_every_rank(
-      4, save_on_4(v2, [](int rank) {
-        if (rank == 2) throw CheckpointError("[test] the disk is full");
-      }),
-      &type);
+  const std::string message = error_on_every_rank(4,
+                                                  save_on_4(v2,
+                                                            [](int rank) {
+                                                              if (rank == 2)
+                                                                throw CheckpointError("[test] the disk is full");
+                                                            }),
+                                                  &type);
   BOOST_TEST(type == "CheckpointError");
   BOOST_TEST(message.find("[test] the disk is full") != std::string::npos, message);
   if (testing::test_backend() == "threads")  // rank 0's report names the rank that failed
@@ -301,6 +303,44 @@ BOOST_AUTO_TEST_CASE(corrupt_truncated_and_missing_pieces_are_named,
   save_then([&] { fs::remove(dir / "manifest.json"); });
   m = error_on_every_rank(4, load_on_4(), &type);
   BOOST_TEST(m.find("has no manifest.json") != std::string::npos, m);
+}
+
+// A model split over groups (a pipeline's stages): each group of 2 ranks
+// saves its own tensors, DTensors on its submesh, and one checkpoint of the
+// whole results; a name two groups give with different shapes is refused
+// on every rank.
+BOOST_AUTO_TEST_CASE(groups_save_their_parts_of_one_checkpoint, *boost::unit_test::precondition(ranks_available{4})) {
+  const TempDir tmp("parts");
+  const std::string dir = (tmp.path / "c").string();
+  const Tensor a = Tensor::arange({6, 4}, DType::Float64), b = Tensor::arange({5}, DType::Float32);
+  testing::run_ranks(4, [&](Communicator& world) {
+    const DeviceMesh mesh(world, {2, 2}, {"pp", "dp"});
+    const DeviceMesh group = mesh.submesh({"dp"});
+    std::map<std::string, DTensor> mine;
+    if (mesh.coordinate()[0] == 0)
+      mine.emplace("first.a", from_full(a, group, Layout::parse("S(0)")));
+    else
+      mine.emplace("second.b", from_full(b, group, Layout::parse("R")));
+    ckpt::save_parts(dir, mine, world);
+  });
+  const auto got = ckpt::load_full(dir);
+  BOOST_TEST(got.size() == 2u);
+  BOOST_TEST((got.count("first.a") && equal(got.at("first.a"), a)));
+  BOOST_TEST((got.count("second.b") && equal(got.at("second.b"), b)));
+  BOOST_TEST(ckpt::verify(dir).tensors == 2u);
+  std::string type;
+  const std::string m = error_on_every_rank(
+      4,
+      [&](Communicator& world) {
+        const DeviceMesh mesh(world, {2, 2}, {"pp", "dp"});
+        const Tensor x = mesh.coordinate()[0] == 0 ? a : Tensor::arange({4}, DType::Float64);
+        ckpt::save_parts((tmp.path / "bad").string(),
+                         std::map<std::string, DTensor>{{"x", from_full(x, mesh.submesh({"dp"}), Layout::parse("R"))}},
+                         world);
+      },
+      &type);
+  BOOST_TEST(type == "ValueError", m);
+  BOOST_TEST(m.find("tensor x is") != std::string::npos, m);
 }
 
 // A model's named_parameters(): saved from one layout, loaded back into

@@ -3,10 +3,13 @@
 // losses (f64, 1e-9 relative), with 2·m messages per stage boundary that
 // crosses ranks, each of the activation's bytes (its shard under pp x dp and
 // pp x tp_sp); what cannot run is refused before any message.
+#include <unistd.h>
+
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -162,6 +165,13 @@ boost::test_tools::assertion_result threads_only(boost::unit_test::test_unit_id)
   return on_threads;
 }
 
+// A case whose ranks share one temporary folder by name: one process.
+boost::test_tools::assertion_result one_process(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result on_threads(testing::test_backend() == "threads");
+  on_threads.message() << "the ranks share a temporary folder named by the process";
+  return on_threads;
+}
+
 }  // namespace pipeline_runtime_suite
 
 using namespace pipeline_runtime_suite;
@@ -248,6 +258,45 @@ BOOST_AUTO_TEST_CASE(generation_gives_the_one_rank_bytes, *boost::unit_test::pre
                             << fmt::format("{:?}", got.result.generated) << " vs "
                             << fmt::format("{:?}", want.generated));
   }
+}
+
+// A checkpoint is the whole model's whatever wrote it: saved after 2 of 4
+// steps under a pipeline it resumes on one rank, and saved on one rank it
+// resumes under pp x zero1, each continuing the uninterrupted run's losses.
+// (Threads: one process, so one temporary folder serves every rank.)
+BOOST_AUTO_TEST_CASE(checkpoints_cross_between_pipelined_and_unpipelined_runs,
+                     *boost::unit_test::precondition(one_process)) {
+  train::TrainOptions one = small_model(4, 2);
+  one.steps = 4;
+  const train::TrainResult want = train::train(one, slice(), nullptr);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("dtensor_pipeline_ckpt_{}", ::getpid());
+  auto pipelined = [&](train::TrainOptions o, Shape mesh, std::vector<std::string> dims,
+                       std::vector<std::string> plans) {
+    o.mesh = std::move(mesh);
+    o.dims = std::move(dims);
+    o.plans = std::move(plans);
+    return run_pipeline(o).result;
+  };
+  auto check_rest = [&](const train::TrainResult& rest, const char* what) {
+    BOOST_TEST_REQUIRE(rest.first_step == 2, what);
+    BOOST_TEST_REQUIRE(rest.losses.size() == 2u, what);
+    for (std::size_t i = 0; i < 2; ++i)
+      BOOST_TEST(testing::close(rest.losses[i], want.losses[i + 2], 1e-9 * std::abs(want.losses[i + 2])),
+                 what << ": step " << i + 2 << " loss " << rest.losses[i] << " vs " << want.losses[i + 2]);
+  };
+  train::TrainOptions first = one;
+  first.steps = 2;
+  first.schedule_steps = 4;
+  train::TrainOptions rest = one;
+  rest.schedule_steps = 4;
+  first.save_dir = rest.resume_dir = (dir / "from_pp").string();
+  pipelined(first, {2}, {"pp"}, {"pp"});
+  check_rest(train::train(rest, slice(), nullptr), "saved under pp = 2, resumed on one rank");
+  first.save_dir = rest.resume_dir = (dir / "to_pp").string();
+  train::train(first, slice(), nullptr);
+  check_rest(pipelined(rest, {2, 2}, {"pp", "dp"}, {"pp", "zero1"}), "saved on one rank, resumed under pp x zero1");
+  std::filesystem::remove_all(dir);
 }
 
 // In f32 too, pp = 2 under 1f1b, zb-h1 and dualpipev gives the one-rank

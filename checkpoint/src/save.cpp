@@ -67,8 +67,8 @@ void publish(const fs::path& dir, const fs::path& staging, const format::Manifes
   const fs::path parent = fs::absolute(dir).parent_path();
   if (fs::exists(dir)) {
     if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
-      throw CheckpointError(fmt::format("[checkpoint] replacing {} by {}: {}", dir.string(), staging.string(),
-                                        std::strerror(errno)));
+      throw CheckpointError(
+          fmt::format("[checkpoint] replacing {} by {}: {}", dir.string(), staging.string(), std::strerror(errno)));
     format::sync_path(parent, true);
     fs::remove_all(staging);  // the older checkpoint, now under the staging name
   } else {
@@ -100,9 +100,10 @@ std::vector<Piece> pieces_of(const std::map<std::string, DTensor>& tensors, cons
     DTensor t = given.detach();
     if (t.placements() != t.placements().without_partial()) {
       if (!options.allow_communication)
-        throw LayoutError(fmt::format("[checkpoint] tensor {} is {} (Partial): saving it needs a reduction, and "
-                                      "SaveOptions::allow_communication is false",
-                                      name, t.placements()));
+        throw LayoutError(
+            fmt::format("[checkpoint] tensor {} is {} (Partial): saving it needs a reduction, and "
+                        "SaveOptions::allow_communication is false",
+                        name, t.placements()));
       t = t.redistribute(t.placements().without_partial());
     }
     bool writes = true;
@@ -119,15 +120,16 @@ void check_one_mesh(const std::map<std::string, DTensor>& tensors) {
   for (const auto& [name, t] : tensors) {
     if (!first) first = &t;
     if (&t.mesh().comm() != &first->mesh().comm() || t.mesh().shape() != first->mesh().shape())
-      throw ValueError(fmt::format("[checkpoint] tensor {} is on mesh [{}], {} on mesh [{}] of another group: one save "
-                                   "takes tensors of one mesh",
-                                   name, fmt::join(t.mesh().shape(), ","), tensors.begin()->first,
-                                   fmt::join(first->mesh().shape(), ",")));
+      throw ValueError(
+          fmt::format("[checkpoint] tensor {} is on mesh [{}], {} on mesh [{}] of another group: one save "
+                      "takes tensors of one mesh",
+                      name, fmt::join(t.mesh().shape(), ","), tensors.begin()->first,
+                      fmt::join(first->mesh().shape(), ",")));
   }
 }
 
-void save_pieces(const fs::path& dir, format::Manifest manifest, const std::vector<Piece>& pieces,
-                 Communicator* comm, const SaveOptions& options) {
+void save_pieces(const fs::path& dir, format::Manifest manifest, const std::vector<Piece>& pieces, Communicator* comm,
+                 const SaveOptions& options) {
   const int rank = comm ? comm->rank() : 0;
   const fs::path staging = staging_dir(dir);
   agree(comm, "preparing the directory", [&] {
@@ -148,6 +150,42 @@ void save_pieces(const fs::path& dir, format::Manifest manifest, const std::vect
       format::add_saved_boxes(manifest, all[r], fmt::format("the boxes rank {} wrote", r));
     publish(dir, staging, manifest);
   });
+}
+
+// Plain tensors: their entries and their boxes, each whole.
+std::pair<format::Manifest, std::vector<Piece>> plain_parts(const std::map<std::string, Tensor>& tensors) {
+  format::Manifest manifest;
+  std::vector<Piece> pieces;
+  for (const auto& [name, t] : tensors) {
+    TensorEntry e;
+    e.name = name;
+    e.dtype = t.dtype();
+    e.shape = t.shape();
+    manifest.tensors.emplace(name, std::move(e));
+    if (t.numel() > 0) pieces.push_back({name, t.detach().to(Device::CPU), full_box(t.shape())});
+  }
+  return {std::move(manifest), std::move(pieces)};
+}
+
+// Every rank's entries, on rank 0 (the only one that writes the manifest):
+// the union, a name given twice agreeing in dtype and shape. Every rank
+// throws alike when the union fails or is empty.
+format::Manifest merged_entries(const format::Manifest& mine, Communicator& world) {
+  const std::vector<std::string> all = gather_texts(&world, format::manifest_text(mine));
+  format::Manifest merged;
+  agree(&world, "merging the groups' tensors", [&] {
+    for (std::size_t r = 0; r < all.size(); ++r)
+      for (auto& [name, e] : format::parse_manifest(all[r], fmt::format("the tensors rank {} holds", r)).tensors) {
+        const auto [at, added] = merged.tensors.emplace(name, e);
+        if (!added && (at->second.dtype != e.dtype || at->second.shape != e.shape))
+          throw ValueError(fmt::format("[checkpoint] tensor {} is {} [{}] on rank {} but {} [{}] on another rank", name,
+                                       e.dtype, fmt::join(e.shape, ","), r, at->second.dtype,
+                                       fmt::join(at->second.shape, ",")));
+      }
+    if (merged.tensors.empty())
+      throw ValueError("[checkpoint] save_parts of no tensors on any rank: expected at least one");
+  });
+  return merged;
 }
 
 }  // namespace
@@ -174,17 +212,24 @@ void save(const std::string& dir, const std::vector<std::pair<std::string, DTens
 void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, const SaveOptions& options) {
   if (tensors.empty()) throw ValueError("[checkpoint] save of no tensors: expected at least one");
   if (options.chunk_bytes == 0) throw ValueError("[checkpoint] SaveOptions::chunk_bytes = 0; expected at least 1");
-  format::Manifest manifest;
-  std::vector<Piece> pieces;
-  for (const auto& [name, t] : tensors) {
-    TensorEntry e;
-    e.name = name;
-    e.dtype = t.dtype();
-    e.shape = t.shape();
-    manifest.tensors.emplace(name, std::move(e));
-    if (t.numel() > 0) pieces.push_back({name, t.detach().to(Device::CPU), full_box(t.shape())});
-  }
+  auto [manifest, pieces] = plain_parts(tensors);
   save_pieces(dir, std::move(manifest), pieces, nullptr, options);
+}
+
+void save_parts(const std::string& dir, const std::map<std::string, DTensor>& mine, Communicator& world,
+                const SaveOptions& options) {
+  if (options.chunk_bytes == 0) throw ValueError("[checkpoint] SaveOptions::chunk_bytes = 0; expected at least 1");
+  check_one_mesh(mine);
+  std::vector<Piece> pieces;
+  agree(&world, "reducing Partial tensors", [&] { pieces = pieces_of(mine, options); });
+  save_pieces(dir, merged_entries(entries(mine), world), pieces, &world, options);
+}
+
+void save_parts(const std::string& dir, const std::map<std::string, Tensor>& mine, Communicator& world,
+                const SaveOptions& options) {
+  if (options.chunk_bytes == 0) throw ValueError("[checkpoint] SaveOptions::chunk_bytes = 0; expected at least 1");
+  auto [manifest, pieces] = plain_parts(mine);
+  save_pieces(dir, merged_entries(std::move(manifest), world), pieces, &world, options);
 }
 
 }  // namespace dtensor::dcp

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include <dtensor/checkpoint/checkpoint.h>
 #include <dtensor/core/memory_account.h>
 #include <dtensor/nn/optim.h>
 #include <dtensor/nn/parallel_plan.h>
@@ -26,20 +27,26 @@ namespace {
 
 // What pipelined training does not do yet, refused by name rather than run
 // wrong: each of these would need the stages to cooperate beyond the
-// schedule (a checkpoint of every stage, the planner's explanations).
+// schedule (the planner's explanations of every stage).
 void refuse_unsupported(const TrainOptions& o) {
   auto refuse = [](bool asked, const std::string& what) {
     if (asked) throw UnsupportedError(fmt::format("[train] {} with plan pp: not supported yet", what));
   };
-  refuse(!o.save_dir.empty(), fmt::format("--save '{}' (a checkpoint of the stages)", o.save_dir));
-  refuse(!o.resume_dir.empty(), fmt::format("--resume '{}' (a checkpoint of the stages)", o.resume_dir));
   refuse(o.explain, "--explain");
   for (const std::string& plan : o.plans)
     refuse(plan == "fsdp", fmt::format("plan {} beside pp (ddp, zero1, tp and tp_sp are)", plan));
 }
 
+// Where a resumed tensor goes: its layout (none: a plain tensor), shape and dtype.
+struct Want {
+  std::optional<Layout> layout;
+  Shape shape;
+  DType dtype;
+};
+
 // How host batches become a stage's inputs: plain tensors when pp is the
-// only dim, else DTensors on the other dims' submesh under their plans.
+// only dim, else DTensors on the other dims' submesh under their plans; and
+// how their tensors are saved and resumed.
 struct PlainStages {
   using X = Tensor;
   DType dtype;
@@ -47,6 +54,20 @@ struct PlainStages {
   nn::ActivationLayouts activations(bool = false) const { return {}; }
   Tensor input(const Tensor& host, bool = false) const { return host; }
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
+  std::optional<Layout> layout_of(const Tensor&) const { return std::nullopt; }
+  std::optional<Layout> state_layout_of(const nn::AdamW<Tensor>&, std::size_t) const { return std::nullopt; }
+  Tensor scalar(std::int64_t v) const { return Tensor::full({}, static_cast<double>(v), DType::Int64); }
+  std::map<std::string, Tensor> load(const std::string& dir, const std::map<std::string, Want>& want) const {
+    std::vector<std::string> names;
+    for (const auto& [name, w] : want) names.push_back(name);
+    auto got = dcp::load_full(dir, names);
+    for (const auto& [name, w] : want)
+      if (got.at(name).shape() != w.shape || got.at(name).dtype() != w.dtype)
+        throw ShapeError(fmt::format("[train] {} in {} is {} [{}]; the stage expects {} [{}]", name, dir,
+                                     got.at(name).dtype(), fmt::join(got.at(name).shape(), ","), w.dtype,
+                                     fmt::join(w.shape, ",")));
+    return got;
+  }
 };
 struct MeshStages {
   using X = DTensor;
@@ -67,6 +88,21 @@ struct MeshStages {
       moved = moved || out.back() != plan.parameter_layout(name);
     }
     return moved ? out : std::vector<Layout>{};
+  }
+  std::optional<Layout> layout_of(const DTensor& t) const { return t.placements(); }
+  std::optional<Layout> state_layout_of(const nn::AdamW<DTensor>& opt, std::size_t i) const {
+    return opt.state_layout(i);
+  }
+  DTensor scalar(std::int64_t v) const {
+    return from_full(Tensor::full({}, static_cast<double>(v), DType::Int64), plan.mesh(),
+                     Layout::replicated(plan.mesh().ndim()));
+  }
+  std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, Want>& want) const {
+    std::map<std::string, dcp::Target> targets;
+    for (const auto& [name, w] : want)
+      targets.emplace(name, dcp::Target{plan.mesh(), w.layout.value_or(Layout::replicated(plan.mesh().ndim())), w.shape,
+                                        w.dtype});
+    return dcp::load(dir, targets);
   }
 };
 
@@ -132,6 +168,52 @@ std::string generate(const Stages& env, const pipe::Schedule& schedule, std::spa
   return out;
 }
 
+// This rank's part of a checkpoint: its stages' parameters and AdamW's
+// moments under the whole model's names ("exp_avg.<name>", ...), and on the
+// first stage's group the steps done; the parts together are what the
+// unpipelined trainer saves, so either resumes the other.
+template <class Stages, class X = typename Stages::X>
+std::map<std::string, X> stage_state(const nn::NamedParameters<X>& named, const nn::AdamW<X>& opt,
+                                     std::int64_t steps_done, bool first_stage, const Stages& env) {
+  NoGradGuard no_grad;
+  std::map<std::string, X> out;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : named) {
+    out.emplace(name, *p);
+    names.push_back(name);
+  }
+  out.merge(opt.state_dict(names));
+  if (first_stage) out.emplace(kStepsDone, env.scalar(steps_done));
+  return out;
+}
+
+// The stages' parameters from a checkpoint (saved on any mesh), in their
+// layouts; returns the steps it was saved after.
+template <class Stages, class X = typename Stages::X>
+std::int64_t load_stage_parameters(const std::string& dir, const nn::NamedParameters<X>& named, const Stages& env) {
+  std::map<std::string, Want> want{{kStepsDone, {std::nullopt, {}, DType::Int64}}};
+  for (const auto& [name, p] : named) want.emplace(name, Want{env.layout_of(*p), p->shape(), p->dtype()});
+  auto got = env.load(dir, want);
+  for (const auto& [name, p] : named) {
+    *p = got.at(name).detach();
+    p->requires_grad_();
+  }
+  return static_cast<std::int64_t>(first_value(got.at(kStepsDone)));
+}
+
+template <class Stages, class X = typename Stages::X>
+void load_stage_moments(const std::string& dir, const nn::NamedParameters<X>& named, nn::AdamW<X>& opt,
+                        std::int64_t updates, const Stages& env) {
+  std::map<std::string, Want> want;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : named) {
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+      want.emplace(prefix + name, Want{env.state_layout_of(opt, names.size()), p->shape(), p->dtype()});
+    names.push_back(name);
+  }
+  opt.load_state_dict(env.load(dir, want), names, updates);
+}
+
 // The whole run on this rank, once the mesh, its pp dim and the schedule
 // are known.
 template <class Stages>
@@ -149,16 +231,21 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   for (int s : schedule.stages_of_rank.at(static_cast<std::size_t>(pp.rank())))
     stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
   std::vector<pipe::GPTStage<X>*> mine;
-  std::vector<X> params;
   nn::NamedParameters<X> named;
   for (auto& stage : stages) {
     mine.push_back(&stage);
-    for (X& p : stage.parameters()) params.push_back(p);
     for (auto& member : stage.named_parameters()) named.push_back(member);
   }
+  const std::int64_t first_step = o.resume_dir.empty() ? 0 : load_stage_parameters(o.resume_dir, named, env);
+  if (first_step > o.steps)
+    throw ValueError(
+        fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step, o.steps));
+  std::vector<X> params;
+  for (const auto& member : named) params.push_back(*member.second);
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
                                   .sharding = {.state_layouts = env.state_layouts(named)}});
+  if (first_step > 0) load_stage_moments(o.resume_dir, named, optimizer, first_step, env);
   const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
   auto inputs_of = [&](Split part, std::int64_t first_draw, std::int64_t count) {
     pipe::StepInputs<X> in;
@@ -176,8 +263,9 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   };
 
   TrainResult result;
+  result.first_step = first_step;
   double seconds = 0;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     memory->reset_peak();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
@@ -197,7 +285,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     optimizer.zero_grad();
     const DimsStats updated = mesh_stats(mesh);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (step > 0 || o.steps == 1) seconds += took;
+    if (step > first_step || o.steps - first_step == 1) seconds += took;
     result.losses.push_back(mean(losses));
     if (trace) trace->finish();
     if (last) {
@@ -208,9 +296,12 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     }
     if (on_step) on_step(step, result.losses.back(), took);
   }
-  const std::int64_t timed_steps = o.steps > 1 ? o.steps - 1 : o.steps;
+  const std::int64_t ran = o.steps - first_step, timed_steps = ran > 1 ? ran - 1 : ran;
   result.tokens_per_second =
       seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
+  if (!o.save_dir.empty())
+    dcp::save_parts(o.save_dir, stage_state(named, optimizer, o.steps, pp.rank() == schedule.rank_of_stage(0), env),
+                    mesh.comm());
   {
     NoGradGuard no_grad;
     const pipe::StepInputs<X> val = inputs_of(Split::Validation, 0, o.val_batches);

@@ -12,6 +12,9 @@
 
 namespace dtensor::train::detail {
 
+// A checkpoint's count of the steps it was saved after.
+inline constexpr const char* kStepsDone = "train.steps_done";
+
 // A scalar's value (a loss, a sampled token), whole.
 inline double first_value(const Tensor& t) { return t.to(DType::Float64).data_as<double>()[0]; }
 inline double first_value(const DTensor& t) { return first_value(t.full_tensor()); }

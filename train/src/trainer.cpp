@@ -171,7 +171,7 @@ std::string generate(nn::GPT<typename Env::X>& model, const Env& env, std::vecto
 
 // ---- Checkpoints: any mesh and plan resumes from any other -------------------
 
-constexpr const char* kStepsDone = "train.steps_done";
+using detail::kStepsDone;
 
 // The model's parameters and AdamW's moments ("exp_avg.<name>",
 // "exp_avg_sq.<name>") under the plain model's names, and the steps done.

@@ -86,6 +86,18 @@ void save(const std::string& dir, const std::vector<std::pair<std::string, DTens
 void load_into(const std::string& dir, const std::vector<std::pair<std::string, DTensor*>>& named,
                LoadStats* stats = nullptr);
 
+/// A model split over groups of ranks (a pipeline's stages): collective over
+/// `world`, where each rank passes the tensors its group holds (DTensors on
+/// its group's mesh, a submesh of world's ranks; or plain tensors, one rank
+/// a group), and the groups hold different names. One checkpoint results,
+/// as save() would write it of the whole model: loadable on any mesh. A
+/// name passed by two groups with different shapes or dtypes is a
+/// ValueError (on every rank); each name must be held by one group only.
+void save_parts(const std::string& dir, const std::map<std::string, DTensor>& mine, Communicator& world,
+                const SaveOptions& options = {});
+void save_parts(const std::string& dir, const std::map<std::string, Tensor>& mine, Communicator& world,
+                const SaveOptions& options = {});
+
 /// One process, plain tensors: saves as a 1-rank checkpoint.
 void save(const std::string& dir, const std::map<std::string, Tensor>& tensors, const SaveOptions& options = {});
 /// One process: the named tensors whole (all of the checkpoint's when
