@@ -112,6 +112,20 @@ std::uint64_t largest(const DeviceMesh& mesh, std::uint64_t v) {
   return static_cast<std::uint64_t>(x);
 }
 
+// In microbatch order, as the unpipelined loop adds them.
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+// Over the steps after the first (which fills the caches), as the
+// unpipelined loop counts them.
+double tokens_per_second(const TrainOptions& o, std::int64_t ran, double seconds) {
+  const std::int64_t timed_steps = ran > 1 ? ran - 1 : ran;
+  return seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
+}
+
 double mean_over_ranks(const DeviceMesh& mesh, double v) {
   mesh.comm().all_reduce(&v, &v, 1, DType::Float64, ReduceOp::Avg);
   return v;
@@ -214,6 +228,34 @@ void load_stage_moments(const std::string& dir, const nn::NamedParameters<X>& na
   opt.load_state_dict(env.load(dir, want), names, updates);
 }
 
+// This rank's stages of the GPT (built whole first, so that every
+// parameter has the one-rank model's values), pointers to them, and their
+// parameters under the whole model's names. Moved, never copied: the
+// pointers point into `stages`' buffer.
+template <class X>
+struct RankStages {
+  std::vector<pipe::GPTStage<X>> stages;
+  std::vector<pipe::GPTStage<X>*> mine;
+  nn::NamedParameters<X> named;
+  RankStages() = default;
+  RankStages(RankStages&&) noexcept = default;
+  RankStages(const RankStages&) = delete;
+};
+
+template <class Stages, class X = typename Stages::X>
+RankStages<X> take_stages(const TrainOptions& o, const Stages& env, const pipe::Schedule& schedule, int rank) {
+  nn::GPT<X> whole = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations());
+  const pipe::LayerSplit split = pipe::split_layers(o.model.layers, schedule.stages, o.layer_split);
+  RankStages<X> out;
+  for (int s : schedule.stages_of_rank.at(static_cast<std::size_t>(rank)))
+    out.stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
+  for (auto& stage : out.stages) {
+    out.mine.push_back(&stage);
+    for (auto& member : stage.named_parameters()) out.named.push_back(member);
+  }
+  return out;
+}
+
 // The whole run on this rank, once the mesh, its pp dim and the schedule
 // are known.
 template <class Stages>
@@ -225,17 +267,9 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   const ChargeMemoryTo charge(memory);
   std::size_t step_peak = 0;
   Communicator& pp = mesh.dim_comm(pp_dim);
-  nn::GPT<X> whole = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations());
-  const pipe::LayerSplit split = pipe::split_layers(o.model.layers, schedule.stages, o.layer_split);
-  std::vector<pipe::GPTStage<X>> stages;
-  for (int s : schedule.stages_of_rank.at(static_cast<std::size_t>(pp.rank())))
-    stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
-  std::vector<pipe::GPTStage<X>*> mine;
-  nn::NamedParameters<X> named;
-  for (auto& stage : stages) {
-    mine.push_back(&stage);
-    for (auto& member : stage.named_parameters()) named.push_back(member);
-  }
+  RankStages<X> held = take_stages(o, env, schedule, pp.rank());
+  const std::vector<pipe::GPTStage<X>*>& mine = held.mine;
+  const nn::NamedParameters<X>& named = held.named;
   const std::int64_t first_step = o.resume_dir.empty() ? 0 : load_stage_parameters(o.resume_dir, named, env);
   if (first_step > o.steps)
     throw ValueError(
@@ -255,11 +289,6 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
       in.targets.push_back(env.input(Tensor::from_vector(b.targets, {o.batch, o.model.seq})));
     }
     return in;
-  };
-  auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;  // in microbatch order, as the plain loop adds them
-    return v.empty() ? 0 : sum / static_cast<double>(v.size());
   };
 
   TrainResult result;
@@ -296,9 +325,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     }
     if (on_step) on_step(step, result.losses.back(), took);
   }
-  const std::int64_t ran = o.steps - first_step, timed_steps = ran > 1 ? ran - 1 : ran;
-  result.tokens_per_second =
-      seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
+  result.tokens_per_second = tokens_per_second(o, o.steps - first_step, seconds);
   if (!o.save_dir.empty())
     dcp::save_parts(o.save_dir, stage_state(named, optimizer, o.steps, pp.rank() == schedule.rank_of_stage(0), env),
                     mesh.comm());
