@@ -139,7 +139,8 @@ def main() -> int:
                           "2 microbatches on 4 ranks; 1f1b needs m >= p"),
                          (["--ranks", "4", "--dims", "pp", "--plan", "pp", "--layers", "4", "--micro-batches", "2",
                            "--schedule", "zb-h1"], "2 microbatches on 4 ranks; zb-h1 needs m >= p"),
-                         (["--ranks", "2", "--plan", "pp", "--explain"], "--explain with plan pp")]:
+                         (["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,fsdp"],
+                          "plan fsdp beside pp")]:
         rc, out, err = run([exe, *args], env)
         lines = err.strip().splitlines()
         # The temporary folder's name changes from run to run; the case's must not.

@@ -26,15 +26,12 @@ std::optional<int> pipeline_dim(const std::vector<std::string>& plans) {
 namespace {
 
 // What pipelined training does not do yet, refused by name rather than run
-// wrong: each of these would need the stages to cooperate beyond the
-// schedule (the planner's explanations of every stage).
+// wrong: FSDP's flat units would have to be cut by stage.
 void refuse_unsupported(const TrainOptions& o) {
-  auto refuse = [](bool asked, const std::string& what) {
-    if (asked) throw UnsupportedError(fmt::format("[train] {} with plan pp: not supported yet", what));
-  };
-  refuse(o.explain, "--explain");
   for (const std::string& plan : o.plans)
-    refuse(plan == "fsdp", fmt::format("plan {} beside pp (ddp, zero1, tp and tp_sp are)", plan));
+    if (plan == "fsdp")
+      throw UnsupportedError(
+          fmt::format("[train] plan {} beside pp: not supported yet (ddp, zero1, tp and tp_sp are)", plan));
 }
 
 // Where a resumed tensor goes: its layout (none: a plain tensor), shape and dtype.
@@ -303,6 +300,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     const bool last = step == o.steps - 1;
     std::optional<TraceScope> trace;  // the last step's, as the unpipelined loop records
     if (last && !o.trace.empty()) trace.emplace(mesh, o.trace);
+    std::optional<ExplainScope> explain;  // rank 0's decisions: its stages' ops
+    if (last && o.explain && mesh.rank() == 0) explain.emplace();
     const DimsStats before = mesh_stats(mesh);
     pipe::StepTimeline timeline;
     const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in, last ? &timeline : nullptr);

@@ -89,7 +89,7 @@ struct TrainResult {
 /// anything: a ValueError naming the value that cannot be scheduled or
 /// split (1f1b with fewer micro-batches than pp ranks, fewer blocks than
 /// stages, ...), an UnsupportedError naming what pipelined training does not
-/// do yet (--explain, plan fsdp beside pp). None
+/// do yet (plan fsdp beside pp). None
 /// when no dim has plan "pp".
 std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& options, const Shape& mesh_shape);
 
