@@ -10,13 +10,23 @@
         per check (tests/script_cases.py), a diff below a mismatch; exits 1
         if anything differs.
 
+        What a program measures changes from run to run, so it is marked
+        and left out of the comparison, and nothing else is: a number
+        printed just before "(measured" (step 9's "47.0% (measured; 27.3%
+        simulated)"), on both sides, and the bytes of a picture drawn from
+        measured times, named *_measured.svg (that it is drawn and committed
+        is still checked).
+
     test_tutorial.py --write DOC PICTURES_DIR PROGRAM...
         Regenerates the pictures into PICTURES_DIR (meson's `docs` target).
+        A *_measured.svg already there is kept (delete it to draw it again),
+        so that redrawing the others does not change it.
 """
 import difflib
 import filecmp
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +40,10 @@ OUTPUT_BLOCK = re.compile(r"<!-- output: (?P<name>[\w-]+) -->\n```text\n(?P<text
 DRAWS = re.compile(r"(?P<name>tutorial_\w+) --pictures ")
 # An image the document shows, relative to the document.
 IMAGE = re.compile(r"!\[[^\]]*\]\((?P<path>pictures/tutorial/[^)]+\.svg)\)")
+# A measured value: the number just before "(measured", a percentage's or a
+# time's ("47.0% (measured", "3.1 ms (measured").
+MEASURED = re.compile(r"\d+(?:\.\d+)?(?=(?:%| ?[mun]?s)? \(measured\b)")
+MEASURED_PICTURE = "_measured.svg"
 TIMEOUT_SECONDS = 120
 
 
@@ -52,13 +66,21 @@ def run(program, *args):
     return proc.stdout
 
 
+def without_measured(text):
+    """The text with each measured number replaced by one placeholder."""
+    return MEASURED.sub("<measured>", text)
+
+
 def compare_pictures(name, drawn_dir, committed_dir):
-    """Failures, one line each, where a program's pictures differ from the committed ones."""
+    """Failures, one line each, where a program's pictures differ from the
+    committed ones (a measured picture only where it is not committed)."""
     failures = []
     for picture in sorted(os.listdir(drawn_dir)):
         committed = os.path.join(committed_dir, picture)
         if not os.path.exists(committed):
             failures.append(f"{name}: draws {picture}, which is not in {committed_dir} (run `ninja docs`)")
+        elif picture.endswith(MEASURED_PICTURE):
+            continue
         elif not filecmp.cmp(os.path.join(drawn_dir, picture), committed, shallow=False):
             failures.append(f"{name}: {picture} differs from the committed one (run `ninja docs`)")
     return failures
@@ -89,9 +111,10 @@ def check(doc_path, pictures_dir, programs):
                     cases.fail(f"{name} draws exactly the committed pictures", f"not run: {name} failed")
                 continue
             all_drawn |= set(os.listdir(drawn))
-            diff = difflib.unified_diff(outputs[name].splitlines(keepends=True), got.splitlines(keepends=True),
+            expected, printed = without_measured(outputs[name]), without_measured(got)
+            diff = difflib.unified_diff(expected.splitlines(keepends=True), printed.splitlines(keepends=True),
                                         f"{doc_path} ({name})", f"{name}'s stdout")
-            cases.check(f"{name} prints exactly the document's output", got == outputs[name],
+            cases.check(f"{name} prints exactly the document's output", printed == expected,
                         f"output differs from the document:\n{''.join(diff)}")
             if name in drawing:
                 failures = compare_pictures(name, drawn, pictures_dir)
@@ -114,9 +137,18 @@ def write_pictures(doc_path, pictures_dir, programs):
         drawing = set(m["name"] for m in DRAWS.finditer(f.read()))
     os.makedirs(pictures_dir, exist_ok=True)
     for program in programs:
-        if os.path.basename(program) in drawing:
-            run(program, "--pictures", pictures_dir)
-            print(f"{os.path.basename(program)}: pictures written to {pictures_dir}")
+        name = os.path.basename(program)
+        if name not in drawing:
+            continue
+        with tempfile.TemporaryDirectory() as drawn:
+            run(program, "--pictures", drawn)
+            for picture in sorted(os.listdir(drawn)):
+                target = os.path.join(pictures_dir, picture)
+                if picture.endswith(MEASURED_PICTURE) and os.path.exists(target):
+                    print(f"{name}: kept the committed {picture} (measured; delete it to draw it again)")
+                    continue
+                shutil.copyfile(os.path.join(drawn, picture), target)
+        print(f"{name}: pictures written to {pictures_dir}")
     return 0
 
 
