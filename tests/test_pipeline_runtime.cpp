@@ -84,6 +84,17 @@ Outcome run_pipeline(const train::TrainOptions& o) {
   return out;
 }
 
+// `o` over a pipeline: the mesh, its dims' names and plans, the schedule.
+train::TrainOptions pipelined(train::TrainOptions o, std::string schedule, Shape mesh, std::vector<std::string> dims,
+                              std::vector<std::string> plans, std::int64_t virtual_stages = 1) {
+  o.schedule = std::move(schedule);
+  o.mesh = std::move(mesh);
+  o.dims = std::move(dims);
+  o.plans = std::move(plans);
+  o.virtual_stages = virtual_stages;
+  return o;
+}
+
 struct Case {
   std::string schedule;
   Shape mesh;
@@ -184,12 +195,8 @@ BOOST_AUTO_TEST_SUITE(pipeline_runtime)
 BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::unit_test::timeout(120)) {
   for (const Case& c : cases()) {
     if (!testing::can_run(numel(c.mesh))) continue;
-    train::TrainOptions o = small_model(c.layers, c.micro_batches);
-    o.mesh = c.mesh;
-    o.dims = c.dims;
-    o.plans = c.plans;
-    o.schedule = c.schedule;
-    o.virtual_stages = c.virtual_stages;
+    train::TrainOptions o =
+        pipelined(small_model(c.layers, c.micro_batches), c.schedule, c.mesh, c.dims, c.plans, c.virtual_stages);
     o.clip = c.clip;
     const Outcome got = run_pipeline(o);
     const train::TrainResult& want = one_rank(c.layers, c.micro_batches, c.clip);
@@ -246,13 +253,7 @@ BOOST_AUTO_TEST_CASE(generation_gives_the_one_rank_bytes, *boost::unit_test::pre
   for (const Run& run : {Run{"1f1b", {2}, {"pp"}, {"pp"}, 1}, Run{"zbv", {2}, {"pp"}, {"pp"}, 2},
                          Run{"1f1b", {2, 2}, {"pp", "tp"}, {"pp", "tp_sp"}, 1}}) {
     if (!testing::can_run(numel(run.mesh))) continue;  // under MPI: the job's size only
-    train::TrainOptions o = one;
-    o.mesh = run.mesh;
-    o.dims = run.dims;
-    o.plans = run.plans;
-    o.schedule = run.schedule;
-    o.virtual_stages = run.virtual_stages;
-    const Outcome got = run_pipeline(o);
+    const Outcome got = run_pipeline(pipelined(one, run.schedule, run.mesh, run.dims, run.plans, run.virtual_stages));
     BOOST_TEST(got.result.generated == want.generated,
                run.schedule << " on " << fmt::format("{}", fmt::join(run.plans, ",")) << ": generated "
                             << fmt::format("{:?}", got.result.generated) << " vs "
@@ -271,13 +272,6 @@ BOOST_AUTO_TEST_CASE(checkpoints_cross_between_pipelined_and_unpipelined_runs,
   const train::TrainResult want = train::train(one, slice(), nullptr);
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("dtensor_pipeline_ckpt_{}", ::getpid());
-  auto pipelined = [&](train::TrainOptions o, Shape mesh, std::vector<std::string> dims,
-                       std::vector<std::string> plans) {
-    o.mesh = std::move(mesh);
-    o.dims = std::move(dims);
-    o.plans = std::move(plans);
-    return run_pipeline(o).result;
-  };
   auto check_rest = [&](const train::TrainResult& rest, const char* what) {
     BOOST_TEST_REQUIRE(rest.first_step == 2, what);
     BOOST_TEST_REQUIRE(rest.losses.size() == 2u, what);
@@ -291,11 +285,12 @@ BOOST_AUTO_TEST_CASE(checkpoints_cross_between_pipelined_and_unpipelined_runs,
   train::TrainOptions rest = one;
   rest.schedule_steps = 4;
   first.save_dir = rest.resume_dir = (dir / "from_pp").string();
-  pipelined(first, {2}, {"pp"}, {"pp"});
+  run_pipeline(pipelined(first, "1f1b", {2}, {"pp"}, {"pp"}));
   check_rest(train::train(rest, slice(), nullptr), "saved under pp = 2, resumed on one rank");
   first.save_dir = rest.resume_dir = (dir / "to_pp").string();
   train::train(first, slice(), nullptr);
-  check_rest(pipelined(rest, {2, 2}, {"pp", "dp"}, {"pp", "zero1"}), "saved on one rank, resumed under pp x zero1");
+  check_rest(run_pipeline(pipelined(rest, "1f1b", {2, 2}, {"pp", "dp"}, {"pp", "zero1"})).result,
+             "saved on one rank, resumed under pp x zero1");
   std::filesystem::remove_all(dir);
 }
 
@@ -313,13 +308,7 @@ BOOST_AUTO_TEST_CASE(f32_losses_are_bitwise_those_of_one_rank, *boost::unit_test
     train::TrainOptions one = small_model(4, run.micro_batches);
     one.model.dtype = DType::Float32;
     const train::TrainResult want = train::train(one, slice(), nullptr);
-    train::TrainOptions o = one;
-    o.mesh = {2};
-    o.dims = {"pp"};
-    o.plans = {"pp"};
-    o.schedule = run.schedule;
-    o.virtual_stages = run.virtual_stages;
-    const Outcome got = run_pipeline(o);
+    const Outcome got = run_pipeline(pipelined(one, run.schedule, {2}, {"pp"}, {"pp"}, run.virtual_stages));
     BOOST_TEST_REQUIRE(got.result.losses.size() == want.losses.size(), run.schedule);
     for (std::size_t i = 0; i < want.losses.size(); ++i)
       BOOST_TEST(got.result.losses[i] == want.losses[i],

@@ -75,16 +75,8 @@ struct MeshStages {
   DTensor input(const Tensor& host, bool generation = false) const {
     return from_full(host, plan.mesh(), plan.batch_layout(generation));
   }
-  // The optimizer states where the plan keeps them (zero1: S(0) over dp);
-  // none where every state is in its parameter's layout.
   std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
-    std::vector<Layout> out;
-    bool moved = false;
-    for (const auto& [name, p] : named) {
-      out.push_back(plan.state_layout(name));
-      moved = moved || out.back() != plan.parameter_layout(name);
-    }
-    return moved ? out : std::vector<Layout>{};
+    return plan_state_layouts(plan, named);
   }
   std::optional<Layout> layout_of(const DTensor& t) const { return t.placements(); }
   std::optional<Layout> state_layout_of(const nn::AdamW<DTensor>& opt, std::size_t i) const {

@@ -1,16 +1,29 @@
 #pragma once
-// A step's collectives by phase, as TrainResult::comm lists them, and a
-// scalar's value: shared by the trainer's loops (trainer.cpp,
-// pipeline_trainer.cpp), not installed.
+// What the trainer's two loops (trainer.cpp, pipeline_trainer.cpp) share, not
+// installed: a step's collectives by phase as TrainResult::comm lists them,
+// a scalar's value, the plan's optimizer-state layouts, a checkpoint's names.
 #include <map>
 #include <string>
 #include <vector>
 
 #include <dtensor/dtensor.h>
+#include <dtensor/nn/parallel_plan.h>
 
 #include "dtensor/train/trainer.h"
 
 namespace dtensor::train::detail {
+
+// The optimizer states where `plan` keeps them (zero1: S(0) over dp); none
+// where every state is in its parameter's layout.
+inline std::vector<Layout> plan_state_layouts(const nn::ParallelPlan& plan, const nn::NamedParameters<DTensor>& named) {
+  std::vector<Layout> out;
+  bool moved = false;
+  for (const auto& [name, p] : named) {
+    out.push_back(plan.state_layout(name));
+    moved = moved || out.back() != plan.parameter_layout(name);
+  }
+  return moved ? out : std::vector<Layout>{};
+}
 
 // A checkpoint's count of the steps it was saved after.
 inline constexpr const char* kStepsDone = "train.steps_done";

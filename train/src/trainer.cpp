@@ -92,16 +92,8 @@ struct MeshEnv {
   DimsStats stats() const { return detail::mesh_stats(mesh); }
   bool lead() const { return mesh.rank() == 0; }
   std::vector<std::string> dim_names() const { return mesh.dim_names(); }
-  // The optimizer states where the plan keeps them (ZeRO's S(0) over dp);
-  // none where every state is in its parameter's layout.
   std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
-    std::vector<Layout> out;
-    bool moved = false;
-    for (const auto& [name, p] : named) {
-      out.push_back(plan.state_layout(name));
-      moved = moved || out.back() != plan.parameter_layout(name);
-    }
-    return moved ? out : std::vector<Layout>{};
+    return detail::plan_state_layouts(plan, named);
   }
   // FSDP: the parameters into flat units sharded over the fully sharding dims.
   void prepare(nn::GPT<DTensor>& model) const {
