@@ -21,6 +21,7 @@
 #include <dtensor/pictures/svg.h>
 
 #include "dtensor/train/loss_plot.h"
+#include "dtensor/train/pipeline_picture.h"
 #include "dtensor/train/trainer.h"
 
 using namespace dtensor;
@@ -318,7 +319,9 @@ void write_output_files(const CommandLine& cl, const train::TrainOptions& mine, 
     options.title = fmt::format("one step of GPT {}L d{} | mesh {} | plan {}", mine.model.layers, mine.model.d_model,
                                 mesh_desc, cl.plan_text);
     std::ofstream out(cl.trace_svg_path);
-    out << pictures::timeline_svg(trace, options);
+    // A pipeline's step on the measured clock, where its bubble shows.
+    out << (r.schedule ? train::pipeline_step_svg(trace, *r.schedule, options.title)
+                       : pictures::timeline_svg(trace, options));
     if (!out) throw Error(fmt::format("could not write --trace-svg '{}'", cl.trace_svg_path));
   }
 }

@@ -63,6 +63,13 @@ def check_pipeline_run(cases, result, trace_path, output):
     cases.check("pp --trace: every action an event in the schedule's order, every message a send, a recv and an arrow",
                 actions and scopes == actions and len(messages) == 2 * sends and len(arrows) == 2 * sends,
                 (scopes, actions, len(messages), len(arrows), sends))
+    # --trace-svg draws a pipeline on the measured clock: a row per rank, a box per compute action (its
+    # hover names it; the label inside shows only where the box is wide enough).
+    svg = open(trace_path + ".svg").read() if os.path.exists(trace_path + ".svg") else ""
+    computed = [a for rank in actions.values() for a in rank if re.fullmatch(r"\d+[FBIW]\d+", a)]
+    cases.check("pp --trace-svg: each rank's row and every compute action's box",
+                "rank 0" in svg and "rank 1" in svg and computed and all(f"<title>{a}: " in svg for a in computed),
+                (computed, svg[:300]))
 
 
 def replaced(args, option, value):
@@ -205,7 +212,8 @@ def main() -> int:
     rc, out, err, one_pp4 = train_with(four_micro_batches, [], "one_pp4")
     pp_trace = os.path.join(tmp, "pp_step.json")
     for base, one_ref, extra, name in [
-            (PIPELINE, one_pp, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b", "--trace", pp_trace],
+            (PIPELINE, one_pp, ["--ranks", "2", "--dims", "pp", "--plan", "pp", "--schedule", "1f1b", "--trace", pp_trace,
+                                 "--trace-svg", pp_trace + ".svg"],
              "pp2_1f1b"),
             (PIPELINE, one_pp, ["--ranks", "4", "--mesh", "2x2", "--dims", "pp,dp", "--plan", "pp,ddp",
                                 "--schedule", "interleaved", "--virtual", "2"], "pp_dp_interleaved"),

@@ -16,6 +16,7 @@
 #include "dtensor/core/error.h"
 #include "dtensor/nn/pipeline.h"
 #include "dtensor/pictures/svg.h"
+#include "dtensor/train/pipeline_picture.h"
 
 namespace {
 
@@ -105,23 +106,13 @@ void print_text(const Schedule& schedule, const SimulationResult& result, const 
   fmt::print("peak microbatches held per rank: {}\n", fmt::join(result.peak_microbatches, " "));
 }
 
-const char* box_kind(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::Forward: return "forward";
-    case ActionKind::Backward: return "backward";
-    case ActionKind::BackwardInput: return "input_backward";
-    case ActionKind::BackwardWeight: return "weight_backward";
-    default: return "message";
-  }
-}
-
 // The simulated timeline as a picture: one row per rank, the bubble hatched.
 void write_svg(const std::string& path, const Schedule& schedule, const SimulationResult& result,
                const PipelineCosts& costs) {
   std::vector<pictures::ScheduleRow> rows(schedule.ranks());
   for (int rank = 0; rank < schedule.ranks(); ++rank) rows[rank].name = fmt::format("rank {}", rank);
   for (const TimedAction& t : result.timeline)
-    rows[t.rank].boxes.push_back({action_text(t.action), box_kind(t.action.kind), t.start, t.end,
+    rows[t.rank].boxes.push_back({action_text(t.action), train::box_kind(t.action.kind), t.start, t.end,
                                   fmt::format("{}: stage {}, microbatch {}, from {:g} to {:g}", action_text(t.action),
                                               t.action.stage, t.action.microbatch, t.start, t.end)});
   pictures::SchedulePictureOptions options;

@@ -9,19 +9,13 @@
 //   build/examples/tutorial/tutorial_09_pipeline [--pictures DIR]
 #include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include <dtensor/nn/pipeline.h>
-#include <dtensor/pictures/svg.h>
+#include <dtensor/train/pipeline_picture.h>
 #include <dtensor/train/trainer.h>
 
 #include "tutorial.h"
@@ -49,39 +43,6 @@ void simulate_schedules() {
                fmt::format("{:g}/{:g} = {:.1f}%", r.idle[0], r.makespan, 100 * r.bubble_fraction),
                fmt::join(r.peak_microbatches, " "));
   }
-}
-
-/// The pipelined step as measured: from the trace, each rank's compute
-/// actions (F, B) with the times they ran, in milliseconds from the step's
-/// start; the time between them, waiting for a message, is the bubble.
-std::string measured_picture(const std::string& trace_path, const pipeline::Schedule& schedule) {
-  const nlohmann::json trace = nlohmann::json::parse(std::ifstream(trace_path));
-  std::vector<pictures::ScheduleRow> rows(static_cast<std::size_t>(schedule.ranks()));
-  std::vector<std::map<std::string, pipeline::Action>> compute(rows.size());
-  for (std::size_t rank = 0; rank < rows.size(); ++rank) {
-    rows[rank].name = fmt::format("rank {}", rank);
-    for (const pipeline::Action& a : schedule.actions[rank])
-      if (pipeline::is_compute(a.kind)) compute[rank][pipeline::action_text(a)] = a;
-  }
-  double start = std::numeric_limits<double>::infinity();
-  for (const auto& e : trace["traceEvents"])
-    if (e["ph"] == "X") start = std::min(start, e["ts"].get<double>());
-  for (const auto& e : trace["traceEvents"]) {
-    if (e["ph"] != "X" || e.value("cat", "") != "scope") continue;
-    const auto rank = e["pid"].get<std::size_t>();
-    const auto action = compute.at(rank).find(e["name"].get<std::string>());
-    if (action == compute[rank].end()) continue;  // a message, or a region inside an action
-    const double from = (e["ts"].get<double>() - start) / 1e3, to = from + e["dur"].get<double>() / 1e3;
-    rows[rank].boxes.push_back({action->first,
-                                action->second.kind == pipeline::ActionKind::Forward ? "forward" : "backward", from, to,
-                                fmt::format("{}: {:.2f} to {:.2f} ms", action->first, from, to)});
-  }
-  pictures::SchedulePictureOptions options;
-  options.title = fmt::format("one step of the GPT under 1f1b on {} ranks, as measured", schedule.ranks());
-  options.subtitle =
-      fmt::format("milliseconds, as the trace recorded them on {} cores; hatched: waiting for a message (the bubble)",
-                  std::thread::hardware_concurrency());
-  return pictures::schedule_svg(rows, options);
 }
 
 /// A GPT of 4 blocks (train_gpt's model otherwise), 8 micro-batches of 8
@@ -124,7 +85,13 @@ void train_pipelined(Communicator& world, const std::optional<std::filesystem::p
   const pipeline::SimulationResult predicted = pipeline::simulate(*piped.schedule);
   fmt::print("bubble of the last step {:.1f}% (measured; {:.1f}% simulated)\n", 100 * piped.bubble_fraction,
              100 * predicted.bubble_fraction);
-  tutorial::write_picture(picture_dir, "09_1f1b_measured.svg", measured_picture(pipelined.trace, *piped.schedule));
+  std::ifstream in(pipelined.trace);
+  const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  tutorial::
+      write_picture(picture_dir, "09_1f1b_measured.svg",
+                    train::pipeline_step_svg(trace, *piped.schedule,
+                                             fmt::format("one step of the GPT under 1f1b on {} ranks, as measured",
+                                                         kStages)));
   std::filesystem::remove(pipelined.trace);
 }
 
