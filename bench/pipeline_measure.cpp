@@ -1,16 +1,18 @@
 // bench/pipeline's measurements (pipeline_measure.h).
 #include "pipeline_measure.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <fstream>
-#include <thread>
-
-#include <sys/resource.h>
-#include <unistd.h>
 #include <limits>
 #include <random>
+#include <thread>
+
+#include "thread_timing.h"
 
 namespace dtensor::bench::pipeline {
 
@@ -61,7 +63,9 @@ void rank_steps(Communicator& world, const ModelSpec& spec, const pipe::Schedule
     if (step == warmup && world.rank() == 0) out.host_misses = host_memory_stats().misses;
     RankStep rs;
     rs.start = now_seconds();
+    const double cpu = thread_seconds();
     pipe::run_step<Tensor>(schedule, mine, world, inputs, &rs.timeline);
+    rs.cpu = thread_seconds() - cpu;
     if (step >= warmup) out.steps[static_cast<std::size_t>(step - warmup)][static_cast<std::size_t>(world.rank())] = rs;
     for (auto& stage : stages)
       for (Tensor& p : stage.parameters()) p.zero_grad();

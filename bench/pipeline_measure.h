@@ -27,6 +27,7 @@ struct ModelSpec {
 struct RankStep {
   double start = 0;
   pipe::StepTimeline timeline;
+  double cpu = 0;  // the rank thread's CPU time in run_step
 };
 using MeasuredStep = std::vector<RankStep>;  // by rank
 

@@ -26,5 +26,7 @@ pipe::SimulationResult simulate_shared(const pipe::Schedule& schedule, const pip
 /// min(1, cores / n(t)), n(t) the ranks inside a compute action at t on the
 /// common clock. With n <= cores throughout it is the measured duration.
 std::vector<StageTimes> stage_work(const std::vector<MeasuredStep>& steps, int stages, int cores);
+/// That work for each of aligned_actions(step), in its order.
+std::vector<double> action_work(const MeasuredStep& step, int cores);
 
 }  // namespace dtensor::bench::pipeline
