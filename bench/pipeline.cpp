@@ -14,18 +14,20 @@
 // cost the same in every schedule when ranks share cores. For p stages a
 // 1f1b run gives F and B, a zb-h1 run I and W; for 2p stages an interleaved
 // run F and B, a zbv run I and W (F: the mean over both runs). Each is one
-// warm-up and --calibration-steps (2) timed steps, run before and apart from
-// the measured steps (so 1f1b, zb-h1, interleaved and zbv are predicted
-// from a short run of their own, gpipe and dualpipev from the others'). simulate() has one backward cost, B = I + W: a
+// warm-up and --calibration-steps (1) timed step in every round, before and
+// apart from that round's measured steps, pooled over the rounds (the VM's
+// speed drifts over minutes; calibrating once at the start put some runs
+// 20% off). So 1f1b, zb-h1, interleaved and zbv are predicted from short
+// runs of their own, gpipe and dualpipev from the others'. simulate() has one backward cost, B = I + W: a
 // schedule whose backwards are mostly full B (gpipe, 1f1b, interleaved,
 // dualpipev) gets each stage's I and W scaled to sum to its measured B; the
 // split schedules (zb-h1, zbv) get I and W as measured. The message cost is
 // a ping-pong between two idle thread ranks (8 bytes and the activation's
 // bytes, half the median round trip) fitted to latency + bytes / bandwidth.
 //
-// Measurement: --rounds rounds, each running every schedule in turn (so
-// that they see the same machine load) for --warmup untimed and --steps
-// timed steps; every rank reads steady_clock after a barrier just before
+// Measurement: --rounds (3) rounds, each running every schedule in turn (so
+// that they see the same machine load) for --warmup (1) untimed and --steps
+// (3) timed steps; every rank reads steady_clock after a barrier just before
 // run_step, which puts the ranks' timelines on one clock. A step's makespan
 // runs from the earliest rank's start to the latest rank's last action; its
 // bubble is simulate()'s: per rank (makespan - compute time) / makespan,
@@ -72,16 +74,24 @@ struct Options {
   ModelSpec spec{.model = {.vocab = 256, .seq = 64, .layers = 8, .d_model = 256, .heads = 8, .dtype = DType::Float32},
                  .batch = 4,
                  .seed = 1};
-  int ranks = 4, microbatches = 8, warmup = 1, steps = 3, rounds = 3, calibration_steps = 2, round_trips = 50;
+  int ranks = 4, microbatches = 8, warmup = 1, steps = 3, rounds = 3, calibration_steps = 1, round_trips = 50;
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::int64_t host_cache_mb = -1;  // -1: the library's limit
   std::vector<std::string> schedules = pipe::schedule_names();
   std::string json, svg, svg_schedule = "zb-h1";
 };
 
+// One placement's calibration runs, their steps pooled over the rounds.
+struct CalibrationRuns {
+  pipe::Schedule full, split;  // full backwards (F, B), split ones (I, W)
+  std::vector<MeasuredStep> full_steps, split_steps;
+  double others_load = 0;  // the mean over the rounds
+};
+
 // Per placement (by stage count): each stage's measured times (wall) and
 // their CPU time under the calibration runs' sharing of the cores (work).
 struct Calibration {
+  std::map<int, CalibrationRuns> runs;
   std::map<int, std::vector<StageTimes>> wall, work;
   LinkFit link;
   std::int64_t message_bytes = 0;
@@ -144,25 +154,32 @@ void print_calibration(const std::vector<StageTimes>& wall, const std::vector<St
   }
 }
 
-// Calibrates the placement of `stages` stages on o.ranks ranks.
-void calibrate(const Options& o, int stages, Calibration& cal) {
-  const auto [full, split] = calibration_runs(o, stages);
+// One round's calibration steps of a placement, added to its runs.
+void calibration_round(const Options& o, CalibrationRuns& runs) {
   const OthersLoad load;
-  const Run f = run_steps(o.spec, full, 1, o.calibration_steps);
-  const Run s = run_steps(o.spec, split, 1, o.calibration_steps);
-  const double others = load.share();
-  cal.wall[stages] = combine(stage_means(f.steps, stages), stage_means(s.steps, stages));
-  cal.work[stages] = combine(stage_work(f.steps, stages, o.cores), stage_work(s.steps, stages, o.cores));
+  for (MeasuredStep& step : run_steps(o.spec, runs.full, 1, o.calibration_steps).steps)
+    runs.full_steps.push_back(std::move(step));
+  for (MeasuredStep& step : run_steps(o.spec, runs.split, 1, o.calibration_steps).steps)
+    runs.split_steps.push_back(std::move(step));
+  runs.others_load += load.share() / o.rounds;
+}
+
+// The placement of `stages` stages' times from its pooled calibration steps.
+void calibrate(const Options& o, int stages, Calibration& cal) {
+  const CalibrationRuns& runs = cal.runs.at(stages);
+  cal.wall[stages] = combine(stage_means(runs.full_steps, stages), stage_means(runs.split_steps, stages));
+  cal.work[stages] =
+      combine(stage_work(runs.full_steps, stages, o.cores), stage_work(runs.split_steps, stages, o.cores));
   fmt::print(
-      "calibration of {} stages ({} and {}, {} step(s) each after a warm-up one; other processes {:.0f}% of the "
-      "CPUs), ms:\n",
-      stages, full.name, split.name, o.calibration_steps, 100 * others);
+      "calibration of {} stages ({} and {}, {} step(s) each after a warm-up one in each round; other processes "
+      "{:.0f}% of the CPUs), ms:\n",
+      stages, runs.full.name, runs.split.name, o.calibration_steps, 100 * runs.others_load);
   print_calibration(cal.wall[stages], cal.work[stages]);
   // The shared model's reading of the CPU time against the threads' own clocks
   // (which also count the messages' copies and the step's bookkeeping).
   double model = 0, threads = 0;
-  for (const Run* run : {&f, &s})
-    for (const MeasuredStep& step : run->steps) {
+  for (const auto* steps : {&runs.full_steps, &runs.split_steps})
+    for (const MeasuredStep& step : *steps) {
       for (double w : action_work(step, o.cores)) model += w;
       for (const RankStep& r : step) threads += r.cpu;
     }
@@ -191,14 +208,11 @@ pipe::PipelineCosts costs_for(const pipe::Schedule& schedule, const std::vector<
   return costs;
 }
 
-Row predicted(const Options& o, const std::string& name, const Calibration& cal) {
-  Row row;
-  row.schedule = lowered(name, o);
+void predict(const Options& o, const Calibration& cal, Row& row) {
   row.costs = costs_for(row.schedule, cal.wall.at(row.schedule.stages), cal);
   row.work = costs_for(row.schedule, cal.work.at(row.schedule.stages), cal);
   row.simulated = pipe::simulate(row.schedule, row.costs);
   row.shared = simulate_shared(row.schedule, row.work, o.cores);
-  return row;
 }
 
 // One round's steps of `row`'s schedule, added to it.
@@ -334,7 +348,27 @@ nlohmann::json row_json(const Row& r) {
           {"host_misses_per_step", r.host_misses}};
 }
 
-void write_json(const Options& o, const std::vector<Row>& rows, nlohmann::json summary) {
+nlohmann::json stage_json(const std::vector<StageTimes>& times) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StageTimes& t : times)
+    out.push_back({{"F", t.forward}, {"B", t.backward}, {"I", t.input_backward}, {"W", t.weight_backward}});
+  return out;
+}
+
+nlohmann::json calibration_json(const Calibration& cal) {
+  nlohmann::json out{{"message_bytes", cal.message_bytes},
+                     {"message_seconds", cal.link.message_seconds},
+                     {"small_message_seconds", cal.link.small_seconds},
+                     {"placements", nlohmann::json::array()}};
+  for (const auto& [stages, wall] : cal.wall)
+    out["placements"].push_back({{"stages", stages},
+                                 {"seconds", stage_json(wall)},
+                                 {"work_seconds", stage_json(cal.work.at(stages))},
+                                 {"others_load", cal.runs.at(stages).others_load}});
+  return out;
+}
+
+void write_json(const Options& o, const Calibration& cal, const std::vector<Row>& rows, nlohmann::json summary) {
   nlohmann::json doc{{"ranks", o.ranks},
                      {"microbatches", o.microbatches},
                      {"layers", o.spec.model.layers},
@@ -344,6 +378,8 @@ void write_json(const Options& o, const std::vector<Row>& rows, nlohmann::json s
                      {"cores", o.cores},
                      {"steps", o.steps},
                      {"rounds", o.rounds},
+                     {"host_cache_limit", host_memory_stats().limit},
+                     {"calibration", calibration_json(cal)},
                      {"summary", std::move(summary)},
                      {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) doc["rows"].push_back(row_json(r));
@@ -352,7 +388,8 @@ void write_json(const Options& o, const std::vector<Row>& rows, nlohmann::json s
   if (!out) throw ValueError(fmt::format("[pipeline] --json {}: cannot be written", o.json));
 }
 
-Calibration calibrate_all(const Options& o) {
+// The message cost, and the calibration runs each placement needs.
+Calibration start_calibration(const Options& o) {
   const auto& m = o.spec.model;
   Calibration cal;
   cal.message_bytes = o.spec.batch * m.seq * m.d_model * static_cast<std::int64_t>(itemsize(m.dtype));
@@ -361,7 +398,9 @@ Calibration calibrate_all(const Options& o) {
              1e6 * cal.link.message_seconds, 1e6 * cal.link.small_seconds, cal.link.link.bandwidth_Bps / 1e9);
   for (const std::string& name : o.schedules) {
     const int stages = lowered(name, o).stages;
-    if (!cal.wall.count(stages)) calibrate(o, stages, cal);
+    if (cal.runs.count(stages)) continue;
+    auto [full, split] = calibration_runs(o, stages);
+    cal.runs[stages] = {std::move(full), std::move(split), {}, {}, 0};
   }
   return cal;
 }
@@ -375,18 +414,27 @@ int run(const Options& o) {
       m.layers, m.d_model, m.heads, m.seq, o.spec.batch, dtype_name(m.dtype), o.ranks, o.cores,
       o.ranks > o.cores ? " (ranks share cores)" : "", o.microbatches, o.rounds, o.warmup, o.steps,
       host_memory_stats().limit >> 20);
-  const Calibration cal = calibrate_all(o);
+  Calibration cal = start_calibration(o);
   std::vector<Row> rows;
-  for (const std::string& name : o.schedules) rows.push_back(predicted(o, name, cal));
-  for (int round = 0; round < o.rounds; ++round)
+  for (const std::string& name : o.schedules) {
+    rows.emplace_back();
+    rows.back().schedule = lowered(name, o);
+  }
+  // Each round calibrates again before it measures: the calibration sees the
+  // same machine as the steps it predicts (a VM's speed drifts over minutes).
+  for (int round = 0; round < o.rounds; ++round) {
+    for (auto& [stages, runs] : cal.runs) calibration_round(o, runs);
     for (Row& row : rows) measure_round(o, row);
+  }
+  for (const auto& [stages, runs] : cal.runs) calibrate(o, stages, cal);
+  for (Row& row : rows) predict(o, cal, row);
   print_table_header();
   for (Row& row : rows) {
     summarize(row);
     print_row(row);
   }
   nlohmann::json summary = print_summary(rows);
-  if (!o.json.empty()) write_json(o, rows, std::move(summary));
+  if (!o.json.empty()) write_json(o, cal, rows, std::move(summary));
   if (!o.svg.empty()) {
     const Row* r = find(rows, o.svg_schedule);
     if (!r) throw ValueError(fmt::format("[pipeline] --svg-schedule {}: not among the schedules run", o.svg_schedule));
@@ -402,7 +450,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--steps", o.steps, "timed steps a schedule in each round")->check(CLI::PositiveNumber);
   app.add_option("--rounds", o.rounds, "rounds over the schedules")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed steps before each round's timed ones")->check(CLI::NonNegativeNumber);
-  app.add_option("--calibration-steps", o.calibration_steps, "timed steps of each calibration run")
+  app.add_option("--calibration-steps", o.calibration_steps, "timed steps of each calibration run in each round")
       ->check(CLI::PositiveNumber);
   app.add_option("--cores", o.cores, "cores the shared model gives the ranks (default: the hardware threads)")
       ->check(CLI::PositiveNumber);
