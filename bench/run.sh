@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmarks of one build directory and prints their tables
 # (bench/README.md quotes them).
-#   bash bench/run.sh build           # collectives up to 64 MiB, plan cache;
+#   bash bench/run.sh build           # collectives up to 64 MiB, plan cache, pipeline;
 #                                     # under MPI: 2 processes, 16 MiB, matmul --quick
 #   FULL=1 bash bench/run.sh build    # collectives up to 256 MiB (needs ~4 GiB);
 #                                     # under MPI: 2 and 4 processes, 64 MiB, matmul N=2048,4096
@@ -15,6 +15,9 @@ echo "== collectives on the threads backend (build/bench/collectives --max-mib=$
 echo
 echo "== planner: plan-cache hit vs miss (build/bench/plan_cache)"
 "$dir/bench/plan_cache" --benchmark_min_time=0.2
+echo
+echo "== pipeline schedules: measured against simulated (build/bench/pipeline; p = 4, m = 8, about 2 minutes)"
+"$dir/bench/pipeline"
 
 # The MPI section needs mpirun and a build with MPI (collectives then has its
 # MPI mode compiled in; matmul exists only with ScaLAPACK and OpenBLAS too).
