@@ -61,6 +61,7 @@
 #include <vector>
 
 #include <dtensor/pictures/svg.h>
+#include <dtensor/train/pipeline_picture.h>
 
 #include "pipeline_measure.h"
 #include "pipeline_shared.h"
@@ -311,22 +312,12 @@ nlohmann::json print_summary(const std::vector<Row>& rows, int steps_per_round) 
   return summary;
 }
 
-const char* box_kind(pipe::ActionKind kind) {
-  switch (kind) {
-    case pipe::ActionKind::Forward: return "forward";
-    case pipe::ActionKind::Backward: return "backward";
-    case pipe::ActionKind::BackwardInput: return "input_backward";
-    case pipe::ActionKind::BackwardWeight: return "weight_backward";
-    default: return "message";
-  }
-}
-
 // The measured step of the median makespan as a picture, in milliseconds.
 void write_svg(const Options& o, const Row& r) {
   std::vector<pictures::ScheduleRow> rows(static_cast<std::size_t>(r.schedule.ranks()));
   for (int rank = 0; rank < r.schedule.ranks(); ++rank) rows[rank].name = fmt::format("rank {}", rank);
   for (const pipe::TimedAction& t : aligned_actions(r.steps.at(r.median_step)))
-    rows[t.rank].boxes.push_back({pipe::action_text(t.action), box_kind(t.action.kind), 1e3 * t.start, 1e3 * t.end,
+    rows[t.rank].boxes.push_back({pipe::action_text(t.action), train::box_kind(t.action.kind), 1e3 * t.start, 1e3 * t.end,
                                   fmt::format("{}: {:.2f} to {:.2f} ms", pipe::action_text(t.action), 1e3 * t.start,
                                               1e3 * t.end)});
   pictures::SchedulePictureOptions options;
