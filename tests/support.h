@@ -65,6 +65,15 @@ std::string_view test_backend();
 /// Whether a mesh of `ranks` ranks can run here: any under threads; under
 /// MPI only the job's own size (each process is one rank).
 bool can_run(std::int64_t ranks);
+/// A Boost precondition: can_run(ranks), naming the reason when not.
+struct ranks_available {
+  std::int64_t ranks;
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    boost::test_tools::assertion_result ok(can_run(ranks));
+    if (!ok) ok.message() << "needs a world of " << ranks << " ranks (an MPI job of another size)";
+    return ok;
+  }
+};
 /// The indices of `meshes` that can run here (a dataset for
 /// BOOST_DATA_TEST_CASE).
 std::vector<std::size_t> runnable_meshes(const std::vector<Shape>& meshes);

@@ -48,12 +48,7 @@ struct TempDir {
 
 // Test cases that need exactly this many ranks run where the backend has
 // them (all on threads; under MPI, the job's size), and are skipped elsewhere.
-struct ranks_available {
-  int ranks;
-  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
-    return testing::can_run(ranks);
-  }
-};
+using testing::ranks_available;
 
 Shape random_mesh(std::mt19937_64& rng) {
   static const std::vector<Shape> meshes{{1}, {2}, {3}, {4}, {8}, {2, 2}, {2, 3}, {4, 2}, {2, 2, 2}, {1, 2, 2}, {3, 1}};

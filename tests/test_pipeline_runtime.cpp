@@ -163,12 +163,7 @@ const train::TrainResult& one_rank(std::int64_t layers, std::int64_t micro_batch
   return it->second;
 }
 
-struct ranks_available {
-  int ranks;
-  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
-    return testing::can_run(ranks);
-  }
-};
+using testing::ranks_available;
 // Under MPI a rank that throws aborts the job: a dying stage is tried on threads.
 boost::test_tools::assertion_result threads_only(boost::unit_test::test_unit_id) {
   boost::test_tools::assertion_result on_threads(testing::test_backend() == "threads");
