@@ -184,9 +184,10 @@ void calibrate(const Options& o, int stages, Calibration& cal) {
       for (double w : action_work(step, o.cores)) model += w;
       for (const RankStep& r : step) threads += r.cpu;
     }
-  fmt::print("  CPU time of these steps: {:.0f} ms as the shared model reads the timelines, {:.0f} ms by the threads' "
-             "clocks\n",
-             1e3 * model, 1e3 * threads);
+  fmt::print(
+      "  CPU time of these steps: {:.0f} ms as the shared model reads the timelines, {:.0f} ms by the threads' "
+      "clocks\n",
+      1e3 * model, 1e3 * threads);
 }
 
 // simulate()'s costs for `schedule` from its placement's stage times.
@@ -307,8 +308,11 @@ nlohmann::json print_summary(const std::vector<Row>& rows, int steps_per_round) 
              1e3 * sim, 1e3 * meas, ratio, 1e3 * sh);
   fmt::print("  measured saving round by round (medians of each round's steps): {:.1f} ms\n",
              fmt::join(scaled(paired, 1e3), ", "));
-  summary["zb_h1_saving"] = {{"simulated_seconds", sim},   {"shared_seconds", sh}, {"measured_seconds", meas},
-                             {"ratio", meas / sim},       {"measured_by_round_seconds", paired}};
+  summary["zb_h1_saving"] = {{"simulated_seconds", sim},
+                             {"shared_seconds", sh},
+                             {"measured_seconds", meas},
+                             {"ratio", meas / sim},
+                             {"measured_by_round_seconds", paired}};
   return summary;
 }
 
@@ -317,18 +321,18 @@ void write_svg(const Options& o, const Row& r) {
   std::vector<pictures::ScheduleRow> rows(static_cast<std::size_t>(r.schedule.ranks()));
   for (int rank = 0; rank < r.schedule.ranks(); ++rank) rows[rank].name = fmt::format("rank {}", rank);
   for (const pipe::TimedAction& t : aligned_actions(r.steps.at(r.median_step)))
-    rows[t.rank].boxes.push_back({pipe::action_text(t.action), train::box_kind(t.action.kind), 1e3 * t.start, 1e3 * t.end,
-                                  fmt::format("{}: {:.2f} to {:.2f} ms", pipe::action_text(t.action), 1e3 * t.start,
-                                              1e3 * t.end)});
+    rows[t.rank].boxes.push_back(
+        {pipe::action_text(t.action), train::box_kind(t.action.kind), 1e3 * t.start, 1e3 * t.end,
+         fmt::format("{}: {:.2f} to {:.2f} ms", pipe::action_text(t.action), 1e3 * t.start, 1e3 * t.end)});
   pictures::SchedulePictureOptions options;
-  options.title = fmt::format("{}, measured: {} thread ranks on {} cores, {} stages, {} microbatches",
-                              r.schedule.name, r.schedule.ranks(), o.cores, r.schedule.stages, r.schedule.microbatches);
+  options.title = fmt::format("{}, measured: {} thread ranks on {} cores, {} stages, {} microbatches", r.schedule.name,
+                              r.schedule.ranks(), o.cores, r.schedule.stages, r.schedule.microbatches);
   options.subtitle = fmt::format(
       "GPT {} layers, d_model {}, seq {}, batch {} a microbatch, {}; time in ms; makespan {:.1f} (simulated {:.1f}), "
       "bubble {:.1f}% (simulated {:.1f}%)",
       o.spec.model.layers, o.spec.model.d_model, o.spec.model.seq, o.spec.batch, dtype_name(o.spec.model.dtype),
-      1e3 * r.figures.at(r.median_step).makespan, 1e3 * r.simulated.makespan,
-      100 * r.figures.at(r.median_step).bubble, 100 * r.simulated.bubble_fraction);
+      1e3 * r.figures.at(r.median_step).makespan, 1e3 * r.simulated.makespan, 100 * r.figures.at(r.median_step).bubble,
+      100 * r.simulated.bubble_fraction);
   std::ofstream out(o.svg);
   out << pictures::schedule_svg(rows, options);
   if (!out) throw ValueError(fmt::format("[pipeline] --svg {}: cannot be written", o.svg));

@@ -143,8 +143,8 @@ Run run_steps(const ModelSpec& spec, const pipe::Schedule& schedule, int warmup,
   return out;
 }
 
-std::vector<StageTimes> means_by_stage(const std::vector<pipe::TimedAction>& actions,
-                                       const std::vector<double>& values, int stages) {
+std::vector<StageTimes> means_by_stage(const std::vector<pipe::TimedAction>& actions, const std::vector<double>& values,
+                                       int stages) {
   struct Sum {
     double total = 0;
     int count = 0;

@@ -66,8 +66,8 @@ struct StageTimes {
 };
 std::vector<StageTimes> stage_means(const std::vector<MeasuredStep>& steps, int stages);
 /// The mean of `values[i]` per stage and compute kind of `actions[i]`.
-std::vector<StageTimes> means_by_stage(const std::vector<pipe::TimedAction>& actions,
-                                       const std::vector<double>& values, int stages);
+std::vector<StageTimes> means_by_stage(const std::vector<pipe::TimedAction>& actions, const std::vector<double>& values,
+                                       int stages);
 
 /// The point-to-point cost on thread ranks: half the median round trip of
 /// a ping-pong between two ranks of `bytes` and of 8 bytes, fitted to
