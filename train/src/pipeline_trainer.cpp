@@ -34,13 +34,6 @@ void refuse_unsupported(const TrainOptions& o) {
           fmt::format("[train] plan {} beside pp: not supported yet (ddp, zero1, tp and tp_sp are)", plan));
 }
 
-// Where a resumed tensor goes: its layout (none: a plain tensor), shape and dtype.
-struct Want {
-  std::optional<Layout> layout;
-  Shape shape;
-  DType dtype;
-};
-
 // How host batches become a stage's inputs: plain tensors when pp is the
 // only dim, else DTensors on the other dims' submesh under their plans; and
 // how their tensors are saved and resumed.
@@ -53,17 +46,9 @@ struct PlainStages {
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
   std::optional<Layout> layout_of(const Tensor&) const { return std::nullopt; }
   std::optional<Layout> state_layout_of(const nn::AdamW<Tensor>&, std::size_t) const { return std::nullopt; }
-  Tensor scalar(std::int64_t v) const { return Tensor::full({}, static_cast<double>(v), DType::Int64); }
-  std::map<std::string, Tensor> load(const std::string& dir, const std::map<std::string, Want>& want) const {
-    std::vector<std::string> names;
-    for (const auto& [name, w] : want) names.push_back(name);
-    auto got = dcp::load_full(dir, names);
-    for (const auto& [name, w] : want)
-      if (got.at(name).shape() != w.shape || got.at(name).dtype() != w.dtype)
-        throw ShapeError(fmt::format("[train] {} in {} is {} [{}]; the stage expects {} [{}]", name, dir,
-                                     got.at(name).dtype(), fmt::join(got.at(name).shape(), ","), w.dtype,
-                                     fmt::join(w.shape, ",")));
-    return got;
+  Tensor scalar(std::int64_t v) const { return steps_tensor(v); }
+  std::map<std::string, Tensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
+    return load_plain(dir, want);
   }
 };
 struct MeshStages {
@@ -82,16 +67,10 @@ struct MeshStages {
   std::optional<Layout> state_layout_of(const nn::AdamW<DTensor>& opt, std::size_t i) const {
     return opt.state_layout(i);
   }
-  DTensor scalar(std::int64_t v) const {
-    return from_full(Tensor::full({}, static_cast<double>(v), DType::Int64), plan.mesh(),
-                     Layout::replicated(plan.mesh().ndim()));
-  }
-  std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, Want>& want) const {
-    std::map<std::string, dcp::Target> targets;
-    for (const auto& [name, w] : want)
-      targets.emplace(name, dcp::Target{plan.mesh(), w.layout.value_or(Layout::replicated(plan.mesh().ndim())), w.shape,
-                                        w.dtype});
-    return dcp::load(dir, targets);
+  DTensor scalar(std::int64_t v) const { return steps_tensor(v, plan.mesh()); }
+
+  std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
+    return load_on(plan.mesh(), dir, want);
   }
 };
 
@@ -106,13 +85,6 @@ double mean(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;
   return v.empty() ? 0 : sum / static_cast<double>(v.size());
-}
-
-// Over the steps after the first (which fills the caches), as the
-// unpipelined loop counts them.
-double tokens_per_second(const TrainOptions& o, std::int64_t ran, double seconds) {
-  const std::int64_t timed_steps = ran > 1 ? ran - 1 : ran;
-  return seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
 }
 
 double mean_over_ranks(const DeviceMesh& mesh, double v) {
@@ -194,8 +166,8 @@ std::map<std::string, X> stage_state(const nn::NamedParameters<X>& named, const 
 // layouts; returns the steps it was saved after.
 template <class Stages, class X = typename Stages::X>
 std::int64_t load_stage_parameters(const std::string& dir, const nn::NamedParameters<X>& named, const Stages& env) {
-  std::map<std::string, Want> want{{kStepsDone, {std::nullopt, {}, DType::Int64}}};
-  for (const auto& [name, p] : named) want.emplace(name, Want{env.layout_of(*p), p->shape(), p->dtype()});
+  std::map<std::string, StateTarget> want{{kStepsDone, {std::nullopt, {}, DType::Int64}}};
+  for (const auto& [name, p] : named) want.emplace(name, StateTarget{env.layout_of(*p), p->shape(), p->dtype()});
   auto got = env.load(dir, want);
   for (const auto& [name, p] : named) {
     *p = got.at(name).detach();
@@ -207,11 +179,11 @@ std::int64_t load_stage_parameters(const std::string& dir, const nn::NamedParame
 template <class Stages, class X = typename Stages::X>
 void load_stage_moments(const std::string& dir, const nn::NamedParameters<X>& named, nn::AdamW<X>& opt,
                         std::int64_t updates, const Stages& env) {
-  std::map<std::string, Want> want;
+  std::map<std::string, StateTarget> want;
   std::vector<std::string> names;
   for (const auto& [name, p] : named) {
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
-      want.emplace(prefix + name, Want{env.state_layout_of(opt, names.size()), p->shape(), p->dtype()});
+      want.emplace(prefix + name, StateTarget{env.state_layout_of(opt, names.size()), p->shape(), p->dtype()});
     names.push_back(name);
   }
   opt.load_state_dict(env.load(dir, want), names, updates);

@@ -1,11 +1,14 @@
 #pragma once
 // What the trainer's two loops (trainer.cpp, pipeline_trainer.cpp) share, not
 // installed: a step's collectives by phase as TrainResult::comm lists them,
-// a scalar's value, the plan's optimizer-state layouts, a checkpoint's names.
+// a scalar's value, the plan's optimizer-state layouts, a checkpoint's
+// names, targets and loads, the throughput.
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <dtensor/checkpoint/checkpoint.h>
 #include <dtensor/dtensor.h>
 #include <dtensor/nn/parallel_plan.h>
 
@@ -23,6 +26,50 @@ inline std::vector<Layout> plan_state_layouts(const nn::ParallelPlan& plan, cons
     moved = moved || out.back() != plan.parameter_layout(name);
   }
   return moved ? out : std::vector<Layout>{};
+}
+
+// Where a resumed tensor goes: its layout (none: replicated, or a plain
+// tensor) and the shape and dtype it must have.
+struct StateTarget {
+  std::optional<Layout> layout;
+  Shape shape;
+  DType dtype;
+};
+
+// The named tensors whole, checked as dcp::load checks DTensor targets.
+inline std::map<std::string, Tensor> load_plain(const std::string& dir,
+                                                const std::map<std::string, StateTarget>& want) {
+  std::vector<std::string> names;
+  for (const auto& [name, target] : want) names.push_back(name);
+  auto got = dcp::load_full(dir, names);
+  for (const auto& [name, target] : want)
+    if (got.at(name).shape() != target.shape || got.at(name).dtype() != target.dtype)
+      throw ShapeError(fmt::format("[train] {} in {} is {} [{}]; the model expects {} [{}]", name, dir,
+                                   got.at(name).dtype(), fmt::join(got.at(name).shape(), ","), target.dtype,
+                                   fmt::join(target.shape, ",")));
+  return got;
+}
+
+// The named tensors on `mesh` in their layouts (none: replicated).
+inline std::map<std::string, DTensor> load_on(const DeviceMesh& mesh, const std::string& dir,
+                                              const std::map<std::string, StateTarget>& want) {
+  std::map<std::string, dcp::Target> targets;
+  for (const auto& [name, t] : want)
+    targets.emplace(name, dcp::Target{mesh, t.layout.value_or(Layout::replicated(mesh.ndim())), t.shape, t.dtype});
+  return dcp::load(dir, targets);
+}
+
+// A checkpoint's step count as a tensor: plain, or replicated on `mesh`.
+inline Tensor steps_tensor(std::int64_t v) { return Tensor::full({}, static_cast<double>(v), DType::Int64); }
+inline DTensor steps_tensor(std::int64_t v, const DeviceMesh& mesh) {
+  return from_full(steps_tensor(v), mesh, Layout::replicated(mesh.ndim()));
+}
+
+// Tokens a second over the `ran` steps less the first (which fills the
+// caches), or over the one step when only one ran.
+inline double tokens_per_second(const TrainOptions& o, std::int64_t ran, double seconds) {
+  const std::int64_t timed_steps = ran > 1 ? ran - 1 : ran;
+  return seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
 }
 
 // A checkpoint's count of the steps it was saved after.

@@ -31,13 +31,7 @@ Tensor host_tokens(const std::vector<std::int64_t>& values, std::int64_t rows, s
   return Tensor::from_vector(values, {rows, cols});
 }
 
-// Where a resumed tensor goes: its layout (none: replicated, or a plain
-// tensor) and the shape and dtype it must have.
-struct StateTarget {
-  std::optional<Layout> layout;
-  Shape shape;
-  DType dtype;
-};
+using detail::StateTarget;
 
 // One rank, plain tensors.
 struct PlainEnv {
@@ -60,19 +54,11 @@ struct PlainEnv {
   void save(const std::string& dir, const std::map<std::string, Tensor>& state) const { dcp::save(dir, state); }
   // The named tensors whole (plain tensors have no layout).
   std::map<std::string, Tensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
-    std::vector<std::string> names;
-    for (const auto& [name, target] : want) names.push_back(name);
-    auto got = dcp::load_full(dir, names);
-    for (const auto& [name, target] : want)  // what dcp::load checks for DTensor targets
-      if (got.at(name).shape() != target.shape || got.at(name).dtype() != target.dtype)
-        throw ShapeError(fmt::format("[train] {} in {} is {} [{}]; the model expects {} [{}]", name, dir,
-                                     got.at(name).dtype(), fmt::join(got.at(name).shape(), ","), target.dtype,
-                                     fmt::join(target.shape, ",")));
-    return got;
+    return detail::load_plain(dir, want);
   }
   std::optional<Layout> layout_of(const Tensor&) const { return std::nullopt; }
   std::optional<Layout> state_layout_of(const nn::AdamW<Tensor>&, std::size_t) const { return std::nullopt; }
-  Tensor scalar(std::int64_t v) const { return Tensor::full({}, static_cast<double>(v), DType::Int64); }
+  Tensor scalar(std::int64_t v) const { return detail::steps_tensor(v); }
 };
 
 // DTensors on a mesh under a plan; every rank builds the same host batch
@@ -111,18 +97,13 @@ struct MeshEnv {
   }
   void save(const std::string& dir, const std::map<std::string, DTensor>& state) const { dcp::save(dir, state); }
   std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {
-    std::map<std::string, dcp::Target> targets;
-    for (const auto& [name, t] : want)
-      targets.emplace(name, dcp::Target{mesh, t.layout.value_or(Layout::replicated(mesh.ndim())), t.shape, t.dtype});
-    return dcp::load(dir, targets);
+    return detail::load_on(mesh, dir, want);
   }
   std::optional<Layout> layout_of(const DTensor& t) const { return t.placements(); }
   std::optional<Layout> state_layout_of(const nn::AdamW<DTensor>& opt, std::size_t i) const {
     return opt.state_layout(i);
   }
-  DTensor scalar(std::int64_t v) const {
-    return from_full(Tensor::full({}, static_cast<double>(v), DType::Int64), mesh, Layout::replicated(mesh.ndim()));
-  }
+  DTensor scalar(std::int64_t v) const { return detail::steps_tensor(v, mesh); }
   std::uint64_t largest(std::uint64_t v) const {
     double x = static_cast<double>(v);
     mesh.comm().all_reduce(&x, &x, 1, DType::Float64, ReduceOp::Max);
@@ -378,9 +359,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps)
       result.val_points.emplace_back(step, validation_loss());
   }
-  const std::int64_t ran = o.steps - first_step, timed_steps = ran > 1 ? ran - 1 : ran;
-  result.tokens_per_second =
-      seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * seq) / seconds : 0;
+  result.tokens_per_second = detail::tokens_per_second(o, o.steps - first_step, seconds);
 
   if (!o.save_dir.empty()) env.save(o.save_dir, training_state(model, optimizer, o.steps, env));
   result.val_loss = validation_loss();
