@@ -118,27 +118,19 @@ std::string generate(const Stages& env, const pipe::Schedule& schedule, std::spa
                      Communicator& pp, std::vector<std::int64_t> context, std::int64_t count) {
   NoGradGuard no_grad;
   for (auto* stage : mine) stage->layouts = env.activations(true);
-  const std::int64_t seq = mine.front()->config.seq;
   const int last = schedule.rank_of_stage(schedule.stages - 1);
-  std::string out;
   std::vector<nn::KVCache<X>> caches;
-  std::vector<std::int64_t> pending = context;
-  for (std::int64_t i = 0; i < count; ++i) {
-    if (caches.empty() || caches.front().length + static_cast<std::int64_t>(pending.size()) > seq) {
-      const std::size_t keep = static_cast<std::size_t>(seq / 2);
-      if (context.size() > keep) context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
-      caches.assign(mine.size(), nn::KVCache<X>{});
-      pending = context;
-    }
-    const auto n = static_cast<std::int64_t>(pending.size());
-    const X tokens = env.input(Tensor::from_vector(pending, {1, n}), true);
-    const std::optional<X> logits = pipe::forward_through<X>(schedule, mine, pp, tokens, caches);
-    double token = logits ? first_value(argmax(narrow(*logits, 1, n - 1, 1), -1)) : 0;
-    pp.broadcast(&token, sizeof token, last);
-    out.push_back(static_cast<char>(token));
-    context.push_back(static_cast<std::int64_t>(token));
-    pending = {static_cast<std::int64_t>(token)};
-  }
+  const std::string out =
+      greedy_bytes(std::move(context), count, mine.front()->config.seq,
+                   [&](const std::vector<std::int64_t>& pending, bool fresh) {
+                     if (fresh) caches.assign(mine.size(), nn::KVCache<X>{});
+                     const auto n = static_cast<std::int64_t>(pending.size());
+                     const X tokens = env.input(Tensor::from_vector(pending, {1, n}), true);
+                     const std::optional<X> logits = pipe::forward_through<X>(schedule, mine, pp, tokens, caches);
+                     double token = logits ? first_value(argmax(narrow(*logits, 1, n - 1, 1), -1)) : 0;
+                     pp.broadcast(&token, sizeof token, last);  // the last stage's rank chose it
+                     return static_cast<std::int64_t>(token);
+                   });
   for (auto* stage : mine) stage->layouts = env.activations(false);
   return out;
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dtensor/checkpoint/checkpoint.h>
@@ -70,6 +71,33 @@ inline DTensor steps_tensor(std::int64_t v, const DeviceMesh& mesh) {
 inline double tokens_per_second(const TrainOptions& o, std::int64_t ran, double seconds) {
   const std::int64_t timed_steps = ran > 1 ? ran - 1 : ran;
   return seconds > 0 ? static_cast<double>(timed_steps * o.micro_batches * o.batch * o.model.seq) / seconds : 0;
+}
+
+// Greedy sampling's loop: `count` bytes after `context`, one position at a
+// time through KV caches. `next(pending, fresh)` runs the model on the
+// positions after the cached ones and returns the chosen byte; `fresh`
+// says to start the caches anew, as at the start and whenever `pending`
+// would not fit in `seq` positions, from the last seq/2 bytes of the context.
+template <class Next>
+std::string greedy_bytes(std::vector<std::int64_t> context, std::int64_t count, std::int64_t seq, Next&& next) {
+  std::string out;
+  std::vector<std::int64_t> pending = context;
+  std::int64_t cached = -1;  // positions the caches hold; -1: no caches yet
+  for (std::int64_t i = 0; i < count; ++i) {
+    const bool fresh = cached < 0 || cached + static_cast<std::int64_t>(pending.size()) > seq;
+    if (fresh) {
+      const auto keep = static_cast<std::size_t>(seq / 2);
+      if (context.size() > keep) context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
+      pending = context;
+      cached = 0;
+    }
+    const std::int64_t token = next(std::as_const(pending), fresh);
+    cached += static_cast<std::int64_t>(pending.size());
+    out.push_back(static_cast<char>(token));
+    context.push_back(token);
+    pending = {token};
+  }
+  return out;
 }
 
 // A checkpoint's count of the steps it was saved after.

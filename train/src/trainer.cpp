@@ -120,24 +120,15 @@ std::string generate(nn::GPT<typename Env::X>& model, const Env& env, std::vecto
   using X = typename Env::X;
   NoGradGuard no_grad;
   model.layouts = env.activations(true);
-  std::string out;
-  std::optional<nn::KVCache<X>> cache;
-  std::vector<std::int64_t> pending = context;
-  for (std::int64_t i = 0; i < count; ++i) {
-    if (!cache || cache->length + static_cast<std::int64_t>(pending.size()) > model.config.seq) {
-      const std::size_t keep = static_cast<std::size_t>(model.config.seq / 2);
-      if (context.size() > keep) context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
-      cache.emplace();
-      pending = context;
-    }
-    const auto n = static_cast<std::int64_t>(pending.size());
-    const X logits = model.logits(env.input(host_tokens(pending, 1, n), true), &*cache);
-    const X next = argmax(narrow(logits, 1, n - 1, 1), -1);
-    const auto token = static_cast<std::int64_t>(env.value(next));
-    out.push_back(static_cast<char>(token));
-    context.push_back(token);
-    pending = {token};
-  }
+  nn::KVCache<X> cache;
+  const std::string out =
+      detail::greedy_bytes(std::move(context), count, model.config.seq,
+                           [&](const std::vector<std::int64_t>& pending, bool fresh) {
+                             if (fresh) cache = nn::KVCache<X>{};
+                             const auto n = static_cast<std::int64_t>(pending.size());
+                             const X logits = model.logits(env.input(host_tokens(pending, 1, n), true), &cache);
+                             return static_cast<std::int64_t>(env.value(argmax(narrow(logits, 1, n - 1, 1), -1)));
+                           });
   model.layouts = env.activations(false);
   return out;
 }
