@@ -76,6 +76,7 @@ nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r
                           {"heads", o.model.heads},
                           {"seq", o.model.seq},
                           {"vocab", o.model.vocab},
+                          {"tie_embeddings", o.model.tie_embeddings},
                           {"dtype", std::string(dtype_name(o.model.dtype))},
                           {"batch", o.batch},
                           {"micro_batches", o.micro_batches},
@@ -169,6 +170,9 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
       ->check(CLI::PositiveNumber);
   app.add_option("--seq", o.model.seq, fmt::format("sequence length in bytes (default: {})", o.model.seq))
       ->check(CLI::PositiveNumber);
+  app.add_flag("--tie-embeddings", o.model.tie_embeddings,
+               "the lm_head reuses the token embedding's weight (GPT-2's tie); under pp the first and last "
+               "stages each hold a copy, their gradients summed once per step (default: off)");
 }
 
 void add_training_options(CLI::App& app, CommandLine& cl) {

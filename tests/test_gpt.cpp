@@ -144,6 +144,28 @@ BOOST_AUTO_TEST_CASE(every_plan_matches_one_rank_in_f64) {
   for (const Case& c : every_plan()) check_same_losses(plain, run(o, c.mesh, c.dims, c.plans), 1e-9, name_of(c));
 }
 
+// GPT-2's tie: the lm_head reads the token embedding's weight, one
+// parameter fewer ([vocab, d_model]) whose gradient sums both uses; every
+// kind of plan (replicated, ZeRO, Megatron's vocab-parallel table and head
+// on one S(0) weight, FSDP's root unit, FSDP over tp) gives one rank's
+// losses, clipping included.
+BOOST_AUTO_TEST_CASE(tied_embeddings_match_one_rank_under_every_kind_of_plan) {
+  auto o = small_model(DType::Float64, 8);
+  o.clip = 0.5;
+  const train::TrainResult untied = train::train(o, slice(), nullptr);
+  o.model.tie_embeddings = true;
+  const train::TrainResult plain = train::train(o, slice(), nullptr);
+  BOOST_TEST(plain.losses.back() != untied.losses.back(), "tying changes nothing: " << plain.losses.back());
+  BOOST_TEST(plain.parameter_bytes + 256u * 16u * 8u == untied.parameter_bytes,
+             "tied " << plain.parameter_bytes << " bytes of parameters, untied " << untied.parameter_bytes);
+  auto model = nn::GPT<Tensor>::init(o.model, o.seed, nn::plain_parameters(DType::Float64));
+  for (const auto& [name, p] : model.named_parameters()) BOOST_TEST(!name.starts_with("lm_head"), name);
+  for (const Case& c : {Case{{2}, {"dp"}, {"ddp"}}, Case{{2}, {"dp"}, {"zero1"}}, Case{{2}, {"tp"}, {"tp"}},
+                        Case{{2}, {"tp"}, {"tp_sp"}}, Case{{2}, {"dp"}, {"fsdp"}},
+                        Case{{2, 2}, {"dp", "tp"}, {"fsdp", "tp"}}})
+    check_same_losses(plain, run(o, c.mesh, c.dims, c.plans), 1e-9, "tied, " + name_of(c));
+}
+
 BOOST_AUTO_TEST_CASE(f32_matches_one_rank_to_1e_4) {
   const auto o = small_model(DType::Float32);
   const train::TrainResult plain = train::train(o, slice(), nullptr);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <tuple>
 
+#include <dtensor/checkpoint/checkpoint.h>
 #include <dtensor/nn/pipeline_runtime.h>
 
 #include "dtensor/train/trainer.h"
@@ -256,6 +257,57 @@ BOOST_AUTO_TEST_CASE(generation_gives_the_one_rank_bytes, *boost::unit_test::pre
   }
 }
 
+// Tied embeddings across stages: the first stage's wte and the last
+// stage's lm_head are two copies of one weight whose gradients are summed
+// once per step, between two ranks (one message each way per pipeline, of
+// the weight's local bytes) or on one rank where a V puts both there; the
+// losses are one rank's tied run's, with clipping counting the weight once.
+BOOST_AUTO_TEST_CASE(tied_embeddings_match_one_rank, *boost::unit_test::precondition(ranks_available{2})) {
+  struct Run {
+    std::string schedule;
+    Shape mesh;
+    std::vector<std::string> dims, plans;
+    std::int64_t micro_batches, virtual_stages;
+    std::int64_t weight_shards;  // into how many pieces the other dims cut the tied weight (tp: its rows)
+    bool local;                  // first and last stage on one rank: no message
+    double clip;
+  };
+  const std::vector<Run> runs{
+      {"1f1b", {2}, {"pp"}, {"pp"}, 2, 1, 1, false, 0.05},
+      {"zbv", {2}, {"pp"}, {"pp"}, 2, 2, 1, true, 0.05},
+      {"interleaved", {2}, {"pp"}, {"pp"}, 2, 2, 1, false, 0},
+      {"1f1b", {4}, {"pp"}, {"pp"}, 4, 1, 1, false, 0},
+      {"1f1b", {2, 2}, {"pp", "tp"}, {"pp", "tp"}, 2, 1, 2, false, 0},
+      {"zb-h1", {2, 2}, {"pp", "dp"}, {"pp", "zero1"}, 2, 1, 1, false, 0.05},
+  };
+  for (const Run& run : runs) {
+    if (!testing::can_run(numel(run.mesh))) continue;
+    train::TrainOptions one = small_model(4, run.micro_batches);
+    one.model.tie_embeddings = true;
+    one.clip = run.clip;
+    const train::TrainResult want = train::train(one, slice(), nullptr);
+    const std::string what = fmt::format("{} on {} v={} clip={}", run.schedule, fmt::join(run.plans, ","),
+                                         run.virtual_stages, run.clip);
+    const Outcome got = run_pipeline(pipelined(one, run.schedule, run.mesh, run.dims, run.plans, run.virtual_stages));
+    BOOST_TEST_REQUIRE(got.result.losses.size() == want.losses.size(), what);
+    for (std::size_t i = 0; i < want.losses.size(); ++i)
+      BOOST_TEST(testing::close(got.result.losses[i], want.losses[i], 1e-9 * std::abs(want.losses[i])),
+                 what << ": step " << i << " loss " << got.result.losses[i] << " vs one rank's " << want.losses[i]);
+    // The rank's messages over pp outside the pipeline phase: the tied
+    // exchange, on the first and last stages' ranks only.
+    std::uint64_t sends = 0, sent_bytes = 0;
+    for (const auto& c : got.result.comm)
+      if (c.phase != "pipeline" && c.kind == "send" && c.mesh_dims == std::vector<std::string>{"pp"})
+        sends += c.count, sent_bytes += c.bytes;
+    const std::int64_t pp_coordinate = got.rank / (numel(run.mesh) / run.mesh[0]);  // pp is the first dim
+    const bool at_an_end = pp_coordinate == 0 || pp_coordinate == run.mesh[0] - 1;
+    const std::uint64_t want_sends = run.local || !at_an_end ? 0 : 1;
+    BOOST_TEST(sends == want_sends, what << ": rank " << got.rank << " sent " << sends << " tied messages");
+    BOOST_TEST(sent_bytes == want_sends * static_cast<std::uint64_t>(256 * kDModel * 8 / run.weight_shards),
+               what << ": rank " << got.rank << " sent " << sent_bytes << " tied bytes");
+  }
+}
+
 // A checkpoint is the whole model's whatever wrote it: saved after 2 of 4
 // steps under a pipeline it resumes on one rank, and saved on one rank it
 // resumes under pp x zero1, each continuing the uninterrupted run's losses.
@@ -286,6 +338,38 @@ BOOST_AUTO_TEST_CASE(checkpoints_cross_between_pipelined_and_unpipelined_runs,
   train::train(first, slice(), nullptr);
   check_rest(run_pipeline(pipelined(rest, "1f1b", {2, 2}, {"pp", "dp"}, {"pp", "zero1"})).result,
              "saved on one rank, resumed under pp x zero1");
+  std::filesystem::remove_all(dir);
+}
+
+// Tied, the checkpoint holds the weight once ("wte.weight", no lm_head):
+// saved under a V (both copies on rank 0) it resumes on one rank, and saved
+// on one rank it resumes under 1f1b, each copy loaded into its own storage.
+BOOST_AUTO_TEST_CASE(tied_checkpoints_hold_the_weight_once, *boost::unit_test::precondition(one_process)) {
+  train::TrainOptions one = small_model(4, 2);
+  one.model.tie_embeddings = true;
+  one.steps = 4;
+  const train::TrainResult want = train::train(one, slice(), nullptr);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("dtensor_pipeline_tied_{}", ::getpid());
+  train::TrainOptions first = one, rest = one;
+  first.steps = 2;
+  first.schedule_steps = rest.schedule_steps = 4;
+  auto check_rest = [&](const train::TrainResult& got, const char* what) {
+    BOOST_TEST_REQUIRE(got.losses.size() == 2u, what);
+    for (std::size_t i = 0; i < 2; ++i)
+      BOOST_TEST(testing::close(got.losses[i], want.losses[i + 2], 1e-9 * std::abs(want.losses[i + 2])),
+                 what << ": step " << i + 2 << " loss " << got.losses[i] << " vs " << want.losses[i + 2]);
+  };
+  first.save_dir = rest.resume_dir = (dir / "from_v").string();
+  run_pipeline(pipelined(first, "zbv", {2}, {"pp"}, {"pp"}, 2));
+  const std::map<std::string, Tensor> saved = dcp::load_full((dir / "from_v").string());
+  BOOST_TEST(saved.contains("wte.weight"));
+  BOOST_TEST(saved.contains("exp_avg.wte.weight"));
+  for (const auto& [name, t] : saved) BOOST_TEST(name.find("lm_head") == std::string::npos, name);
+  check_rest(train::train(rest, slice(), nullptr), "tied, saved under zbv, resumed on one rank");
+  first.save_dir = rest.resume_dir = (dir / "to_pp").string();
+  train::train(first, slice(), nullptr);
+  check_rest(run_pipeline(pipelined(rest, "1f1b", {2}, {"pp"}, {"pp"})).result, "tied, saved on one rank, resumed under pp");
   std::filesystem::remove_all(dir);
 }
 

@@ -28,9 +28,8 @@ STEPS = ["--steps", "6"]
 OPTIONS = ["--ranks", "--device", "--mesh", "--dims", "--plan", "--layers", "--d-model", "--heads", "--seq", "--batch",
            "--micro-batches", "--steps", "--warmup", "--schedule-steps", "--save", "--resume", "--lr", "--weight-decay",
            "--clip", "--seed", "--dtype", "--text", "--eval-every", "--json", "--plot", "--explain", "--trace",
-           "--trace-svg", "--generate", "--schedule", "--virtual"]
-# A pipeline's run: 4 blocks for up to 4 stages, 2 micro-batches; no
-# --generate or --clip, which pipelined training refuses for now.
+           "--trace-svg", "--generate", "--schedule", "--virtual", "--tie-embeddings"]
+# A pipeline's run: 4 blocks for up to 4 stages, 2 micro-batches.
 PIPELINE = ["--layers", "4", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--dtype", "f64",
             "--lr", "3e-3", "--micro-batches", "2", "--steps", "4"]
 
@@ -228,6 +227,17 @@ def main() -> int:
                     err + out)
         if name == "pp2_1f1b":
             check_pipeline_run(cases, pp, pp_trace, err + out)
+
+    # Tied embeddings over two stages: the 1-rank tied losses, and one message each way between the two ends
+    # outside the pipeline phase (the weight's gradient, 256 x 16 f64).
+    rc, out, err, one_tied = train_with(PIPELINE, ["--tie-embeddings"], "one_tied")
+    rc, out, err, pp_tied = train_with(PIPELINE, ["--tie-embeddings", "--ranks", "2", "--dims", "pp", "--plan", "pp"],
+                                       "pp2_tied")
+    tied_sends = [c for c in pp_tied["comm"] if c["kind"] == "send" and c["phase"] != "pipeline"] if pp_tied else []
+    cases.check("--tie-embeddings under pp = 2: the 1-rank tied losses, the gradient summed by one exchange",
+                one_tied is not None and pp_tied is not None and pp_tied["config"]["tie_embeddings"] and
+                same_losses(one_tied["losses"], pp_tied["losses"]) and one_tied["losses"] != one_pp["losses"] and
+                [(c["count"], c["bytes"]) for c in tied_sends] == [(1, 256 * 16 * 8)], err + out)
 
     if use_mpi:
         mpirun = os.environ.get("DTENSOR_MPIRUN") or shutil.which("mpirun")

@@ -18,21 +18,21 @@ struct UnitMembers {
   NamedParameters<DTensor> members;
 };
 
-// The root's parameters (embeddings, final norm, lm_head), in
-// named_parameters() order.
+// The root's parameters (embeddings, final norm, lm_head unless tied to
+// the token embedding), in named_parameters() order.
 void root_parameters(Embedding<DTensor>& wte, Embedding<DTensor>& wpe, LayerNorm<DTensor>& ln_f,
-                     Linear<DTensor>& head, NamedParameters<DTensor>& out) {
+                     Linear<DTensor>& head, bool tied, NamedParameters<DTensor>& out) {
   wte.named_parameters("wte.", out);
   wpe.named_parameters("wpe.", out);
   ln_f.named_parameters("ln_f.", out);
-  head.named_parameters("lm_head.", out);
+  if (!tied) head.named_parameters("lm_head.", out);
 }
 
 // The root's parameters, then each block's: the units' contents.
 std::vector<UnitMembers> unit_members(GPT<DTensor>& model) {
   std::vector<UnitMembers> out(1 + model.blocks.size());
   out[0].name = "root";
-  root_parameters(model.wte, model.wpe, model.ln_f, model.lm_head, out[0].members);
+  root_parameters(model.wte, model.wpe, model.ln_f, model.lm_head, model.config.tie_embeddings, out[0].members);
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     out[l + 1].name = fmt::format("blocks.{}", l);
     model.blocks[l].named_parameters(out[l + 1].name + ".", out[l + 1].members);
@@ -85,7 +85,7 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
   const std::vector<DTensor> r = root.unflatten(root.flat.redistribute(root.gathered));
   const Embedding<DTensor> wte{r[0]}, wpe{r[1]};
   const LayerNorm<DTensor> ln_f{r[2], r[3]};
-  const Linear<DTensor> head{r[4], std::nullopt};
+  const Linear<DTensor> head = model.head(wte, {r.size() > 4 ? r[4] : r[0], std::nullopt});
   return model.forward_with(tokens, cache, wte, wpe, ln_f, head, [&](const DTensor& x, std::size_t l) {
     const FlatUnit<DTensor>& unit = model.units[l + 1];
     // Gathers the block's unit, runs the block on views of it; run again
@@ -111,7 +111,7 @@ DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens,
   Linear<DTensor> head = model.lm_head;
   if (!model.root_gathered_layouts.empty()) {
     NamedParameters<DTensor> root;
-    root_parameters(wte, wpe, ln_f, head, root);
+    root_parameters(wte, wpe, ln_f, head, model.config.tie_embeddings, root);
     if (root.size() != model.root_gathered_layouts.size())
       throw ValueError(fmt::format("[fully_shard] {} gathered layouts for the root's {} parameters",
                                    model.root_gathered_layouts.size(), root.size()));
@@ -120,7 +120,7 @@ DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens,
     std::vector<DTensor> gathered = redistribute_all(params, model.root_gathered_layouts);
     for (std::size_t i = 0; i < root.size(); ++i) *root[i].second = std::move(gathered[i]);
   }
-  return model.forward_with(tokens, cache, wte, wpe, ln_f, head,
+  return model.forward_with(tokens, cache, wte, wpe, ln_f, model.head(wte, head),
                             [&](const DTensor& x, std::size_t l) {
                               Block<DTensor> shards = model.blocks[l];
                               NamedParameters<DTensor> members;

@@ -207,7 +207,9 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
                  std::move(ln2), MLP<X>{std::move(fc), std::move(fc_proj)}});
   }
   LayerNorm<X> ln_f = norm("ln_f.");
-  Linear<X> lm_head = linear_layer("lm_head.", config.vocab, D, 0.02, false);
+  // Tied: made last as before, so that every other parameter keeps its seed.
+  Linear<X> lm_head =
+      config.tie_embeddings ? Linear<X>{wte.weight, std::nullopt} : linear_layer("lm_head.", config.vocab, D, 0.02, false);
   return GPT{config,
              std::move(wte),
              std::move(wpe),
@@ -226,7 +228,7 @@ X GPT<X>::logits(const X& tokens, KVCache<X>* cache) const {
     if (!units.empty()) return detail::fully_sharded_logits(*this, tokens, cache);
     if (!gathered_layouts.empty()) return detail::gathered_blocks_logits(*this, tokens, cache);
   }
-  return forward_with(tokens, cache, wte, wpe, ln_f, lm_head,
+  return forward_with(tokens, cache, wte, wpe, ln_f, head(wte, lm_head),
                       [&](const X& x, std::size_t l) { return blocks[l](x, layouts, cache, l); });
 }
 
@@ -248,6 +250,11 @@ X GPT<X>::forward_with(const X& tokens, KVCache<X>* cache, const Embedding<X>& t
   for (std::size_t l = 0; l < blocks.size(); ++l) x = run_block(x, l);
   if (cache) cache->length += len;
   return head_logits(final_norm, head, x, layouts);
+}
+
+template <TensorOrDTensor X>
+Linear<X> GPT<X>::head(const Embedding<X>& token_embedding, const Linear<X>& own) const {
+  return config.tie_embeddings ? Linear<X>{token_embedding.weight, std::nullopt} : own;
 }
 
 template <TensorOrDTensor X>
@@ -306,7 +313,7 @@ NamedParameters<X> GPT<X>::named_parameters() {
   wpe.named_parameters("wpe.", out);
   for (std::size_t l = 0; l < blocks.size(); ++l) blocks[l].named_parameters(fmt::format("blocks.{}.", l), out);
   ln_f.named_parameters("ln_f.", out);
-  lm_head.named_parameters("lm_head.", out);
+  if (!config.tie_embeddings) lm_head.named_parameters("lm_head.", out);
   return out;
 }
 

@@ -4,6 +4,7 @@
 // give this rank, written back through redistribute_all after the loop).
 #include "dtensor/nn/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -483,7 +484,7 @@ std::vector<std::optional<X>> gradients_without_partial(std::span<const X> param
 
 template <Parameter X>
 double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type, CoalesceOptions coalesce,
-                      Communicator* across) {
+                      Communicator* across, std::span<const std::size_t> counted_elsewhere) {
   CommScope phase("optimizer");  // its one all_reduce belongs to the update
   check_finite_non_negative(max_norm, "max_norm", "clip_grad_norm");
   if (!(norm_type > 0))
@@ -504,8 +505,9 @@ double clip_grad_norm(std::span<const X> params, double max_norm, double norm_ty
     }
   const std::vector<std::optional<X>> grads = gradients_without_partial(params, coalesce);
   double part = 0;
-  for (const std::optional<X>& g : grads) {
-    if (!g) continue;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const std::optional<X>& g = grads[i];
+    if (!g || std::ranges::find(counted_elsewhere, i) != counted_elsewhere.end()) continue;
     const double mine = local_norm_part(local_of(*g), norm_type) / (inf ? 1.0 : copies_of(*g));
     part = inf ? (std::isnan(mine) || std::isnan(part) ? mine + part : std::max(part, mine)) : part + mine;
   }
@@ -549,7 +551,9 @@ template class SGD<Tensor>;
 template class SGD<DTensor>;
 template class AdamW<Tensor>;
 template class AdamW<DTensor>;
-template double clip_grad_norm<Tensor>(std::span<const Tensor>, double, double, CoalesceOptions, Communicator*);
-template double clip_grad_norm<DTensor>(std::span<const DTensor>, double, double, CoalesceOptions, Communicator*);
+template double clip_grad_norm<Tensor>(std::span<const Tensor>, double, double, CoalesceOptions, Communicator*,
+                                       std::span<const std::size_t>);
+template double clip_grad_norm<DTensor>(std::span<const DTensor>, double, double, CoalesceOptions, Communicator*,
+                                        std::span<const std::size_t>);
 
 }  // namespace dtensor::nn

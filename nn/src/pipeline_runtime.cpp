@@ -302,6 +302,65 @@ std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* co
   return losses;
 }
 
+namespace {
+// A gradient in its parameter's layout (no Partial left), and a tensor
+// made from the peer's bytes of one in the same layout.
+Tensor in_parameter_layout(const Tensor& grad, const Tensor&) { return grad; }
+DTensor in_parameter_layout(const DTensor& grad, const DTensor& param) {
+  return grad.placements() == param.placements() ? grad : grad.redistribute(param.placements());
+}
+Tensor like(Tensor local, const Tensor&) { return local; }
+DTensor like(Tensor local, const DTensor& grad) {
+  return DTensor::from_local(std::move(local), grad.mesh(), grad.placements(), grad.shape(), FromLocalCheck::Trust);
+}
+
+template <TensorOrDTensor X>
+X tied_gradient(X& param, int stage) {
+  const std::optional<X> grad = param.grad();
+  if (!grad)
+    throw AutogradError(fmt::format(
+        "[pipeline] stage {}: the tied embedding's weight has no gradient; sum_tied_gradients runs after a step's "
+        "backward",
+        stage));
+  return in_parameter_layout(*grad, param);
+}
+}  // namespace
+
+template <TensorOrDTensor X>
+void sum_tied_gradients(const Schedule& placement, std::span<GPTStage<X>* const> stages, Communicator& pp) {
+  GPTStage<X>*first = nullptr, *last = nullptr;
+  for (GPTStage<X>* stage : stages) {
+    if (stage->is_first()) first = stage;
+    if (stage->holds_tied_copy()) last = stage;
+  }
+  const bool tied = !stages.empty() && stages.front()->config.tie_embeddings && placement.stages > 1;
+  if (!tied || (!first && !last)) return;
+  NoGradGuard no_grad;
+  if (first && last) {
+    const X sum = tied_gradient(first->wte->weight, 0) + tied_gradient(last->lm_head->weight, last->stage);
+    first->wte->weight.set_grad(sum);
+    last->lm_head->weight.set_grad(sum);
+    return;
+  }
+  X& param = first ? first->wte->weight : last->lm_head->weight;
+  const X mine = tied_gradient(param, first ? 0 : last->stage);
+  const Tensor local = local_of(mine);
+  Tensor theirs = Tensor::empty(local.shape(), local.dtype());
+  // One tag past every microbatch message's, and the first stage's rank
+  // sends first: never two sends facing each other.
+  const int tag = 2 * placement.stages * placement.microbatches;
+  const int peer = placement.rank_of_stage(first ? placement.stages - 1 : 0);
+  if (first) {
+    pp.send(local.data(), local.nbytes(), peer, tag);
+    pp.recv(theirs.data(), theirs.nbytes(), peer, tag);
+  } else {
+    pp.recv(theirs.data(), theirs.nbytes(), peer, tag);
+    pp.send(local.data(), local.nbytes(), peer, tag);
+  }
+  const X other = like(std::move(theirs), mine);
+  param.set_grad(first ? mine + other : other + mine);
+}
+
 template <TensorOrDTensor X>
 std::optional<X> forward_through(const Schedule& placement, std::span<GPTStage<X>* const> stages, Communicator& pp,
                                  const X& tokens, std::span<KVCache<X>> caches) {
@@ -341,6 +400,8 @@ template std::optional<Tensor> forward_through(const Schedule&, std::span<GPTSta
 template std::optional<DTensor> forward_through(const Schedule&, std::span<GPTStage<DTensor>* const>, Communicator&,
                                                 const DTensor&, std::span<KVCache<DTensor>>);
 
+template void sum_tied_gradients(const Schedule&, std::span<GPTStage<Tensor>* const>, Communicator&);
+template void sum_tied_gradients(const Schedule&, std::span<GPTStage<DTensor>* const>, Communicator&);
 template std::vector<double> run_step(const Schedule&, std::span<GPTStage<Tensor>* const>, Communicator&,
                                       const StepInputs<Tensor>&, StepTimeline*);
 template std::vector<double> run_step(const Schedule&, std::span<GPTStage<DTensor>* const>, Communicator&,

@@ -36,6 +36,18 @@ LayerSplit split_layers(std::int64_t layers, int stages, std::span<const std::in
   return LayerSplit{{counts.begin(), counts.end()}};
 }
 
+Tensor leaf_copy(const Tensor& p) {
+  Tensor out = p.detach().clone();
+  out.requires_grad_();
+  return out;
+}
+DTensor leaf_copy(const DTensor& p) {
+  DTensor out = DTensor::from_local(p.detach().to_local().clone(), p.mesh(), p.placements(), p.shape(),
+                                    FromLocalCheck::Trust);
+  out.requires_grad_();
+  return out;
+}
+
 template <TensorOrDTensor X>
 GPTStage<X> GPTStage<X>::take(GPT<X>& whole, const LayerSplit& split, int stage) {
   if (stage < 0 || stage >= split.stages())
@@ -58,15 +70,26 @@ GPTStage<X> GPTStage<X>::take(GPT<X>& whole, const LayerSplit& split, int stage)
   if (out.is_last()) {
     out.ln_f = std::move(whole.ln_f);
     out.lm_head = std::move(whole.lm_head);
+    // Tied across stages: the last stage's own copy of the token
+    // embedding's weight (the first stage's is on another rank, or is
+    // another stage's leaf); sum_tied_gradients keeps the two equal.
+    if (out.holds_tied_copy()) out.lm_head->weight = leaf_copy(out.lm_head->weight);
   }
   return out;
+}
+
+template <TensorOrDTensor X>
+Linear<X> GPTStage<X>::head() const {
+  // One stage holding both ends of a tied model: the embedding's weight
+  // itself, read now (a load by name replaces it, not a copy).
+  return config.tie_embeddings && is_first() ? Linear<X>{wte->weight, std::nullopt} : *lm_head;
 }
 
 template <TensorOrDTensor X>
 X GPTStage<X>::forward(const X& input) const {
   X x = is_first() ? embed_tokens(*wte, *wpe, input, 0, layouts) : input;
   for (const Block<X>& block : blocks) x = block(x, layouts);
-  return is_last() ? head_logits(*ln_f, *lm_head, x, layouts) : x;
+  return is_last() ? head_logits(*ln_f, head(), x, layouts) : x;
 }
 
 template <TensorOrDTensor X>
@@ -82,7 +105,7 @@ X GPTStage<X>::forward(const X& input, KVCache<X>& cache) const {
   X x = is_first() ? embed_tokens(*wte, *wpe, input, cache.length, layouts) : input;
   for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x, layouts, &cache, l);
   cache.length += len;
-  return is_last() ? head_logits(*ln_f, *lm_head, x, layouts) : x;
+  return is_last() ? head_logits(*ln_f, head(), x, layouts) : x;
 }
 
 template <TensorOrDTensor X>
@@ -101,7 +124,10 @@ NamedParameters<X> GPTStage<X>::named_parameters() {
     blocks[l].named_parameters(fmt::format("blocks.{}.", first_block + static_cast<std::int64_t>(l)), out);
   if (ln_f) {
     ln_f->named_parameters("ln_f.", out);
-    lm_head->named_parameters("lm_head.", out);
+    if (!config.tie_embeddings)
+      lm_head->named_parameters("lm_head.", out);
+    else if (holds_tied_copy())
+      out.emplace_back("wte.weight", &lm_head->weight);  // the copy, under the one weight's name
   }
   return out;
 }

@@ -3,6 +3,7 @@
 // stages' parameters, after every microbatch's backward has accumulated.
 #include "pipeline_trainer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <dtensor/checkpoint/checkpoint.h>
@@ -139,31 +140,45 @@ std::string generate(const Stages& env, const pipe::Schedule& schedule, std::spa
 // moments under the whole model's names ("exp_avg.<name>", ...), and on the
 // first stage's group the steps done; the parts together are what the
 // unpipelined trainer saves, so either resumes the other.
+// A tied weight's copy on the last stage is left to the first stage's
+// group, which saves the weight once.
 template <class Stages, class X = typename Stages::X>
-std::map<std::string, X> stage_state(const nn::NamedParameters<X>& named, const nn::AdamW<X>& opt,
-                                     std::int64_t steps_done, bool first_stage, const Stages& env) {
+std::map<std::string, X> stage_state(const nn::NamedParameters<X>& named, std::span<const std::size_t> tied_copies,
+                                     const nn::AdamW<X>& opt, std::int64_t steps_done, bool first_stage,
+                                     const Stages& env) {
   NoGradGuard no_grad;
   std::map<std::string, X> out;
   std::vector<std::string> names;
-  for (const auto& [name, p] : named) {
-    out.emplace(name, *p);
-    names.push_back(name);
+  for (const auto& [name, p] : named) names.push_back(name);
+  const std::map<std::string, X> moments = opt.state_dict(names);
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    if (std::ranges::find(tied_copies, i) != tied_copies.end()) continue;
+    out.emplace(names[i], *named[i].second);
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+      if (const auto it = moments.find(prefix + names[i]); it != moments.end()) out.emplace(it->first, it->second);
   }
-  out.merge(opt.state_dict(names));
   if (first_stage) out.emplace(kStepsDone, env.scalar(steps_done));
   return out;
 }
 
 // The stages' parameters from a checkpoint (saved on any mesh), in their
-// layouts; returns the steps it was saved after.
+// layouts; returns the steps it was saved after. A tied copy gets its own
+// storage, even where the first stage's weight is on this rank too.
 template <class Stages, class X = typename Stages::X>
-std::int64_t load_stage_parameters(const std::string& dir, const nn::NamedParameters<X>& named, const Stages& env) {
+std::int64_t load_stage_parameters(const std::string& dir, const nn::NamedParameters<X>& named,
+                                   std::span<const std::size_t> tied_copies, const Stages& env) {
   std::map<std::string, StateTarget> want{{kStepsDone, {std::nullopt, {}, DType::Int64}}};
   for (const auto& [name, p] : named) want.emplace(name, StateTarget{env.layout_of(*p), p->shape(), p->dtype()});
   auto got = env.load(dir, want);
-  for (const auto& [name, p] : named) {
-    *p = got.at(name).detach();
-    p->requires_grad_();
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    X& p = *named[i].second;
+    const X& loaded = got.at(named[i].first);
+    if (std::ranges::find(tied_copies, i) != tied_copies.end()) {
+      p = pipe::leaf_copy(loaded);
+    } else {
+      p = loaded.detach();
+      p.requires_grad_();
+    }
   }
   return static_cast<std::int64_t>(first_value(got.at(kStepsDone)));
 }
@@ -183,13 +198,15 @@ void load_stage_moments(const std::string& dir, const nn::NamedParameters<X>& na
 
 // This rank's stages of the GPT (built whole first, so that every
 // parameter has the one-rank model's values), pointers to them, and their
-// parameters under the whole model's names. Moved, never copied: the
-// pointers point into `stages`' buffer.
+// parameters under the whole model's names, with which of those are a tied
+// weight's last-stage copy. Moved, never copied: the pointers point into
+// `stages`' buffer.
 template <class X>
 struct RankStages {
   std::vector<pipe::GPTStage<X>> stages;
   std::vector<pipe::GPTStage<X>*> mine;
   nn::NamedParameters<X> named;
+  std::vector<std::size_t> tied_copies;  // indices into `named`
   RankStages() = default;
   RankStages(RankStages&&) noexcept = default;
   RankStages(const RankStages&) = delete;
@@ -204,7 +221,10 @@ RankStages<X> take_stages(const TrainOptions& o, const Stages& env, const pipe::
     out.stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
   for (auto& stage : out.stages) {
     out.mine.push_back(&stage);
-    for (auto& member : stage.named_parameters()) out.named.push_back(member);
+    for (auto& member : stage.named_parameters()) {
+      if (stage.holds_tied_copy() && member.second == &stage.lm_head->weight) out.tied_copies.push_back(out.named.size());
+      out.named.push_back(member);
+    }
   }
   return out;
 }
@@ -223,7 +243,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   RankStages<X> held = take_stages(o, env, schedule, pp.rank());
   const std::vector<pipe::GPTStage<X>*>& mine = held.mine;
   const nn::NamedParameters<X>& named = held.named;
-  const std::int64_t first_step = o.resume_dir.empty() ? 0 : load_stage_parameters(o.resume_dir, named, env);
+  const std::int64_t first_step =
+      o.resume_dir.empty() ? 0 : load_stage_parameters(o.resume_dir, named, held.tied_copies, env);
   if (first_step > o.steps)
     throw ValueError(
         fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step, o.steps));
@@ -262,8 +283,10 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     pipe::StepTimeline timeline;
     const std::vector<double> losses = pipe::run_step<X>(schedule, mine, pp, in, last ? &timeline : nullptr);
     const DimsStats passed = mesh_stats(mesh);
-    // The norm over every stage's gradients: each stage's part, summed over pp.
-    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip, 2.0, {}, &pp);
+    pipe::sum_tied_gradients<X>(schedule, mine, pp);  // a tied weight's two copies: one gradient
+    // The norm over every stage's gradients: each stage's part, summed over
+    // pp, a tied weight's counted once.
+    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip, 2.0, {}, &pp, held.tied_copies);
     optimizer.step();  // once per step: under ddp its gradients' reduction too
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();
@@ -282,7 +305,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   }
   result.tokens_per_second = tokens_per_second(o, o.steps - first_step, seconds);
   if (!o.save_dir.empty())
-    dcp::save_parts(o.save_dir, stage_state(named, optimizer, o.steps, pp.rank() == schedule.rank_of_stage(0), env),
+    dcp::save_parts(o.save_dir,
+                    stage_state(named, held.tied_copies, optimizer, o.steps, pp.rank() == schedule.rank_of_stage(0), env),
                     mesh.comm());
   {
     NoGradGuard no_grad;

@@ -140,6 +140,9 @@ struct GPTConfig {
   std::int64_t d_model = 64;
   std::int64_t heads = 4;
   DType dtype = DType::Float32;
+  /// The lm_head reuses the token embedding's weight (GPT-2's tie): one
+  /// parameter, "wte.weight", whose gradient sums both uses.
+  bool tie_embeddings = false;
   /// ValueError naming the value unless every size is positive and heads
   /// divide d_model.
   void check() const;
@@ -161,8 +164,11 @@ struct FlatUnit {
 };
 
 /// GPT-2: token and learned position embeddings, pre-LN blocks, a final
-/// layer norm and an lm_head (not tied to the token embedding, so that each
-/// has its own layout: the plans shard both over the vocabulary).
+/// layer norm and an lm_head. By default the lm_head has its own weight;
+/// with config.tie_embeddings it holds the token embedding's (the same
+/// tensor: [vocab, d_model] is both the table and the [out, in] weight, and
+/// the plans lay both out alike, S(0) over the vocabulary under tp), listed
+/// once by named_parameters().
 template <TensorOrDTensor X>
 struct GPT {
   GPTConfig config;
@@ -204,6 +210,10 @@ struct GPT {
                  const std::function<X(const X&, std::size_t)>& run_block) const;
   /// Mean cross entropy of the next byte: a 0-d tensor.
   X loss(const X& tokens, const X& targets) const;
+  /// The lm_head as the forward uses it: with config.tie_embeddings, `wte`'s
+  /// weight (read at each call, so that a parameter replaced by name, as a
+  /// checkpoint's load does, stays tied), else `lm_head`.
+  Linear<X> head(const Embedding<X>& token_embedding, const Linear<X>& lm_head) const;
 
   NamedParameters<X> named_parameters();
   std::vector<X> parameters();

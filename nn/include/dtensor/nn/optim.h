@@ -196,10 +196,13 @@ class AdamW : public Optimizer<X> {
 /// `across`: where other ranks hold other parameters of the same model (a
 /// pipeline's stages, each on its own ranks), the communicator joining
 /// them; the sum (or max) runs over it too, one more all_reduce of one f64,
-/// so that every stage clips by the whole model's norm.
+/// so that every stage clips by the whole model's norm. `counted_elsewhere`:
+/// indices of `params` that are clipped but not counted, since another
+/// rank of `across` counts an equal gradient (a tied weight's copy on a
+/// pipeline's last stage; the first stage's copy counts).
 template <Parameter X>
 double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0, CoalesceOptions coalesce = {},
-                      Communicator* across = nullptr);
+                      Communicator* across = nullptr, std::span<const std::size_t> counted_elsewhere = {});
 
 /// Linear warmup from 0 over `warmup_steps`, then a cosine from max_lr down
 /// to min_lr at `total_steps` (and min_lr after): the schedule of GPT-2 and

@@ -79,6 +79,19 @@ template <TensorOrDTensor X>
 std::vector<double> run_step(const Schedule& schedule, std::span<GPTStage<X>* const> stages, Communicator& pp,
                              const StepInputs<X>& inputs, StepTimeline* timeline = nullptr);
 
+/// A tied model's two copies of the token embedding's weight (the first
+/// stage's wte, the last stage's lm_head: GPTStage::holds_tied_copy) made
+/// one again after a step's backward: each copy's gradient becomes the sum
+/// of both, first + last (bitwise the same on both), so that the two
+/// updates stay equal. Where one rank holds both stages (a V schedule) the
+/// sum is local; otherwise the two ranks exchange their gradients over `pp`
+/// (one send and one receive each, of the gradient's local bytes in the
+/// parameter's layout: a Partial gradient is reduced to it first). Nothing
+/// happens untied, on one stage, or on the ranks between. AutogradError if a
+/// copy has no gradient.
+template <TensorOrDTensor X>
+void sum_tied_gradients(const Schedule& placement, std::span<GPTStage<X>* const> stages, Communicator& pp);
+
 /// One forward of `tokens` ([B, n]: the positions after those the caches
 /// hold) through every stage in order, for generation: no schedule, no
 /// microbatches; each rank runs its stages as the activation reaches them,

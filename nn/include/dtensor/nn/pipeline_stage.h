@@ -29,6 +29,11 @@ struct LayerSplit {
 /// more). A ValueError names the values and the rule otherwise.
 LayerSplit split_layers(std::int64_t layers, int stages, std::span<const std::int64_t> counts = {});
 
+/// A new leaf requiring a gradient, with the values (a copy, not shared
+/// storage) and the layout of `p`: a tied weight's second copy.
+Tensor leaf_copy(const Tensor& p);
+DTensor leaf_copy(const DTensor& p);
+
 /// One stage of a GPT, holding only its own pieces.
 template <TensorOrDTensor X>
 struct GPTStage {
@@ -43,6 +48,13 @@ struct GPTStage {
 
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == stages - 1; }
+  /// A tied model (GPTConfig::tie_embeddings) cut into several stages: the
+  /// last stage's lm_head holds its own copy of the token embedding's
+  /// weight, listed as "wte.weight" too, whose gradient
+  /// sum_tied_gradients (pipeline_runtime.h) adds to the first stage's.
+  bool holds_tied_copy() const { return config.tie_embeddings && is_last() && !is_first(); }
+  /// The last stage's lm_head as the forward uses it.
+  Linear<X> head() const;
 
   /// Moves stage `stage`'s pieces out of `whole` (built whole so that every
   /// parameter has the one-rank model's values, whatever the split).
@@ -58,7 +70,8 @@ struct GPTStage {
   X loss(const X& logits, const X& targets) const;
 
   /// Under the whole model's names ("blocks.<global index>.", "wte.", ...),
-  /// in the whole model's order.
+  /// in the whole model's order. A tied copy is listed as "wte.weight": the
+  /// first and last stages then both hold that name.
   NamedParameters<X> named_parameters();
   std::vector<X> parameters();
 };
