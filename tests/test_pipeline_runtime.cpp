@@ -140,6 +140,10 @@ const std::vector<Case>& cases() {
       {"zb-h1", {2, 2}, {"pp", "tp"}, {"pp", "tp"}, 2, 1, 4, 1, 1},
       // ZeRO-1 beside pp: each stage's AdamW states sharded over dp.
       {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "zero1"}, 2, 1, 4, 1, 2},
+      // FSDP beside pp: each stage's parameters sharded over dp, gathered
+      // per piece (the split backward's I and W included).
+      {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "fsdp"}, 2, 1, 4, 1, 2},
+      {"zb-h1", {2, 2}, {"pp", "dp"}, {"pp", "fsdp"}, 2, 1, 4, 1, 2, 0.05},
       // Clipped by the whole model's norm: each stage's part summed over pp
       // (0.05 is below every step's norm here, so every step clips).
       {"1f1b", {2}, {"pp"}, {"pp"}, 2, 1, 4, 1, 1, 0.05},
@@ -148,6 +152,7 @@ const std::vector<Case>& cases() {
       // replicates the activation, so each tp rank sends its dp shard whole).
       {"1f1b", {2, 2, 2}, {"pp", "dp", "tp"}, {"pp", "ddp", "tp"}, 2, 1, 4, 1, 2},
       {"interleaved", {2, 2, 2}, {"pp", "dp", "tp"}, {"pp", "ddp", "tp"}, 2, 2, 4, 3, 2, 0.05},
+      {"1f1b", {2, 2, 2}, {"pp", "dp", "tp"}, {"pp", "fsdp", "tp"}, 2, 1, 4, 1, 2},
   };
   return all;
 }
@@ -223,6 +228,21 @@ BOOST_AUTO_TEST_CASE(schedules_match_one_rank_and_count_their_messages, *boost::
     BOOST_TEST((got.result.optimizer_state_bytes < 2 * got.result.parameter_bytes) == zero1,
                c.name() << ": optimizer states " << got.result.optimizer_state_bytes << " bytes, parameters "
                         << got.result.parameter_bytes);
+    // FSDP keeps about a quarter of the model on each rank of pp x dp (half
+    // a stage's), gathering it piece by piece over dp inside the pipeline,
+    // where no other plan gathers (ddp's ranks hold half the model each).
+    const bool fsdp = std::find(c.plans.begin(), c.plans.end(), "fsdp") != c.plans.end();
+    std::uint64_t gathers = 0;
+    for (const auto& comm : got.result.comm)
+      if (comm.phase == "pipeline" && comm.kind == "all_gather" && comm.mesh_dims == std::vector<std::string>{"dp"})
+        gathers += comm.count;
+    // Per microbatch: the stage's root once, each block in its forward and
+    // again in its backward (one stage per rank here).
+    const auto blocks = static_cast<std::uint64_t>(c.layers / c.mesh[0]);
+    const std::uint64_t want_gathers = fsdp ? static_cast<std::uint64_t>(c.micro_batches) * (1 + 2 * blocks) : 0;
+    BOOST_TEST(gathers == want_gathers, c.name() << ": " << gathers << " all_gathers over dp in the pipeline phase");
+    const double held = static_cast<double>(got.result.parameter_bytes) / static_cast<double>(want.parameter_bytes);
+    if (fsdp) BOOST_TEST(held < 0.3, c.name() << ": the busiest rank holds " << held << " of the parameters");
     // The run reports the schedule it ran and a measured bubble in [0, 1).
     BOOST_TEST_REQUIRE(got.result.schedule.has_value(), c.name());
     BOOST_TEST(got.result.schedule->name == c.schedule, c.name());
@@ -262,7 +282,7 @@ BOOST_AUTO_TEST_CASE(generation_gives_the_one_rank_bytes, *boost::unit_test::pre
 // once per step, between two ranks (one message each way per pipeline, of
 // the weight's local bytes) or on one rank where a V puts both there; the
 // losses are one rank's tied run's, with clipping counting the weight once.
-BOOST_AUTO_TEST_CASE(tied_embeddings_match_one_rank, *boost::unit_test::precondition(ranks_available{2})) {
+BOOST_AUTO_TEST_CASE(tied_embeddings_match_one_rank, *boost::unit_test::precondition(ranks_available{4})) {
   struct Run {
     std::string schedule;
     Shape mesh;

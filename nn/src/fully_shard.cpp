@@ -103,6 +103,36 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
   });
 }
 
+void gather_parameters(const NamedParameters<DTensor>& members, std::span<const Layout> gathered, const char* what) {
+  if (members.size() != gathered.size())
+    throw ValueError(fmt::format("[fully_shard] {} gathered layouts for the {}'s {} parameters", gathered.size(), what,
+                                 members.size()));
+  std::vector<DTensor> params;
+  for (const auto& member : members) params.push_back(*member.second);
+  std::vector<DTensor> out = redistribute_all(params, gathered);
+  for (std::size_t i = 0; i < members.size(); ++i) *members[i].second = std::move(out[i]);
+}
+
+DTensor gathered_block(const Block<DTensor>& shards, std::span<const Layout> gathered, const DTensor& x,
+                       const ActivationLayouts& layouts, KVCache<DTensor>* cache, std::size_t layer) {
+  Block<DTensor> held = shards;
+  NamedParameters<DTensor> members;
+  held.named_parameters("", members);
+  std::vector<DTensor> params;
+  for (const auto& member : members) params.push_back(*member.second);
+  // Runs the block on its gathered parameters; run again by the backward,
+  // which gathers them again. Holds its own copies of what it reads then.
+  auto run_block = [held, layouts, cache, layer](std::span<const DTensor> in, std::span<const DTensor> whole) {
+    Block<DTensor> block = held;
+    NamedParameters<DTensor> slots;
+    block.named_parameters("", slots);
+    for (std::size_t i = 0; i < slots.size(); ++i) *slots[i].second = whole[i];
+    return block(in[0], layouts, cache, layer);
+  };
+  const DTensor inputs[] = {x};
+  return recompute_gathered(run_block, inputs, params, gathered);
+}
+
 DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache) {
   // The root's parameters gathered together (one all_gather; recorded, so
   // their gradients leave together: one reduce_scatter at the backward's end).
@@ -112,33 +142,12 @@ DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens,
   if (!model.root_gathered_layouts.empty()) {
     NamedParameters<DTensor> root;
     root_parameters(wte, wpe, ln_f, head, model.config.tie_embeddings, root);
-    if (root.size() != model.root_gathered_layouts.size())
-      throw ValueError(fmt::format("[fully_shard] {} gathered layouts for the root's {} parameters",
-                                   model.root_gathered_layouts.size(), root.size()));
-    std::vector<DTensor> params;
-    for (const auto& member : root) params.push_back(*member.second);
-    std::vector<DTensor> gathered = redistribute_all(params, model.root_gathered_layouts);
-    for (std::size_t i = 0; i < root.size(); ++i) *root[i].second = std::move(gathered[i]);
+    gather_parameters(root, model.root_gathered_layouts, "root");
   }
   return model.forward_with(tokens, cache, wte, wpe, ln_f, model.head(wte, head),
                             [&](const DTensor& x, std::size_t l) {
-                              Block<DTensor> shards = model.blocks[l];
-                              NamedParameters<DTensor> members;
-                              shards.named_parameters("", members);
-                              std::vector<DTensor> params;
-                              for (const auto& member : members) params.push_back(*member.second);
-                              // Runs the block on its gathered parameters; run again by the
-                              // backward, which gathers them again.
-                              auto run_block = [&model, l, cache](std::span<const DTensor> in,
-                                                                  std::span<const DTensor> gathered) {
-                                Block<DTensor> block = model.blocks[l];
-                                NamedParameters<DTensor> slots;
-                                block.named_parameters("", slots);
-                                for (std::size_t i = 0; i < slots.size(); ++i) *slots[i].second = gathered[i];
-                                return block(in[0], model.layouts, cache, l);
-                              };
-                              const DTensor inputs[] = {x};
-                              return recompute_gathered(run_block, inputs, params, model.gathered_layouts[l]);
+                              return gathered_block(model.blocks[l], model.gathered_layouts[l], x, model.layouts,
+                                                    cache, l);
                             });
 }
 

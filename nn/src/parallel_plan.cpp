@@ -142,7 +142,7 @@ bool ParallelPlan::shards_per_parameter() const {
     fully = fully || plan.fully_shards;
     shards = shards || !plan.parameters.empty();
   }
-  return fully && shards;
+  return fully && (shards || each_parameter_);
 }
 
 Layout ParallelPlan::parameter_layout(std::string_view name) const {

@@ -85,11 +85,37 @@ Linear<X> GPTStage<X>::head() const {
   return config.tie_embeddings && is_first() ? Linear<X>{wte->weight, std::nullopt} : *lm_head;
 }
 
+namespace {
+// The stage's forward, with or without a cache; under per-parameter FSDP
+// the stage's root parameters gathered once and each block's for it.
+template <TensorOrDTensor X>
+X run_stage(const GPTStage<X>& stage, const X& input, KVCache<X>* cache) {
+  GPTStage<X> used = stage;  // handles: the gathered root replaces them here only
+  if constexpr (std::same_as<X, DTensor>)
+    if (!stage.root_gathered_layouts.empty()) {
+      NamedParameters<DTensor> root;
+      for (const auto& member : used.named_parameters())
+        if (!member.first.starts_with("blocks.")) root.push_back(member);
+      detail::gather_parameters(root, stage.root_gathered_layouts, "stage root");
+    }
+  const std::int64_t past = cache ? cache->length : 0;
+  X x = used.is_first() ? embed_tokens(*used.wte, *used.wpe, input, past, used.layouts) : input;
+  for (std::size_t l = 0; l < used.blocks.size(); ++l) {
+    if constexpr (std::same_as<X, DTensor>)
+      if (!stage.gathered_layouts.empty()) {
+        x = detail::gathered_block(stage.blocks[l], stage.gathered_layouts.at(l), x, used.layouts, cache, l);
+        continue;
+      }
+    x = used.blocks[l](x, used.layouts, cache, l);
+  }
+  if (cache) cache->length += input.shape()[1];
+  return used.is_last() ? head_logits(*used.ln_f, used.head(), x, used.layouts) : x;
+}
+}  // namespace
+
 template <TensorOrDTensor X>
 X GPTStage<X>::forward(const X& input) const {
-  X x = is_first() ? embed_tokens(*wte, *wpe, input, 0, layouts) : input;
-  for (const Block<X>& block : blocks) x = block(x, layouts);
-  return is_last() ? head_logits(*ln_f, head(), x, layouts) : x;
+  return run_stage<X>(*this, input, nullptr);
 }
 
 template <TensorOrDTensor X>
@@ -102,10 +128,7 @@ X GPTStage<X>::forward(const X& input, KVCache<X>& cache) const {
     cache.keys.resize(blocks.size());
     cache.values.resize(blocks.size());
   }
-  X x = is_first() ? embed_tokens(*wte, *wpe, input, cache.length, layouts) : input;
-  for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x, layouts, &cache, l);
-  cache.length += len;
-  return is_last() ? head_logits(*ln_f, head(), x, layouts) : x;
+  return run_stage<X>(*this, input, &cache);
 }
 
 template <TensorOrDTensor X>

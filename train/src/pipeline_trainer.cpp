@@ -26,15 +26,6 @@ std::optional<int> pipeline_dim(const std::vector<std::string>& plans) {
 
 namespace {
 
-// What pipelined training does not do yet, refused by name rather than run
-// wrong: FSDP's flat units would have to be cut by stage.
-void refuse_unsupported(const TrainOptions& o) {
-  for (const std::string& plan : o.plans)
-    if (plan == "fsdp")
-      throw UnsupportedError(
-          fmt::format("[train] plan {} beside pp: not supported yet (ddp, zero1, tp and tp_sp are)", plan));
-}
-
 // How host batches become a stage's inputs: plain tensors when pp is the
 // only dim, else DTensors on the other dims' submesh under their plans; and
 // how their tensors are saved and resumed.
@@ -45,6 +36,7 @@ struct PlainStages {
   nn::ActivationLayouts activations(bool = false) const { return {}; }
   Tensor input(const Tensor& host, bool = false) const { return host; }
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
+  void prepare(pipe::GPTStage<Tensor>&) const {}
   std::optional<Layout> layout_of(const Tensor&) const { return std::nullopt; }
   std::optional<Layout> state_layout_of(const nn::AdamW<Tensor>&, std::size_t) const { return std::nullopt; }
   Tensor scalar(std::int64_t v) const { return steps_tensor(v); }
@@ -63,6 +55,12 @@ struct MeshStages {
   }
   std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
     return plan_state_layouts(plan, named);
+  }
+  // fsdp: each parameter a shard, gathered for its piece of the stage.
+  void prepare(pipe::GPTStage<DTensor>& stage) const {
+    GatheredLayouts gathered = plan_gathered_layouts(plan, stage.named_parameters());
+    stage.root_gathered_layouts = std::move(gathered.root);
+    stage.gathered_layouts = std::move(gathered.blocks);
   }
   std::optional<Layout> layout_of(const DTensor& t) const { return t.placements(); }
   std::optional<Layout> state_layout_of(const nn::AdamW<DTensor>& opt, std::size_t i) const {
@@ -220,6 +218,7 @@ RankStages<X> take_stages(const TrainOptions& o, const Stages& env, const pipe::
   for (int s : schedule.stages_of_rank.at(static_cast<std::size_t>(rank)))
     out.stages.push_back(pipe::GPTStage<X>::take(whole, split, s));
   for (auto& stage : out.stages) {
+    env.prepare(stage);
     out.mine.push_back(&stage);
     for (auto& member : stage.named_parameters()) {
       if (stage.holds_tied_copy() && member.second == &stage.lm_head->weight) out.tied_copies.push_back(out.named.size());
@@ -341,6 +340,7 @@ TrainResult train_pipelined(const TrainOptions& o, const TextData& data, Communi
     }
   if (other_dims.empty()) return run(o, data, PlainStages{o.model.dtype}, mesh, pp_dim, schedule, on_step);
   nn::ParallelPlan plan(mesh.submesh(other_dims), std::move(other_plans));
+  plan.shard_each_parameter();  // fsdp: a stage cannot hold the whole model's flat units
   plan.check_fits(o.model, o.batch);
   return run(o, data, MeshStages{o.model.dtype, std::move(plan)}, mesh, pp_dim, schedule, on_step);
 }
@@ -354,7 +354,6 @@ std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& o, c
   if (!dim) return std::nullopt;
   if (static_cast<std::size_t>(*dim) >= mesh_shape.size())
     throw ValueError(fmt::format("[train] plan pp on mesh dim {} of a mesh of {} dims", *dim, mesh_shape.size()));
-  detail::refuse_unsupported(o);
   const int ranks = static_cast<int>(mesh_shape[static_cast<std::size_t>(*dim)]);
   nn::pipeline::Schedule schedule = nn::pipeline::make_schedule(o.schedule, ranks, static_cast<int>(o.micro_batches),
                                                                 static_cast<int>(o.virtual_stages));

@@ -29,6 +29,33 @@ inline std::vector<Layout> plan_state_layouts(const nn::ParallelPlan& plan, cons
   return moved ? out : std::vector<Layout>{};
 }
 
+// Per-parameter FSDP (plan.shards_per_parameter()): the layouts `named`'s
+// parameters are gathered to, the blocks' by block ("blocks.<i>." prefixes,
+// in order) and the others' (embeddings, final norm, lm_head) apart; both
+// empty otherwise. A whole GPT and a pipeline stage are prepared alike.
+struct GatheredLayouts {
+  std::vector<Layout> root;
+  std::vector<std::vector<Layout>> blocks;
+};
+inline GatheredLayouts plan_gathered_layouts(const nn::ParallelPlan& plan, const nn::NamedParameters<DTensor>& named) {
+  GatheredLayouts out;
+  if (!plan.shards_per_parameter()) return out;
+  std::string block;  // the current block's prefix
+  for (const auto& [name, p] : named) {
+    if (!name.starts_with("blocks.")) {
+      out.root.push_back(plan.gathered_layout(name));
+      continue;
+    }
+    const std::string prefix = name.substr(0, name.find('.', 7) + 1);  // "blocks.<i>."
+    if (prefix != block) {
+      out.blocks.emplace_back();
+      block = prefix;
+    }
+    out.blocks.back().push_back(plan.gathered_layout(name));
+  }
+  return out;
+}
+
 // Where a resumed tensor goes: its layout (none: replicated, or a plain
 // tensor) and the shape and dtype it must have.
 struct StateTarget {

@@ -84,16 +84,9 @@ struct MeshEnv {
   // FSDP: the parameters into flat units sharded over the fully sharding dims.
   void prepare(nn::GPT<DTensor>& model) const {
     if (const auto flat = plan.flat_layout()) nn::fully_shard(model, *flat);
-    if (!plan.shards_per_parameter()) return;
-    for (const auto& [name, p] : model.named_parameters())
-      if (!name.starts_with("blocks.")) model.root_gathered_layouts.push_back(plan.gathered_layout(name));
-    for (auto& block : model.blocks) {
-      nn::NamedParameters<DTensor> members;
-      block.named_parameters(fmt::format("blocks.{}.", model.gathered_layouts.size()), members);
-      std::vector<Layout> gathered;
-      for (const auto& member : members) gathered.push_back(plan.gathered_layout(member.first));
-      model.gathered_layouts.push_back(std::move(gathered));
-    }
+    detail::GatheredLayouts gathered = detail::plan_gathered_layouts(plan, model.named_parameters());
+    model.root_gathered_layouts = std::move(gathered.root);
+    model.gathered_layouts = std::move(gathered.blocks);
   }
   void save(const std::string& dir, const std::map<std::string, DTensor>& state) const { dcp::save(dir, state); }
   std::map<std::string, DTensor> load(const std::string& dir, const std::map<std::string, StateTarget>& want) const {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -234,6 +235,14 @@ namespace detail {
 /// units, or per-parameter shards gathered per block.
 DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
 DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
+/// FSDP2's per-parameter sharding, piece by piece (a whole model's forward
+/// or a pipeline stage's): `members` replaced by their gathered values
+/// (one recorded redistribute_all, so their gradients leave together), and
+/// a block run on parameters gathered for it (recompute_gathered: gathered
+/// again by the backward, one reduce_scatter of the gradients).
+void gather_parameters(const NamedParameters<DTensor>& members, std::span<const Layout> gathered, const char* what);
+DTensor gathered_block(const Block<DTensor>& shards, std::span<const Layout> gathered, const DTensor& x,
+                       const ActivationLayouts& layouts, KVCache<DTensor>* cache, std::size_t layer);
 }  // namespace detail
 
 extern template struct GPT<Tensor>;

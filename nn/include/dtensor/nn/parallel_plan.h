@@ -107,11 +107,15 @@ class ParallelPlan {
   /// otherwise.
   std::optional<Layout> flat_layout() const;
   /// Whether a fully sharding dim meets one that shards parameters (fsdp
-  /// over tp): then each block parameter is its tp layout with S(0) over
+  /// over tp), or shard_each_parameter() was called: then each block parameter is its tp layout with S(0) over
   /// the fsdp dims nested inside (`S(0)[1],S(0)[0]` where both split dim
   /// 0), gathered per block to gathered_layout(), and the root's
   /// (embeddings, final norm, lm_head) likewise, gathered once per forward.
   bool shards_per_parameter() const;
+  /// Makes a fully sharding dim shard each parameter (as over tp) even
+  /// where no dim shards parameters: a pipeline stage holds only some of
+  /// the model, so it cannot hold the whole model's flat units.
+  void shard_each_parameter() { each_parameter_ = true; }
   /// A parameter's layout without the fsdp dims' split.
   Layout gathered_layout(std::string_view name) const;
   /// Makes each parameter in its layout, with the values the plain model's
@@ -125,6 +129,7 @@ class ParallelPlan {
  private:
   DeviceMesh mesh_;
   std::vector<DimPlan> per_dim_;
+  bool each_parameter_ = false;
 };
 
 /// Whether `name` matches `pattern`, where '*' matches any run of characters.

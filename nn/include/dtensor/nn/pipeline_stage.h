@@ -45,6 +45,14 @@ struct GPTStage {
   std::optional<LayerNorm<X>> ln_f;  // the last stage's
   std::optional<Linear<X>> lm_head;  // the last stage's
   ActivationLayouts layouts;
+  /// FSDP beside pp (FSDP2's per-parameter sharding, see
+  /// ParallelPlan::shards_per_parameter; DTensor only): when not empty,
+  /// block i's parameters are shards gathered to gathered_layouts[i] for the
+  /// block (again by its backward), and the stage's others (embeddings,
+  /// final norm, lm_head, in named_parameters() order) to
+  /// root_gathered_layouts once per forward.
+  std::vector<std::vector<Layout>> gathered_layouts;
+  std::vector<Layout> root_gathered_layouts;
 
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == stages - 1; }
