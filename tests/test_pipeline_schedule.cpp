@@ -334,6 +334,22 @@ BOOST_AUTO_TEST_CASE(two_ranks_both_blocked_in_send_are_a_deadlock) {
   BOOST_CHECK_NO_THROW(validate(lower(compute_only)));
 }
 
+// Where the sizes are known, a send's bytes must be its receive's: a
+// stage that receives its input in another layout than the sender's is
+// named with both sizes.
+BOOST_AUTO_TEST_CASE(a_send_and_its_receive_must_move_the_same_bytes) {
+  const Schedule s = lower(one_f_one_b(2, 2));
+  auto activation = [](const Action&) -> std::uint64_t { return 4096; };
+  BOOST_CHECK_NO_THROW(validate(s, activation));
+  // Stage 1 expects a half-size input (a sequence shard, say) of microbatch 1.
+  auto halved = [](const Action& a) -> std::uint64_t {
+    return a.kind == ActionKind::RecvForward && a.microbatch == 1 ? 2048 : 4096;
+  };
+  testing::check_throws<ValueError>([&] { validate(s, halved); },
+                                    "sends 4096 bytes; its receive 1RECV_F1 on rank 1 expects 2048 bytes");
+  testing::check_throws<ValueError>([&] { validate(s, halved); }, "(0SEND_F1)");
+}
+
 BOOST_AUTO_TEST_CASE(an_invalid_schedule_names_rank_position_and_action_and_marks_the_grid) {
   Schedule s = one_f_one_b(2, 2);
   std::swap(s.actions[1][0], s.actions[1][1]);  // 1B0 before 1F0

@@ -136,8 +136,9 @@ void check_completeness(const Schedule& schedule, const std::set<Key>& seen) {
   }
 }
 
-// Every send has its one receive on the peer and every receive its send.
-void check_messages_match(const Schedule& schedule, const std::set<Key>& seen) {
+// Every send has its one receive on the peer and every receive its send
+// (with the send's bytes, where they are given).
+void check_messages_match(const Schedule& schedule, const std::set<Key>& seen, const MessageBytes& bytes) {
   for (int rank = 0; rank < schedule.ranks(); ++rank) {
     const auto& list = schedule.actions[rank];
     for (int position = 0; position < static_cast<int>(list.size()); ++position) {
@@ -153,6 +154,11 @@ void check_messages_match(const Schedule& schedule, const std::set<Key>& seen) {
       if (!seen.contains(key_of(peer)))
         fail(schedule, rank, position,
              fmt::format("no matching {} on rank {}", peer, schedule.rank_of_stage(peer.stage)));
+      const bool sends = a.kind == ActionKind::SendForward || a.kind == ActionKind::SendBackward;
+      if (bytes && sends && bytes(a) != bytes(peer))
+        fail(schedule, rank, position,
+             fmt::format("sends {} bytes; its receive {} on rank {} expects {} bytes", bytes(a), peer,
+                         schedule.rank_of_stage(peer.stage), bytes(peer)));
     }
   }
 }
@@ -166,11 +172,11 @@ void detail::fail_at(const Schedule& schedule, int rank, int position, const std
                                rank, position, action, what, grid_text(schedule, std::pair{rank, position})));
 }
 
-void validate(const Schedule& schedule) {
+void validate(const Schedule& schedule, const MessageBytes& message_bytes) {
   check_placement(schedule);
   std::set<Key> seen = check_each_rank(schedule);
   check_completeness(schedule, seen);
-  check_messages_match(schedule, seen);
+  check_messages_match(schedule, seen, message_bytes);
   detail::check_progress(schedule);
 }
 

@@ -14,6 +14,7 @@
 // SEND_B/RECV_B the same for gradients going back (`3SEND_B1`, `2RECV_B1`).
 // See docs/pipeline.md.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -149,7 +150,15 @@ Schedule lower(const Schedule& compute_only);
 /// runs to the end when every send blocks until its peer reaches the
 /// matching receive. A ValueError names the rank, position and action and
 /// shows the grid with that cell marked.
-void validate(const Schedule& schedule);
+///
+/// `message_bytes`, where the sizes are known (an action carries none): the
+/// bytes each SEND_F/RECV_F/SEND_B/RECV_B moves at its end; then each
+/// send's bytes must equal its receive's, else a ValueError naming both
+/// ends and both sizes. (The runtime knows only its own stages' layouts, so
+/// it leaves this to every backend's recv, which compares the two sizes and
+/// throws a CommError naming both.)
+using MessageBytes = std::function<std::uint64_t(const Action& message)>;
+void validate(const Schedule& schedule, const MessageBytes& message_bytes = {});
 
 // ---- Simulation.
 
