@@ -40,11 +40,11 @@
 // Thread ranks share the machine's cores: with more ranks than cores a rank
 // computes at a fraction of a core while others compute, and an idle rank
 // lends its core to the others, which simulate()'s p independent ranks do
-// not see. The `shared` columns are a model that does (pipeline_shared.h):
-// the same dependencies with the computing ranks sharing --cores cores
-// (default: the hardware threads), each action's work being its CPU time
-// in the calibration runs under the same sharing. Where p <= cores it is
-// simulate() again.
+// not see. The `shared` columns are simulate() with PipelineCosts::cores =
+// --cores (default: the hardware threads): the computing ranks share the
+// cores, each action's work being its CPU time in the calibration runs
+// under the same sharing (pipeline_shared.h). Where p <= cores it is the
+// plain simulate() again.
 //
 // Run (OPENBLAS_CORETYPE unset for figures you quote):
 //   env -u OPENBLAS_CORETYPE build/bench/pipeline                 # p = 4, m = 8, every schedule
@@ -214,7 +214,9 @@ void predict(const Options& o, const Calibration& cal, Row& row) {
   row.costs = costs_for(row.schedule, cal.wall.at(row.schedule.stages), cal);
   row.work = costs_for(row.schedule, cal.work.at(row.schedule.stages), cal);
   row.simulated = pipe::simulate(row.schedule, row.costs);
-  row.shared = simulate_shared(row.schedule, row.work, o.cores);
+  pipe::PipelineCosts shared = row.work;
+  shared.cores = o.cores;
+  row.shared = pipe::simulate(row.schedule, shared);
 }
 
 // One round's steps of `row`'s schedule, added to it.

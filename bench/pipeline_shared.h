@@ -1,11 +1,10 @@
 #pragma once
-// A model of thread ranks sharing fewer cores than there are ranks, for
-// bench/pipeline: nn::pipeline::simulate() runs each rank on a core of its
-// own, which on a 2-core machine is wrong for p = 4 thread ranks. Here the
-// ranks that are computing share `cores` cores equally (the kernel's fair
-// scheduler, to a first approximation): while n ranks compute, each
-// progresses at min(1, cores / n) of its work per second. A rank waiting
-// for a message takes no core (the threads backend's waits block).
+// Calibrating nn::pipeline::simulate() with shared cores
+// (PipelineCosts::cores) for bench/pipeline: thread ranks on fewer cores
+// than ranks compute at a fraction of a core while others compute, so an
+// action's measured duration is more than its work. Here each measured
+// action's work is recovered under the same model: its span's pieces, each
+// at the share of a core the ranks computing then leave it.
 #include <dtensor/nn/pipeline.h>
 
 #include <vector>
@@ -13,13 +12,6 @@
 #include "pipeline_measure.h"
 
 namespace dtensor::bench::pipeline {
-
-/// simulate()'s dependencies and message delay with the compute actions
-/// sharing `cores` cores; `work` is each action's cost on a core of its own.
-/// A rank's busy time is the wall time its actions were in progress (as a
-/// measured timeline counts it), so its bubble is the time it had nothing
-/// to run. ValueError if the schedule cannot finish.
-pipe::SimulationResult simulate_shared(const pipe::Schedule& schedule, const pipe::PipelineCosts& work, int cores);
 
 /// Mean per stage of each compute kind's work in `steps`: the CPU time each
 /// action had under the same sharing, the integral over its span of

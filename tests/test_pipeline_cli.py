@@ -44,6 +44,17 @@ class Pipeline(unittest.TestCase):
         self.assertIn("bubble fraction 0.2727", proc.stdout)  # (p-1)/(m+p-1) = 3/11
         self.assertIn("peak microbatches held per rank: 4 3 2 1", proc.stdout)
 
+    def test_ranks_sharing_cores(self):
+        # One core: the whole work, 3pm at unit costs; two: between the plain makespan and half the work.
+        one = run("--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--cores", "1", "--json")
+        self.assertEqual(one.returncode, 0, one.stderr)
+        self.assertAlmostEqual(json.loads(one.stdout)["makespan"], 3 * 4 * 8)
+        two = run("--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--cores", "2")
+        self.assertEqual(two.returncode, 0, two.stderr)
+        self.assertIn("the ranks sharing 2 cores", two.stdout)
+        makespan = float(two.stdout.split("makespan ")[1].split()[0])
+        self.assertTrue(48 <= makespan and 33 <= makespan, two.stdout)
+
     def test_json_has_exactly_the_documented_keys(self):
         proc = run("--schedule", "interleaved", "--stages", "2", "--microbatches", "4", "--virtual", "2", "--json")
         self.assertEqual(proc.returncode, 0, proc.stderr)

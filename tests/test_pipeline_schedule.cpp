@@ -439,6 +439,40 @@ BOOST_AUTO_TEST_CASE(per_stage_costs_scale_the_timeline) {
   BOOST_TEST(r.makespan > 33.0);
 }
 
+// Ranks sharing cores (thread ranks on a small machine): on one core every
+// schedule takes exactly its whole work, since a schedule that validates
+// always has a ready action and the core never idles; with a core per rank
+// it is the plain simulation; in between the makespan is at least the whole
+// work over the cores and at least the plain one.
+BOOST_AUTO_TEST_CASE(ranks_sharing_cores_take_turns_on_them) {
+  for (int p : {2, 4})
+    for (int m : {p, 2 * p})
+      for (const std::string& name : schedule_names()) {
+        if (name == "dualpipev" && m < 2 * p) continue;
+        const int v = name == "interleaved" || name == "zbv" || name == "dualpipev" ? 2 : 1;
+        const Schedule s = make_schedule(name, p, m, v);
+        const double work = 3.0 * s.stages * m;  // F = 1 and B = I + W = 2 per stage and microbatch
+        const std::string what = fmt::format("{} p={} m={}", name, p, m);
+        const SimulationResult plain = simulate(s);
+        PipelineCosts shared;
+        shared.cores = 1;
+        const SimulationResult one_core = simulate(s, shared);
+        BOOST_TEST(std::abs(one_core.makespan - work) < 1e-9, what << ": " << one_core.makespan << " on one core");
+        BOOST_TEST(one_core.timeline.size() == plain.timeline.size(), what);
+        shared.cores = p;
+        BOOST_TEST(simulate(s, shared).makespan == plain.makespan, what);
+        if (p == 4) {
+          shared.cores = 2;
+          const double two = simulate(s, shared).makespan;
+          BOOST_TEST((two >= work / 2 - 1e-9 && two >= plain.makespan - 1e-9),
+                     what << ": " << two << " on two cores; plain " << plain.makespan << ", work " << work);
+        }
+      }
+  PipelineCosts negative;
+  negative.cores = -1;
+  testing::check_throws<ValueError>([&] { simulate(one_f_one_b(2, 2), negative); }, "-1 cores");
+}
+
 BOOST_AUTO_TEST_CASE(the_timeline_text_shows_each_rank_s_actions_at_their_times) {
   Schedule s = one_f_one_b(2, 2);
   std::string text = timeline_text(s, simulate(s));

@@ -27,7 +27,7 @@ constexpr int kExitInvalid = 2;  // bad arguments, a schedule that cannot be mad
 
 struct Options {
   std::string schedule, costs = "1,1,1", check, svg;
-  int ranks = 0, microbatches = 0, virtual_stages = 1;
+  int ranks = 0, microbatches = 0, virtual_stages = 1, cores = 0;
   bool json = false;
 };
 
@@ -89,6 +89,12 @@ void print_json(const Schedule& schedule, const SimulationResult& result) {
   fmt::print("{}\n", out.dump());
 }
 
+// How the ranks get their cores, where they share them.
+std::string sharing(const PipelineCosts& costs, const Schedule& schedule) {
+  return costs.cores > 0 && costs.cores < schedule.ranks() ? fmt::format("; the ranks sharing {} cores", costs.cores)
+                                                           : "";
+}
+
 void print_text(const Schedule& schedule, const SimulationResult& result, const PipelineCosts& costs) {
   fmt::print("schedule {}: {} ranks, {} stages, {} microbatches\n", schedule.name, schedule.ranks(), schedule.stages,
              schedule.microbatches);
@@ -96,8 +102,8 @@ void print_text(const Schedule& schedule, const SimulationResult& result, const 
   const double unit = std::min({costs.forward, costs.input_backward, costs.weight_backward});
   fmt::print("\ntimeline (one column per time unit of {:g}; '.' idle):\n{}", unit,
              timeline_text(schedule, result, unit));
-  fmt::print("\nmakespan {:g} (F={:g}, I={:g}, W={:g}, B=I+W; messages free)\n", result.makespan, costs.forward,
-             costs.input_backward, costs.weight_backward);
+  fmt::print("\nmakespan {:g} (F={:g}, I={:g}, W={:g}, B=I+W; messages free{})\n", result.makespan, costs.forward,
+             costs.input_backward, costs.weight_backward, sharing(costs, schedule));
   fmt::print("bubble fraction {:.4f} (idle over makespan, mean over ranks); idle over busy {:.4f}\n",
              result.bubble_fraction, result.bubble_ratio);
   std::vector<std::string> idle;
@@ -119,15 +125,17 @@ void write_svg(const std::string& path, const Schedule& schedule, const Simulati
   options.title = fmt::format("{}: {} ranks, {} stages, {} microbatches", schedule.name, schedule.ranks(),
                               schedule.stages, schedule.microbatches);
   options.subtitle =
-      fmt::format("simulated (F={:g}, I={:g}, W={:g}): makespan {:g}, bubble {:.1f}% of the makespan", costs.forward,
-                  costs.input_backward, costs.weight_backward, result.makespan, 100 * result.bubble_fraction);
+      fmt::format("simulated (F={:g}, I={:g}, W={:g}{}): makespan {:g}, bubble {:.1f}% of the makespan", costs.forward,
+                  costs.input_backward, costs.weight_backward, sharing(costs, schedule), result.makespan,
+                  100 * result.bubble_fraction);
   std::ofstream out(path);
   out << pictures::schedule_svg(rows, options);
   if (!out) throw ValueError(fmt::format("[dtensor-pipeline] --svg {}: cannot be written", path));
 }
 
 int run(const Options& o) {
-  const PipelineCosts costs = parse_costs(o.costs);
+  PipelineCosts costs = parse_costs(o.costs);
+  costs.cores = o.cores;
   if (!o.check.empty()) {
     Schedule schedule = read_checked(o.check);
     SimulationResult result = simulate(schedule, costs);
@@ -168,6 +176,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--costs", o.costs, "F,I,W: time of a forward, input- and weight-gradient per stage")
       ->capture_default_str();
+  app.add_option("--cores", o.cores,
+                 "C: cores the ranks share, computing ranks taking equal turns (thread ranks on a small "
+                 "machine); 0: a core per rank")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--json", o.json, "print one JSON object instead of the text");
   app.add_option("--svg", o.svg, "also draw the simulated timeline as an SVG picture in this file");
   app.add_option("--check", o.check, "validate a CSV schedule (one row of actions per rank)");

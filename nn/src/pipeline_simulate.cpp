@@ -103,15 +103,91 @@ std::vector<int> peak_held(const Schedule& schedule) {
   return peaks;
 }
 
+// Idle time, the bubble and the peaks, from the timeline's busy times and makespan.
+void summarize(const Schedule& schedule, SimulationResult& result);
+
+[[noreturn]] void never_runs(const Schedule& schedule, int rank, std::size_t position) {
+  throw ValueError(
+      fmt::format("[pipeline] simulate: rank {} cannot run position {} ({}): its input is never "
+                  "produced; validate() names the cause\n{}",
+                  rank, position, schedule.actions[rank][position], grid_text(schedule)));
+}
+
+// Ranks sharing `cores` cores: time advances from one event (an action
+// ends, an input arrives) to the next, the running actions each doing
+// min(1, cores / running) of their work per second meanwhile.
+void simulate_shared(const Schedule& schedule, const PipelineCosts& costs, SimulationResult& result) {
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  const int ranks = schedule.ranks();
+  Finished done(schedule.stages, schedule.microbatches);
+  std::vector<std::size_t> next(ranks, 0);
+  std::vector<double> left(ranks, -1), started(ranks, 0);  // work left (< 0: none running)
+  // Skips communication actions: the rank's next compute action, if any.
+  auto current = [&](int rank) -> const Action* {
+    const auto& list = schedule.actions[rank];
+    while (next[rank] < list.size() && !is_compute(list[next[rank]].kind)) ++next[rank];
+    return next[rank] < list.size() ? &list[next[rank]] : nullptr;
+  };
+  for (double t = 0;;) {
+    double wake = kNever;
+    int running = 0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      const Action* a = current(rank);
+      if (!a) continue;
+      if (left[rank] < 0) {
+        check_ranges(schedule, *a, rank);
+        const double ready = inputs_ready(schedule, *a, done, costs);
+        if (!std::isnan(ready) && ready <= t) {
+          left[rank] = action_cost(*a, costs);
+          started[rank] = t;
+        } else if (!std::isnan(ready)) {
+          wake = std::min(wake, ready);
+        }
+      }
+      running += left[rank] >= 0;
+    }
+    if (running == 0) {
+      if (wake == kNever) break;  // every rank done, or stuck (named below)
+      t = wake;
+      continue;
+    }
+    const double rate = std::min(1.0, static_cast<double>(costs.cores) / running);
+    double step = wake - t;
+    for (int rank = 0; rank < ranks; ++rank)
+      if (left[rank] >= 0) step = std::min(step, left[rank] / rate);
+    t += step;
+    for (int rank = 0; rank < ranks; ++rank) {
+      if (left[rank] < 0) continue;
+      left[rank] -= rate * step;
+      if (left[rank] > 1e-12 * std::max(1.0, action_cost(*current(rank), costs))) continue;
+      const Action& a = *current(rank);
+      record(done, a, t);
+      result.timeline.push_back({rank, a, started[rank], t});
+      result.busy[rank] += t - started[rank];
+      result.makespan = std::max(result.makespan, t);
+      left[rank] = -1;
+      ++next[rank];
+    }
+  }
+  for (int rank = 0; rank < ranks; ++rank)
+    if (current(rank)) never_runs(schedule, rank, next[rank]);
+}
+
 }  // namespace
 
 SimulationResult simulate(const Schedule& schedule, const PipelineCosts& costs) {
   const int ranks = schedule.ranks();
+  if (costs.cores < 0) throw ValueError(fmt::format("[pipeline] simulate: {} cores; expected >= 0", costs.cores));
+  SimulationResult result;
+  result.busy.assign(ranks, 0.0);
+  if (costs.cores > 0 && costs.cores < ranks) {
+    simulate_shared(schedule, costs, result);
+    summarize(schedule, result);
+    return result;
+  }
   Finished done(schedule.stages, schedule.microbatches);
   std::vector<std::size_t> next(ranks, 0);
   std::vector<double> free_at(ranks, 0.0);
-  SimulationResult result;
-  result.busy.assign(ranks, 0.0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int rank = 0; rank < ranks; ++rank) {
@@ -132,12 +208,15 @@ SimulationResult simulate(const Schedule& schedule, const PipelineCosts& costs) 
     }
   }
   for (int rank = 0; rank < ranks; ++rank)
-    if (next[rank] < schedule.actions[rank].size())
-      throw ValueError(
-          fmt::format("[pipeline] simulate: rank {} cannot run position {} ({}): its input is never "
-                      "produced; validate() names the cause\n{}",
-                      rank, next[rank], schedule.actions[rank][next[rank]], grid_text(schedule)));
+    if (next[rank] < schedule.actions[rank].size()) never_runs(schedule, rank, next[rank]);
   result.makespan = *std::max_element(free_at.begin(), free_at.end());
+  summarize(schedule, result);
+  return result;
+}
+
+namespace {
+void summarize(const Schedule& schedule, SimulationResult& result) {
+  const int ranks = schedule.ranks();
   double idle_sum = 0, busy_sum = 0;
   for (int rank = 0; rank < ranks; ++rank) {
     result.idle.push_back(result.makespan - result.busy[rank]);
@@ -147,8 +226,8 @@ SimulationResult simulate(const Schedule& schedule, const PipelineCosts& costs) 
   result.bubble_fraction = result.makespan > 0 ? idle_sum / ranks / result.makespan : 0;
   result.bubble_ratio = busy_sum > 0 ? idle_sum / busy_sum : 0;
   result.peak_microbatches = peak_held(schedule);
-  return result;
 }
+}  // namespace
 
 std::string timeline_text(const Schedule& schedule, const SimulationResult& result, double unit) {
   if (!(unit > 0)) throw ValueError(fmt::format("[pipeline] timeline_text: unit {}; expected > 0", unit));

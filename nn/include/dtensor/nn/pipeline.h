@@ -174,6 +174,14 @@ struct PipelineCosts {
   /// (redistribute's alpha-beta link); none: messages are free.
   std::optional<LinkParams> link;
   std::int64_t message_bytes = 0;
+  /// The cores the ranks share; 0 (or at least one per rank): a core each.
+  /// With fewer cores than ranks (thread ranks on a small machine), the
+  /// ranks computing at a moment share them equally, as the kernel's fair
+  /// scheduler does to a first approximation: while n compute, each
+  /// progresses at min(1, cores / n) of its work per second. A rank waiting
+  /// for its input takes no core. The costs above are then each action's
+  /// work on a core of its own.
+  int cores = 0;
 
   StageCosts of_stage(int stage) const;
   double message_seconds() const;
@@ -203,8 +211,12 @@ struct SimulationResult {
 
 /// Runs the compute actions in each rank's order, each as soon as its rank
 /// is free and its input has arrived (the producer's end plus the message
-/// time when the producer is on another rank). Accepts compute-only and
-/// lowered schedules (the latter's communication actions take no rank time).
+/// time when the producer is on another rank), on a core of its own or
+/// sharing costs.cores. Accepts compute-only and lowered schedules (the
+/// latter's communication actions take no rank time). A rank's busy time is
+/// the time its actions were in progress; with shared cores an action takes
+/// longer than its cost when more ranks compute than there are cores, and
+/// the makespan is at least the whole work over the cores.
 SimulationResult simulate(const Schedule& schedule, const PipelineCosts& costs = {});
 
 /// One row per rank, one column per time unit of `unit` (e.g. 1 at unit
