@@ -146,11 +146,16 @@ void MLP<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out
 template <TensorOrDTensor X>
 X Block<X>::operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache, std::size_t layer) const {
   const X h = add(x, attn(at_point(ln1(x), layouts, Point::AttentionInput), layouts, cache, layer));
-  return add(h, mlp(at_point(ln2(h), layouts, Point::MlpInput), layouts));
+  const X normed = at_point(ln2(h), layouts, Point::MlpInput);
+  return add(h, moe ? (*moe)(normed) : (*mlp)(normed, layouts));
 }
 template <TensorOrDTensor X>
 void Block<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
-  children_parameters(prefix, out, "ln1.", ln1, "attn.", attn, "ln2.", ln2, "mlp.", mlp);
+  children_parameters(prefix, out, "ln1.", ln1, "attn.", attn, "ln2.", ln2);
+  if (moe)
+    moe->named_parameters(prefix + "moe.", out);
+  else
+    mlp->named_parameters(prefix + "mlp.", out);
 }
 
 void GPTConfig::check() const {
@@ -165,6 +170,7 @@ void GPTConfig::check() const {
   if (d_model % heads != 0)
     throw ValueError(fmt::format("[GPT] d_model = {} is not divisible by heads = {}", d_model, heads));
   if (!is_floating(dtype)) throw DTypeError(fmt::format("[GPT] dtype {}; expected a floating dtype", dtype));
+  moe.check();
 }
 
 template <TensorOrDTensor X>
@@ -199,12 +205,26 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
     Linear<X> v = linear_layer(b + "attn.v.", D, D, 0.02, true);
     Linear<X> proj = linear_layer(b + "attn.proj.", D, D, residual_std, true);
     LayerNorm<X> ln2 = norm(b + "ln2.");
-    Linear<X> fc = linear_layer(b + "mlp.fc.", 4 * D, D, 0.02, true);
-    Linear<X> fc_proj = linear_layer(b + "mlp.proj.", D, 4 * D, residual_std, true);
-    blocks.push_back(
-        Block<X>{std::move(ln1),
-                 CausalSelfAttention<X>{std::move(q), std::move(k), std::move(v), std::move(proj), config.heads},
-                 std::move(ln2), MLP<X>{std::move(fc), std::move(fc_proj)}});
+    Block<X> block{std::move(ln1),
+                   CausalSelfAttention<X>{std::move(q), std::move(k), std::move(v), std::move(proj), config.heads},
+                   std::move(ln2), std::nullopt, std::nullopt};
+    if (config.moe.in_block(l)) {
+      // The experts' matrices as one tensor each, the expert first; the
+      // same initialisation as the MLP's.
+      const std::int64_t E = config.moe.experts;
+      X router = param(b + "moe.router.weight", {E, D}, {Init::Normal, 0.02});
+      X fc_w = param(b + "moe.experts.fc.weight", {E, 4 * D, D}, {Init::Normal, 0.02});
+      X fc_b = param(b + "moe.experts.fc.bias", {E, 4 * D}, {Init::Zeros});
+      X proj_w = param(b + "moe.experts.proj.weight", {E, D, 4 * D}, {Init::Normal, residual_std});
+      X proj_b = param(b + "moe.experts.proj.bias", {E, D}, {Init::Zeros});
+      block.moe = MoE<X>{std::move(router), std::move(fc_w), std::move(fc_b), std::move(proj_w), std::move(proj_b),
+                         config.moe};
+    } else {
+      Linear<X> fc = linear_layer(b + "mlp.fc.", 4 * D, D, 0.02, true);
+      Linear<X> fc_proj = linear_layer(b + "mlp.proj.", D, 4 * D, residual_std, true);
+      block.mlp = MLP<X>{std::move(fc), std::move(fc_proj)};
+    }
+    blocks.push_back(std::move(block));
   }
   LayerNorm<X> ln_f = norm("ln_f.");
   // Tied: made last as before, so that every other parameter keeps its seed.
@@ -259,7 +279,19 @@ Linear<X> GPT<X>::head(const Embedding<X>& token_embedding, const Linear<X>& own
 
 template <TensorOrDTensor X>
 X GPT<X>::loss(const X& tokens, const X& targets) const {
-  return next_byte_loss(logits(tokens), targets);
+  X out = next_byte_loss(logits(tokens), targets);
+  for (const Block<X>& block : blocks)
+    if (block.moe && block.moe->state->pending_loss) {
+      out = add(out, *block.moe->state->pending_loss);
+      block.moe->state->pending_loss.reset();
+    }
+  return out;
+}
+
+template <TensorOrDTensor X>
+void GPT<X>::update_moe_bias() {
+  for (Block<X>& block : blocks)
+    if (block.moe) block.moe->update_bias();
 }
 
 template <TensorOrDTensor X>

@@ -322,6 +322,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const DimsStats before_update = env.stats();
     if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
     optimizer.step();
+    model.update_moe_bias();  // Balance::Bias: the load of this step's forwards
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();
     const DimsStats update = env.stats() - before_update;
@@ -364,6 +365,11 @@ TrainResult train(const TrainOptions& o, const TextData& data, Communicator* wor
   if (o.warmup > o.steps)
     throw ValueError(fmt::format("[train] warmup = {} steps is more than the {} steps", o.warmup, o.steps));
   if (world == nullptr || o.mesh.empty()) return run(o, data, PlainEnv{o.model.dtype}, on_step);
+  if (o.model.moe.enabled())
+    throw UnsupportedError(fmt::format(
+        "[train] {} experts on mesh {}: expert parallelism (the ep plan) is not built yet; mixture of experts "
+        "trains on one rank, without --mesh",
+        o.model.moe.experts, fmt::join(o.mesh, "x")));
   if (detail::pipeline_dim(o.plans)) return detail::train_pipelined(o, data, *world, on_step);
   DeviceMesh mesh(*world, o.mesh, o.dims);
   std::vector<nn::DimPlan> per_dim;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dtensor/api/functional.h"
+#include "dtensor/nn/moe.h"
 
 namespace dtensor::nn {
 
@@ -123,13 +124,15 @@ struct MLP {
   void named_parameters(const std::string& prefix, NamedParameters<X>& out);
 };
 
-/// Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(.)).
+/// Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(.)), or
+/// + moe(ln2(.)) in a mixture-of-experts block (exactly one of the two).
 template <TensorOrDTensor X>
 struct Block {
   LayerNorm<X> ln1;
   CausalSelfAttention<X> attn;
   LayerNorm<X> ln2;
-  MLP<X> mlp;
+  std::optional<MLP<X>> mlp;
+  std::optional<MoE<X>> moe;
   X operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache = nullptr, std::size_t layer = 0) const;
   void named_parameters(const std::string& prefix, NamedParameters<X>& out);
 };
@@ -144,6 +147,9 @@ struct GPTConfig {
   /// The lm_head reuses the token embedding's weight (GPT-2's tie): one
   /// parameter, "wte.weight", whose gradient sums both uses.
   bool tie_embeddings = false;
+  /// Mixture of experts in place of the MLP of some blocks (moe.h); off by
+  /// default.
+  MoEConfig moe{};
   /// ValueError naming the value unless every size is positive and heads
   /// divide d_model.
   void check() const;
@@ -209,8 +215,12 @@ struct GPT {
   X forward_with(const X& tokens, KVCache<X>* cache, const Embedding<X>& wte, const Embedding<X>& wpe,
                  const LayerNorm<X>& ln_f, const Linear<X>& lm_head,
                  const std::function<X(const X&, std::size_t)>& run_block) const;
-  /// Mean cross entropy of the next byte: a 0-d tensor.
+  /// Mean cross entropy of the next byte, plus the MoE blocks' balancing
+  /// losses of this forward: a 0-d tensor.
   X loss(const X& tokens, const X& targets) const;
+  /// Balance::Bias: each MoE block's selection bias updated from the load
+  /// routed since the last call; call after each optimizer step.
+  void update_moe_bias();
   /// The lm_head as the forward uses it: with config.tie_embeddings, `wte`'s
   /// weight (read at each call, so that a parameter replaced by name, as a
   /// checkpoint's load does, stays tied), else `lm_head`.

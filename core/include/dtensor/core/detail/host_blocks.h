@@ -16,7 +16,7 @@
 namespace dtensor::host_blocks {
 
 inline constexpr std::size_t kMinCachedBytes = std::size_t{128} << 10;
-inline constexpr std::size_t kHostCacheBytes = std::size_t{256} << 20;  // the default limit
+inline constexpr std::size_t kHostCacheBytes = std::size_t{1} << 30;  // the default limit
 inline constexpr std::size_t kCacheFloorBytes = std::size_t{64} << 20;
 inline constexpr std::size_t kMaxLimitBytes = std::size_t{1} << 40;
 inline constexpr std::size_t kAlignment = 64;
