@@ -6,7 +6,7 @@
 // thread, so that steady loops reuse memory whose pages are already mapped.
 // The free blocks kept never exceed the larger of the bytes in use (or 64
 // MiB when less is in use) and the room below the peak in use, nor the
-// limit (256 MiB unless DTENSOR_HOST_CACHE_MB or set_host_cache_limit says
+// limit (1 GiB unless DTENSOR_HOST_CACHE_MB or set_host_cache_limit says
 // otherwise): resident memory stays within about twice the live tensor
 // bytes or the program's own peak. The room below the peak keeps a training
 // step's blocks for the next step (at its end the activations are freed
