@@ -77,6 +77,8 @@ nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r
                           {"seq", o.model.seq},
                           {"vocab", o.model.vocab},
                           {"tie_embeddings", o.model.tie_embeddings},
+                          {"moe_experts", o.model.moe.experts},
+                          {"moe_top_k", o.model.moe.top_k},
                           {"dtype", std::string(dtype_name(o.model.dtype))},
                           {"batch", o.batch},
                           {"micro_batches", o.micro_batches},
@@ -107,6 +109,12 @@ nlohmann::json to_json(const train::TrainOptions& o, const train::TrainResult& r
                           {"gradients", r.gradient_bytes},
                           {"optimizer_states", r.optimizer_state_bytes}}},
                         {"generated", r.generated}};
+  if (!r.expert_load.empty()) {
+    out["expert_load"] = r.expert_load;
+    out["dropped"] = r.dropped;
+    out["aux_loss"] = r.aux_loss;
+    out["z_loss"] = r.z_loss;
+  }
   if (r.schedule) {
     nlohmann::json actions = nlohmann::json::object();
     for (int rank = 0; rank < r.schedule->ranks(); ++rank) {
@@ -131,6 +139,7 @@ struct CommandLine {
   int ranks = 1;
   std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
   std::string trace_svg_path;
+  std::string drop_policy = "probs", balance = "aux";
 };
 
 // Declares every option, each described on one line with its default, in
@@ -170,6 +179,31 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
       ->check(CLI::PositiveNumber);
   app.add_option("--seq", o.model.seq, fmt::format("sequence length in bytes (default: {})", o.model.seq))
       ->check(CLI::PositiveNumber);
+  nn::MoEConfig& moe = o.model.moe;
+  app.add_option("--moe-experts", moe.experts,
+                 "E: each MoE block's experts, its MLP replaced by a router and E expert MLPs (one rank only "
+                 "for now) (default: 0, dense)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--moe-top-k", moe.top_k, fmt::format("K: experts per token, 1 or 2 (default: {})", moe.top_k));
+  app.add_option("--moe-every", moe.every,
+                 fmt::format("every N-th block is MoE, from block N-1 (default: {}, all)", moe.every));
+  app.add_option("--capacity-factor", moe.capacity_factor,
+                 "C: each expert takes at most ceil(tokens K / E C) assignments, the rest dropped (default: none, "
+                 "dropless)");
+  app.add_option("--drop-policy", cl.drop_policy,
+                 fmt::format("over capacity, drop the least probable or the latest assignments (default: {})",
+                             cl.drop_policy))
+      ->check(CLI::IsMember({"probs", "position"}).description(""))
+      ->type_name("probs|position");
+  app.add_option("--aux-loss", moe.aux_loss,
+                 fmt::format("A: the Switch load-balancing loss's coefficient (default: {})", moe.aux_loss));
+  app.add_option("--z-loss", moe.z_loss, fmt::format("Z: the router z-loss's coefficient (default: {})", moe.z_loss));
+  app.add_option("--balance", cl.balance,
+                 fmt::format("balance the experts' load by the auxiliary loss (aux) or DeepSeek-V3's per-expert "
+                             "selection bias (bias) (default: {})",
+                             cl.balance))
+      ->check(CLI::IsMember({"aux", "bias"}).description(""))
+      ->type_name("aux|bias");
   app.add_flag("--tie-embeddings", o.model.tie_embeddings,
                "the lm_head reuses the token embedding's weight (GPT-2's tie); under pp the first and last "
                "stages each hold a copy, their gradients summed once per step (default: off)");
@@ -236,6 +270,8 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
 void check_command_line(CommandLine& cl) {
   train::TrainOptions& o = cl.options;
   o.model.dtype = parse_dtype(cl.dtype_text);
+  o.model.moe.drop_policy = cl.drop_policy == "position" ? nn::DropPolicy::Position : nn::DropPolicy::Probs;
+  o.model.moe.balance = cl.balance == "bias" ? nn::Balance::Bias : nn::Balance::AuxLoss;
   o.plans = split_list(cl.plan_text);
   if (!cl.mesh_text.empty()) o.mesh = parse_mesh(cl.mesh_text);
   if (!cl.dims_text.empty()) o.dims = split_list(cl.dims_text);
@@ -256,6 +292,10 @@ void check_command_line(CommandLine& cl) {
   // What the mesh's sizes decide, before any rank starts: on threads a
   // 1-D mesh is all the ranks.
   const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{cl.ranks} : Shape{};
+  if (o.model.moe.enabled() && !mesh_shape.empty() && numel(mesh_shape) > 1)
+    throw UnsupportedError(fmt::format("--moe-experts {} on {} ranks: expert parallelism (the ep plan) is not built "
+                                       "yet; mixture of experts trains on one rank",
+                                       o.model.moe.experts, numel(mesh_shape)));
   if (!mesh_shape.empty()) {
     nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
     // A pipeline that cannot be scheduled (1f1b with m < p, ...) is refused
@@ -298,6 +338,9 @@ void print_summary(const train::TrainResult& r) {
   if (r.schedule)
     fmt::print("pipeline: schedule {} ({} stages, {} micro-batches); bubble of the last step {:.1f}% (measured)\n",
                r.schedule->name, r.schedule->stages, r.schedule->microbatches, 100 * r.bubble_fraction);
+  for (std::size_t b = 0; b < r.expert_load.size(); ++b)
+    fmt::print("experts of MoE block {}: assignments routed in the last step {}{}\n", b, fmt::join(r.expert_load[b], " "),
+               b + 1 == r.expert_load.size() ? fmt::format("; dropped {}", r.dropped) : "");
   if (!r.generated.empty()) fmt::print("generated: {:?}\n", r.generated);
 }
 

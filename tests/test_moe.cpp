@@ -247,7 +247,7 @@ BOOST_AUTO_TEST_CASE(the_selection_bias_moves_towards_the_mean_load) {
   const Tensor x = Tensor::randn({2, 4, kDim}, DType::Float64, 8);
   m(x);
   const std::vector<std::int64_t> load = m.state->last_load;
-  m.update_bias();
+  m.end_step();
   for (int e = 0; e < kExperts; ++e) {
     const double gap = 8.0 / kExperts - static_cast<double>(load[e]);
     BOOST_TEST(m.state->bias[e] == 0.25 * ((gap > 0) - (gap < 0)), "expert " << e);
@@ -280,6 +280,21 @@ BOOST_AUTO_TEST_CASE(a_gpt_with_moe_blocks_trains_on_one_rank) {
   std::size_t experts_named = 0;
   for (const auto& [name, p] : model.named_parameters()) experts_named += name.starts_with("blocks.1.moe.");
   BOOST_TEST(experts_named == 5u);
+  // On a mesh of one rank (DTensors, as train_gpt runs one rank) the same losses.
+  if (testing::can_run(1)) {
+    o.mesh = {1};
+    o.dims = {"dp"};
+    o.plans = {"ddp"};
+    std::vector<double> on_mesh;
+    testing::run_ranks(1, [&](Communicator& world) { on_mesh = train::train(o, data, &world).losses; });
+    BOOST_TEST_REQUIRE(on_mesh.size() == r.losses.size());
+    for (std::size_t i = 0; i < on_mesh.size(); ++i)
+      BOOST_TEST(testing::close(on_mesh[i], r.losses[i], 1e-12 * std::abs(r.losses[i])),
+                 "step " << i << ": " << on_mesh[i] << " on a mesh of one rank vs " << r.losses[i]);
+    BOOST_TEST(r.expert_load.size() == 1u);
+    BOOST_TEST(std::accumulate(r.expert_load[0].begin(), r.expert_load[0].end(), std::int64_t{0}) == 4 * 8 * 2,
+               "the last step's assignments: batch 4 x seq 8 tokens, 2 each");
+  }
   if (testing::can_run(2)) {
     o.mesh = {2};
     o.dims = {"dp"};

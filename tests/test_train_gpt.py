@@ -28,7 +28,9 @@ STEPS = ["--steps", "6"]
 OPTIONS = ["--ranks", "--device", "--mesh", "--dims", "--plan", "--layers", "--d-model", "--heads", "--seq", "--batch",
            "--micro-batches", "--steps", "--warmup", "--schedule-steps", "--save", "--resume", "--lr", "--weight-decay",
            "--clip", "--seed", "--dtype", "--text", "--eval-every", "--json", "--plot", "--explain", "--trace",
-           "--trace-svg", "--generate", "--schedule", "--virtual", "--tie-embeddings"]
+           "--trace-svg", "--generate", "--schedule", "--virtual", "--tie-embeddings",
+           "--moe-experts", "--moe-top-k", "--moe-every", "--capacity-factor", "--drop-policy", "--aux-loss", "--z-loss",
+           "--balance"]
 # A pipeline's run: 4 blocks for up to 4 stages, 2 micro-batches.
 PIPELINE = ["--layers", "4", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--dtype", "f64",
             "--lr", "3e-3", "--micro-batches", "2", "--steps", "4"]
@@ -144,7 +146,10 @@ def main() -> int:
                          (["--ranks", "4", "--dims", "pp", "--plan", "pp", "--layers", "4", "--micro-batches", "2"],
                           "2 microbatches on 4 ranks; 1f1b needs m >= p"),
                          (["--ranks", "4", "--dims", "pp", "--plan", "pp", "--layers", "4", "--micro-batches", "2",
-                           "--schedule", "zb-h1"], "2 microbatches on 4 ranks; zb-h1 needs m >= p")]:
+                           "--schedule", "zb-h1"], "2 microbatches on 4 ranks; zb-h1 needs m >= p"),
+                         (["--moe-experts", "4", "--moe-top-k", "3"], "top_k = 3 with 4 experts"),
+                         (["--moe-experts", "2", "--moe-top-k", "2", "--capacity-factor", "0"], "capacity factor 0"),
+                         (["--ranks", "2", "--moe-experts", "4"], "expert parallelism (the ep plan) is not built yet")]:
         rc, out, err = run([exe, *args], env)
         lines = err.strip().splitlines()
         # The temporary folder's name changes from run to run; the case's must not.
@@ -226,6 +231,15 @@ def main() -> int:
                     err + out)
         if name == "pp2_1f1b":
             check_pipeline_run(cases, pp, pp_trace, err + out)
+
+    # Mixture of experts on one rank: every token's 2 choices counted per MoE block (the second of 2 blocks), with a
+    # capacity (drops counted) and the bias rule (no auxiliary loss).
+    rc, out, err, moe = train(["--moe-experts", "4", "--moe-top-k", "2", "--moe-every", "2", "--capacity-factor", "1",
+                               "--balance", "bias"], "moe")
+    cases.check("--moe-experts 4 --moe-top-k 2: the load of the last step per MoE block, drops and no aux loss",
+                moe is not None and len(moe["expert_load"]) == 1 and sum(moe["expert_load"][0]) == 4 * 8 * 2 and
+                moe["dropped"] >= 0 and moe["aux_loss"] == 0 and moe["losses"][-1] < moe["losses"][0] and
+                "experts of MoE block 0" in out, err + out)
 
     # Tied embeddings over two stages: the 1-rank tied losses, and one message each way between the two ends
     # outside the pipeline phase (the weight's gradient, 256 x 16 f64).

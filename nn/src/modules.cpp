@@ -289,9 +289,9 @@ X GPT<X>::loss(const X& tokens, const X& targets) const {
 }
 
 template <TensorOrDTensor X>
-void GPT<X>::update_moe_bias() {
+void GPT<X>::end_moe_step() {
   for (Block<X>& block : blocks)
-    if (block.moe) block.moe->update_bias();
+    if (block.moe) block.moe->end_step();
 }
 
 template <TensorOrDTensor X>

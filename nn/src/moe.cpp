@@ -165,74 +165,115 @@ X moe_combine(const X& y, const X& gates, const DispatchPlan& plan) {
   }
 }
 
+namespace {
+
+// One forward on plain tensors: the output, the balancing loss (if any),
+// the plan and the losses' values.
+struct LocalForward {
+  Tensor out;
+  std::optional<Tensor> balancing;
+  DispatchPlan plan;
+  double aux_loss = 0, z_loss = 0;
+};
+
+struct ExpertWeights {
+  Tensor router, fc_weight, fc_bias, proj_weight, proj_bias;
+};
+
+LocalForward forward_local(const Tensor& x, const ExpertWeights& w, const MoEConfig& config,
+                           const std::vector<double>& bias) {
+  if (x.dim() != 3) throw ShapeError(fmt::format("[MoE] x of shape {}; expected [B, T, D]", fmt::join(x.shape(), "x")));
+  const std::int64_t batch = x.shape()[0], len = x.shape()[1], dim = x.shape()[2];
+  const std::int64_t tokens = batch * len, experts = config.experts, k = config.top_k;
+  LocalForward r;
+  const Tensor flat = reshape(x, {tokens, dim});
+  const Tensor logits = linear(flat, w.router);  // [T, E]
+  const Tensor probs = softmax(logits, -1);
+  const auto [ids, chosen] = top_k_choices(probs, k, config.balance == Balance::Bias ? bias : std::vector<double>{});
+  const std::optional<std::int64_t> capacity =
+      config.capacity_factor ? std::optional(expert_capacity(tokens, k, experts, *config.capacity_factor))
+                             : std::nullopt;
+  r.plan = plan_dispatch(ids, chosen, k, experts, capacity, config.drop_policy);
+
+  // The gates: each choice's probability, differentiable (the router learns through them).
+  Tensor gates = reshape(
+      pick(reshape(expand(unsqueeze(probs, 1), {tokens, k, experts}), {tokens * k, experts}), indices(ids)),
+      {tokens, k});
+  if (config.renormalize && k > 1) gates = div(gates, sum(gates, {1}, true));
+
+  // Each expert's rows through its two matrices: one GEMM pair per expert.
+  const Tensor rows = moe_dispatch(flat, r.plan);
+  std::vector<Tensor> outputs;
+  std::int64_t first = 0;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t n = r.plan.counts[static_cast<std::size_t>(e)];
+    if (n == 0) continue;
+    const Tensor mine = narrow(rows, 0, first, n);
+    const Tensor hidden = gelu(add(linear(mine, expert_slice(w.fc_weight, e)), expert_slice(w.fc_bias, e)));
+    outputs.push_back(add(linear(hidden, expert_slice(w.proj_weight, e)), expert_slice(w.proj_bias, e)));
+    first += n;
+  }
+  const Tensor y = outputs.size() == 1 ? outputs.front() : cat(std::span<const Tensor>(outputs), 0);
+  r.out = reshape(moe_combine(y, gates, r.plan), {batch, len, dim});
+
+  // Balancing losses over this forward's tokens.
+  if (config.balance == Balance::AuxLoss && config.aux_loss > 0) {
+    // f_i (a constant: the fraction of assignments routed to i) times P_i (the mean probability).
+    std::vector<double> fraction;
+    for (std::int64_t n : r.plan.routed) fraction.push_back(static_cast<double>(n) / static_cast<double>(tokens * k));
+    const Tensor f = Tensor::from_vector(fraction, {experts}).to(probs.dtype());
+    const Tensor aux = mul(sum(mul(mean(probs, {0}), f)), config.aux_loss * static_cast<double>(experts));
+    r.aux_loss = value_of(aux);
+    r.balancing = aux;
+  }
+  if (config.z_loss > 0) {
+    // logsumexp(logits) = logits - log_softmax(logits), at any column.
+    const Tensor lse = sub(narrow(logits, 1, 0, 1), narrow(log_softmax(logits, -1), 1, 0, 1));
+    const Tensor z = mul(mean(mul(lse, lse)), config.z_loss);
+    r.z_loss = value_of(z);
+    r.balancing = r.balancing ? add(*r.balancing, z) : z;
+  }
+  return r;
+}
+
+}  // namespace
+
 template <TensorOrDTensor X>
 X MoE<X>::operator()(const X& x) const {
-  if constexpr (std::same_as<X, DTensor>) {
-    not_on_dtensors("an MoE layer");
-  } else {
-    if (x.dim() != 3) throw ShapeError(fmt::format("[MoE] x of shape {}; expected [B, T, D]", fmt::join(x.shape(), "x")));
-    const std::int64_t batch = x.shape()[0], len = x.shape()[1], dim = x.shape()[2];
-    const std::int64_t tokens = batch * len, experts = config.experts, k = config.top_k;
-    MoEState<X>& s = *state;
-    if (s.bias.empty()) s.bias.assign(static_cast<std::size_t>(experts), 0.0);
-    const Tensor flat = reshape(x, {tokens, dim});
-    const Tensor logits = linear(flat, router);  // [T, E]
-    const Tensor probs = softmax(logits, -1);
-    const auto [ids, chosen] = top_k_choices(probs, k, config.balance == Balance::Bias ? s.bias : std::vector<double>{});
-    const std::optional<std::int64_t> capacity =
-        config.capacity_factor ? std::optional(expert_capacity(tokens, k, experts, *config.capacity_factor))
-                               : std::nullopt;
-    const DispatchPlan plan = plan_dispatch(ids, chosen, k, experts, capacity, config.drop_policy);
-
-    // The gates: each choice's probability, differentiable (the router learns through them).
-    Tensor gates = reshape(pick(reshape(expand(unsqueeze(probs, 1), {tokens, k, experts}), {tokens * k, experts}),
-                                indices(ids)),
-                           {tokens, k});
-    if (config.renormalize && k > 1) gates = div(gates, sum(gates, {1}, true));
-
-    // Each expert's rows through its two matrices: one GEMM pair per expert.
-    const Tensor rows = moe_dispatch(flat, plan);
-    std::vector<Tensor> outputs;
-    std::int64_t first = 0;
-    for (std::int64_t e = 0; e < experts; ++e) {
-      const std::int64_t n = plan.counts[static_cast<std::size_t>(e)];
-      if (n == 0) continue;
-      const Tensor mine = narrow(rows, 0, first, n);
-      const Tensor hidden = gelu(add(linear(mine, expert_slice(fc_weight, e)), expert_slice(fc_bias, e)));
-      outputs.push_back(add(linear(hidden, expert_slice(proj_weight, e)), expert_slice(proj_bias, e)));
-      first += n;
-    }
-    const Tensor y = outputs.size() == 1 ? outputs.front() : cat(std::span<const Tensor>(outputs), 0);
-    const Tensor out = moe_combine(y, gates, plan);
-
-    // Balancing losses over this forward's tokens.
-    std::optional<Tensor> balancing;
-    s.aux_loss = s.z_loss = 0;
-    if (config.balance == Balance::AuxLoss && config.aux_loss > 0) {
-      // f_i (a constant: the fraction of assignments routed to i) times P_i (the mean probability).
-      std::vector<double> fraction;
-      for (std::int64_t n : plan.routed) fraction.push_back(static_cast<double>(n) / static_cast<double>(tokens * k));
-      const Tensor f = Tensor::from_vector(fraction, {experts}).to(probs.dtype());
-      const Tensor aux =
-          mul(sum(mul(mean(probs, {0}), f)), config.aux_loss * static_cast<double>(experts));
-      s.aux_loss = value_of(aux);
-      balancing = aux;
-    }
-    if (config.z_loss > 0) {
-      // logsumexp(logits) = logits - log_softmax(logits), at any column.
-      const Tensor lse = sub(narrow(logits, 1, 0, 1), narrow(log_softmax(logits, -1), 1, 0, 1));
-      const Tensor z = mul(mean(mul(lse, lse)), config.z_loss);
-      s.z_loss = value_of(z);
-      balancing = balancing ? add(*balancing, z) : z;
-    }
-    s.pending_loss = balancing;
-    s.last_load = plan.routed;
-    s.last_dropped = plan.dropped;
+  MoEState<X>& s = *state;
+  if (s.bias.empty()) s.bias.assign(static_cast<std::size_t>(config.experts), 0.0);
+  auto record = [&](const LocalForward& r) {
+    s.aux_loss = r.aux_loss;
+    s.z_loss = r.z_loss;
+    s.last_load = r.plan.routed;
+    s.last_dropped = r.plan.dropped;
     if (grad_enabled()) {  // the training forwards' load, for the bias update
-      s.step_load.resize(static_cast<std::size_t>(experts), 0);
-      for (std::size_t e = 0; e < plan.routed.size(); ++e) s.step_load[e] += plan.routed[e];
+      s.step_load.resize(static_cast<std::size_t>(config.experts), 0);
+      for (std::size_t e = 0; e < r.plan.routed.size(); ++e) s.step_load[e] += r.plan.routed[e];
+      s.step_dropped += r.plan.dropped;
     }
-    return reshape(out, {batch, len, dim});
+  };
+  if constexpr (std::same_as<X, DTensor>) {
+    // On a mesh of one rank every layout is the whole tensor: the plain
+    // forward on the shards, wrapped back (both steps recorded).
+    if (x.mesh().size() != 1) not_on_dtensors("an MoE layer");
+    // A fresh record of each shard per forward (to_local() keeps the first
+    // on the tensor, whose graph a backward frees).
+    auto local = [](const DTensor& t) { return t.to_local(t.placements()); };
+    const LocalForward r = forward_local(
+        local(x), {local(router), local(fc_weight), local(fc_bias), local(proj_weight), local(proj_bias)}, config,
+        s.bias);
+    record(r);
+    s.pending_loss.reset();
+    if (r.balancing)
+      s.pending_loss = DTensor::from_local(*r.balancing, x.mesh(), Layout::replicated(x.mesh().ndim()), Shape{},
+                                           FromLocalCheck::Trust);
+    return DTensor::from_local(r.out, x.mesh(), x.placements(), x.shape(), FromLocalCheck::Trust);
+  } else {
+    const LocalForward r = forward_local(x, {router, fc_weight, fc_bias, proj_weight, proj_bias}, config, s.bias);
+    record(r);
+    s.pending_loss = r.balancing;
+    return r.out;
   }
 }
 
@@ -246,9 +287,14 @@ void MoE<X>::named_parameters(const std::string& prefix, std::vector<std::pair<s
 }
 
 template <TensorOrDTensor X>
-void MoE<X>::update_bias() {
+void MoE<X>::end_step() {
   MoEState<X>& s = *state;
-  if (config.balance != Balance::Bias || s.step_load.empty()) return;
+  s.step_dropped = 0;
+  if (s.step_load.empty()) return;
+  if (config.balance != Balance::Bias) {
+    s.step_load.assign(s.step_load.size(), 0);
+    return;
+  }
   s.bias.resize(static_cast<std::size_t>(config.experts), 0.0);
   const double mean_load = static_cast<double>(std::accumulate(s.step_load.begin(), s.step_load.end(), std::int64_t{0})) /
                            static_cast<double>(config.experts);

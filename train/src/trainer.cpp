@@ -247,6 +247,20 @@ Passes forward_backward(nn::GPT<X>& model, const Env& env, const TrainOptions& o
   return out;
 }
 
+// The MoE blocks' routing in the step just run (before end_moe_step
+// starts the next step's count).
+template <class X>
+void record_routing(TrainResult& result, const nn::GPT<X>& model) {
+  for (const nn::Block<X>& block : model.blocks)
+    if (block.moe) {
+      const nn::MoEState<X>& s = *block.moe->state;
+      result.expert_load.push_back(s.step_load);
+      result.dropped += s.step_dropped;
+      result.aux_loss += s.aux_loss;
+      result.z_loss += s.z_loss;
+    }
+}
+
 // The busiest rank's bytes of parameters, gradients and optimizer states
 // after the run, and of the peak of a step (`step_peak` on this rank).
 template <class Env, class X>
@@ -322,7 +336,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const DimsStats before_update = env.stats();
     if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
     optimizer.step();
-    model.update_moe_bias();  // Balance::Bias: the load of this step's forwards
+    if (step == o.steps - 1) record_routing(result, model);
+    model.end_moe_step();  // Balance::Bias: the bias from this step's load
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();
     const DimsStats update = env.stats() - before_update;
@@ -365,10 +380,10 @@ TrainResult train(const TrainOptions& o, const TextData& data, Communicator* wor
   if (o.warmup > o.steps)
     throw ValueError(fmt::format("[train] warmup = {} steps is more than the {} steps", o.warmup, o.steps));
   if (world == nullptr || o.mesh.empty()) return run(o, data, PlainEnv{o.model.dtype}, on_step);
-  if (o.model.moe.enabled())
+  if (o.model.moe.enabled() && numel(o.mesh) > 1)
     throw UnsupportedError(fmt::format(
         "[train] {} experts on mesh {}: expert parallelism (the ep plan) is not built yet; mixture of experts "
-        "trains on one rank, without --mesh",
+        "trains on one rank",
         o.model.moe.experts, fmt::join(o.mesh, "x")));
   if (detail::pipeline_dim(o.plans)) return detail::train_pipelined(o, data, *world, on_step);
   DeviceMesh mesh(*world, o.mesh, o.dims);

@@ -218,9 +218,9 @@ struct GPT {
   /// Mean cross entropy of the next byte, plus the MoE blocks' balancing
   /// losses of this forward: a 0-d tensor.
   X loss(const X& tokens, const X& targets) const;
-  /// Balance::Bias: each MoE block's selection bias updated from the load
-  /// routed since the last call; call after each optimizer step.
-  void update_moe_bias();
+  /// After each optimizer step: each MoE block's end_step() (the bias
+  /// update of Balance::Bias, and the next step's load counted afresh).
+  void end_moe_step();
   /// The lm_head as the forward uses it: with config.tie_embeddings, `wte`'s
   /// weight (read at each call, so that a parameter replaced by name, as a
   /// checkpoint's load does, stays tied), else `lm_head`.

@@ -101,7 +101,8 @@ template <TensorOrDTensor X>
 struct MoEState {
   std::vector<std::int64_t> last_load;  // routed per expert, the last forward
   std::int64_t last_dropped = 0;
-  std::vector<std::int64_t> step_load;  // routed per expert since update_bias
+  std::vector<std::int64_t> step_load;  // routed per expert since end_step, in recorded forwards
+  std::int64_t step_dropped = 0;        // the same for the dropped
   std::vector<double> bias;             // Balance::Bias: added to the probabilities to choose
   double aux_loss = 0, z_loss = 0;      // the last forward's
   std::optional<X> pending_loss;        // taken by the model's loss
@@ -123,9 +124,10 @@ struct MoE {
   /// plan) is not built yet.
   X operator()(const X& x) const;
   void named_parameters(const std::string& prefix, std::vector<std::pair<std::string, X*>>& out);
-  /// Balance::Bias, after each optimizer step: b_i += rate * sign(mean - load_i)
-  /// over the load since the last update, which is then cleared.
-  void update_bias();
+  /// After each optimizer step: under Balance::Bias, b_i += rate *
+  /// sign(mean - load_i) over the step's load; then the step's counts start
+  /// again.
+  void end_step();
 };
 
 extern template struct MoE<Tensor>;

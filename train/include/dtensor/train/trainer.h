@@ -82,6 +82,13 @@ struct TrainResult {
   /// F, B, I and W over the step's, averaged over every rank of the mesh).
   std::optional<nn::pipeline::Schedule> schedule;
   double bubble_fraction = 0;
+  /// With mixture-of-experts blocks, the last step's: the assignments routed
+  /// to each expert (one row per MoE block, summed over the micro-batches),
+  /// those dropped over capacity, and the balancing losses (the last
+  /// micro-batch's, summed over the MoE blocks).
+  std::vector<std::vector<std::int64_t>> expert_load;
+  std::int64_t dropped = 0;
+  double aux_loss = 0, z_loss = 0;
 };
 
 /// The lowered schedule every rank of a pipelined run (a mesh dim with plan
@@ -89,7 +96,7 @@ struct TrainResult {
 /// anything: a ValueError naming the value that cannot be scheduled or
 /// split (1f1b with fewer micro-batches than pp ranks, fewer blocks than
 /// stages, ...), an UnsupportedError naming what pipelined training does not
-/// do yet (plan fsdp beside pp). None
+/// do yet (mixture of experts). None
 /// when no dim has plan "pp".
 std::optional<nn::pipeline::Schedule> pipeline_schedule(const TrainOptions& options, const Shape& mesh_shape);
 
