@@ -131,6 +131,9 @@ const std::vector<Case>& cases() {
       {"zb-h1", {4}, {"pp"}, {"pp"}, 4, 1, 4, 3},
       {"zbv", {2}, {"pp"}, {"pp"}, 2, 2, 4, 2},
       {"dualpipev", {2}, {"pp"}, {"pp"}, 4, 2, 4, 2},
+      // The V on 4 ranks: stages r and 7-r on rank r, so 6 of 7 boundaries cross ranks.
+      {"zbv", {4}, {"pp"}, {"pp"}, 4, 2, 8, 6},
+      {"dualpipev", {4}, {"pp"}, {"pp"}, 8, 2, 8, 6},
       {"1f1b", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 1, 4, 1, 2},
       {"gpipe", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 3, 1, 4, 1, 2},
       {"interleaved", {2, 2}, {"pp", "dp"}, {"pp", "ddp"}, 2, 2, 4, 3, 2},
