@@ -85,6 +85,7 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
   const std::vector<DTensor> r = root.unflatten(root.flat.redistribute(root.gathered));
   const Embedding<DTensor> wte{r[0]}, wpe{r[1]};
   const LayerNorm<DTensor> ln_f{r[2], r[3]};
+  // Tied, the unit has no lm_head member (4 views, not 5) and head() reads wte's.
   const Linear<DTensor> head = model.head(wte, {r.size() > 4 ? r[4] : r[0], std::nullopt});
   return model.forward_with(tokens, cache, wte, wpe, ln_f, head, [&](const DTensor& x, std::size_t l) {
     const FlatUnit<DTensor>& unit = model.units[l + 1];

@@ -90,14 +90,18 @@ namespace {
 // the stage's root parameters gathered once and each block's for it.
 template <TensorOrDTensor X>
 X run_stage(const GPTStage<X>& stage, const X& input, KVCache<X>* cache) {
-  GPTStage<X> used = stage;  // handles: the gathered root replaces them here only
+  // Under FSDP a copy of the stage (handles) whose root parameters are
+  // replaced by their gathered values; otherwise the stage itself.
+  std::optional<GPTStage<X>> gathered_root;
   if constexpr (std::same_as<X, DTensor>)
     if (!stage.root_gathered_layouts.empty()) {
+      gathered_root = stage;
       NamedParameters<DTensor> root;
-      for (const auto& member : used.named_parameters())
+      for (const auto& member : gathered_root->named_parameters())
         if (!member.first.starts_with("blocks.")) root.push_back(member);
       detail::gather_parameters(root, stage.root_gathered_layouts, "stage root");
     }
+  const GPTStage<X>& used = gathered_root ? *gathered_root : stage;
   const std::int64_t past = cache ? cache->length : 0;
   X x = used.is_first() ? embed_tokens(*used.wte, *used.wpe, input, past, used.layouts) : input;
   for (std::size_t l = 0; l < used.blocks.size(); ++l) {
