@@ -156,8 +156,8 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--mesh", cl.mesh_text, "mesh shape, e.g. 8 or 2x4 (default: all ranks on one dim)");
   app.add_option("--dims", cl.dims_text, "mesh dim names, e.g. dp,tp (default: dp on one dim, else d0,d1,...)");
   app.add_option("--plan", cl.plan_text,
-                 fmt::format("one plan per mesh dim, comma-separated, each ddp, zero1, fsdp, tp, tp_sp or pp "
-                             "(pipeline stages; e.g. ddp,tp or pp,ddp) (default: {})",
+                 fmt::format("one plan per mesh dim, comma-separated, each ddp, zero1, fsdp, tp, tp_sp, pp "
+                             "(pipeline stages) or ep (experts; e.g. ddp,tp, pp,ddp or ep,tp) (default: {})",
                              cl.plan_text));
   app.add_option("--schedule", o.schedule,
                  fmt::format("pipeline schedule under --plan pp: gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev "
@@ -181,15 +181,15 @@ void add_mesh_and_model_options(CLI::App& app, CommandLine& cl) {
       ->check(CLI::PositiveNumber);
   nn::MoEConfig& moe = o.model.moe;
   app.add_option("--moe-experts", moe.experts,
-                 "E: each MoE block's experts, its MLP replaced by a router and E expert MLPs (one rank only "
-                 "for now) (default: 0, dense)")
+                 "E: each MoE block's experts, its MLP replaced by a router and E expert MLPs (split over "
+                 "the ep plan's dim) (default: 0, dense)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--moe-top-k", moe.top_k, fmt::format("K: experts per token, 1 or 2 (default: {})", moe.top_k));
   app.add_option("--moe-every", moe.every,
                  fmt::format("every N-th block is MoE, from block N-1 (default: {}, all)", moe.every));
   app.add_option("--capacity-factor", moe.capacity_factor,
-                 "C: each expert takes at most ceil(tokens K / E C) assignments, the rest dropped (default: none, "
-                 "dropless)");
+                 "C: each expert takes at most ceil(seq K / E C) assignments per sequence, the rest dropped "
+                 "(default: none, dropless)");
   app.add_option("--drop-policy", cl.drop_policy,
                  fmt::format("over capacity, drop the least probable or the latest assignments (default: {})",
                              cl.drop_policy))
@@ -292,10 +292,6 @@ void check_command_line(CommandLine& cl) {
   // What the mesh's sizes decide, before any rank starts: on threads a
   // 1-D mesh is all the ranks.
   const Shape mesh_shape = !o.mesh.empty() ? o.mesh : launch_backend() == "threads" ? Shape{cl.ranks} : Shape{};
-  if (o.model.moe.enabled() && !mesh_shape.empty() && numel(mesh_shape) > 1)
-    throw UnsupportedError(fmt::format("--moe-experts {} on {} ranks: expert parallelism (the ep plan) is not built "
-                                       "yet; mixture of experts trains on one rank",
-                                       o.model.moe.experts, numel(mesh_shape)));
   if (!mesh_shape.empty()) {
     nn::check_plans_fit(per_dim, mesh_shape, o.model, o.batch);
     // A pipeline that cannot be scheduled (1f1b with m < p, ...) is refused

@@ -147,7 +147,9 @@ template <TensorOrDTensor X>
 X Block<X>::operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache, std::size_t layer) const {
   const X h = add(x, attn(at_point(ln1(x), layouts, Point::AttentionInput), layouts, cache, layer));
   const X normed = at_point(ln2(h), layouts, Point::MlpInput);
-  return add(h, moe ? (*moe)(normed) : (*mlp)(normed, layouts));
+  // An MoE's output is Partial over tp (as a row-parallel projection's): the
+  // MLP output point reduces it.
+  return add(h, moe ? at_point((*moe)(normed), layouts, Point::MlpOutput) : (*mlp)(normed, layouts));
 }
 template <TensorOrDTensor X>
 void Block<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {

@@ -79,6 +79,9 @@ DimPlan tp() {
       {"*.attn.k.*", S(0)},        {"*.attn.v.*", S(0)},
       {"*.mlp.fc.*", S(0)},        {"*.attn.proj.weight", S(1)},  // row-parallel: input features (biases replicated)
       {"*.mlp.proj.weight", S(1)}, {"lm_head.weight", S(0)},      // column-parallel over the vocabulary
+      // MoE experts [E, 4D, D] and [E, D, 4D]: each expert's MLP split as the dense one's (its
+      // hidden features), so that a tp rank holds 1/tp of each and the output is a Partial sum.
+      {"*.experts.fc.*", S(1)},    {"*.experts.proj.weight", S(2)},
   };
   // The residual stream replicated: the embedding's and the row-parallel
   // projections' Partial sums are all_reduced where they are made.
@@ -98,6 +101,16 @@ DimPlan tp_sp() {
   return plan;
 }
 
+DimPlan ep() {
+  DimPlan plan = ddp();
+  plan.name = "ep";
+  // Each rank holds E / ep whole experts; every other parameter is
+  // data-parallel over the dim, whose ranks hold different tokens.
+  plan.parameters = {{"*.experts.*", S(0)}};
+  plan.splits_experts = true;
+  return plan;
+}
+
 DimPlan pp() {
   DimPlan out;
   out.name = "pp";
@@ -112,7 +125,8 @@ DimPlan plan_named(std::string_view name) {
   if (name == "tp") return tp();
   if (name == "tp_sp") return tp_sp();
   if (name == "pp") return pp();
-  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, fsdp, tp, tp_sp, pp", name));
+  if (name == "ep") return ep();
+  throw ValueError(fmt::format("[plan] unknown plan '{}'; expected one of ddp, zero1, fsdp, tp, tp_sp, pp, ep", name));
 }
 
 ParallelPlan::ParallelPlan(const DeviceMesh& mesh, std::vector<DimPlan> per_dim)
@@ -231,6 +245,11 @@ void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, 
       divides(config.vocab, "vocab");
     }
     if (plan.splits_batch) divides(batch, "batch");
+    if (plan.splits_experts && config.moe.enabled()) divides(config.moe.experts, "moe experts");
+    if (config.moe.enabled() && (plan.fully_shards || plan.pipelines) && n > 1)
+      throw UnsupportedError(fmt::format("[plan] mixture of experts under plan {} (mesh dim {} of size {}); expected "
+                                         "ep, ddp, zero1, tp or tp_sp",
+                                         plan.name, m, n));
     if (plan.pipelines && config.layers < n)
       throw ValueError(
           fmt::format("[plan] layers = {} over mesh dim {} of size {} (plan pp): every stage needs at "

@@ -380,11 +380,6 @@ TrainResult train(const TrainOptions& o, const TextData& data, Communicator* wor
   if (o.warmup > o.steps)
     throw ValueError(fmt::format("[train] warmup = {} steps is more than the {} steps", o.warmup, o.steps));
   if (world == nullptr || o.mesh.empty()) return run(o, data, PlainEnv{o.model.dtype}, on_step);
-  if (o.model.moe.enabled() && numel(o.mesh) > 1)
-    throw UnsupportedError(fmt::format(
-        "[train] {} experts on mesh {}: expert parallelism (the ep plan) is not built yet; mixture of experts "
-        "trains on one rank",
-        o.model.moe.experts, fmt::join(o.mesh, "x")));
   if (detail::pipeline_dim(o.plans)) return detail::train_pipelined(o, data, *world, on_step);
   DeviceMesh mesh(*world, o.mesh, o.dims);
   std::vector<nn::DimPlan> per_dim;

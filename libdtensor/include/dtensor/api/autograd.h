@@ -40,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -113,6 +114,19 @@ DTensor recompute_gathered(
     std::span<const DTensor> inputs, std::span<const DTensor> params, std::span<const Layout> gathered_layouts) {
   return recompute_gathered(f, inputs, params, gathered_layouts);
 }
+
+/// A step autograd cannot look into (a collective on local shards: MoE's
+/// all_to_allv of token rows) made differentiable by its own backward, as
+/// PyTorch's autograd.Function: `output` was computed from `inputs` with
+/// nothing recorded, and `backward(grad)` returns one gradient per input
+/// (nullopt: none), shaped as that input. While recording and when an input
+/// needs a gradient, `output` becomes one node named `name` that calls
+/// `backward` (which may itself run collectives: every rank runs the
+/// backward's nodes in the same order); otherwise `output` is returned as
+/// it is. AutogradError naming the node if backward returns the wrong
+/// number of gradients or a gradient of the wrong shape.
+using CustomBackward = std::function<std::vector<std::optional<Tensor>>(const Tensor& grad)>;
+Tensor record_custom(std::string name, std::span<const Tensor> inputs, Tensor output, CustomBackward backward);
 
 /// What a backward rule is given. Saved tensors are detached copies (same
 /// storage).

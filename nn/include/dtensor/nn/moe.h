@@ -12,8 +12,8 @@
 // Who goes where is a pure function of the routing (plan_dispatch: counts,
 // the permutation, what was dropped), and moving the rows is two ops
 // (moe_dispatch, moe_combine), each the other's backward through autograd.
-// This is one rank's MoE; the ep plan (expert weights S(0) over an ep mesh
-// dim, the rows by all_to_allv) builds on the same plan.
+// On DTensors the same layer runs expert-parallel (the ep plan: expert
+// weights S(0) over an ep mesh dim, the rows by all_to_allv; moe_parallel.cpp).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -39,8 +39,8 @@ struct MoEConfig {
   std::int64_t top_k = 2;    // k, 1 or 2
   /// Blocks l with (l + 1) % every == 0 are MoE (1: all; 2: every second).
   std::int64_t every = 1;
-  /// Capacity C = ceil(T k / E * factor) rows per expert, the rest dropped;
-  /// none: dropless.
+  /// Capacity C = ceil(T k / E * factor) rows per expert and sequence of T
+  /// tokens, the rest dropped; none: dropless.
   std::optional<double> capacity_factor{};
   DropPolicy drop_policy = DropPolicy::Probs;
   /// The chosen k probabilities divided by their sum (Mixtral), or as the
@@ -78,11 +78,16 @@ struct DispatchPlan {
 /// The plan of `expert_ids` (T * k, token-major: token t's j-th choice at
 /// t * k + j, each in [0, E)), `probabilities` (the same layout: each
 /// choice's router probability, which DropPolicy::Probs ranks by), and a
-/// capacity (none: dropless). ValueError naming the value for an id outside
-/// [0, E), sizes that disagree, or a token choosing one expert twice.
+/// capacity (none: dropless) per expert and group of `group_tokens`
+/// consecutive tokens (0: all T are one group). The model's groups are its
+/// sequences (GShard's groups), so that a sequence's drops are the same on
+/// every mesh: Megatron's capacity over each rank's tokens changes with the
+/// layout. ValueError naming the value for an id outside [0, E), sizes that
+/// disagree, a token choosing one expert twice, or groups that do not
+/// divide T.
 DispatchPlan plan_dispatch(std::span<const std::int64_t> expert_ids, std::span<const double> probabilities,
                            std::int64_t top_k, std::int64_t experts, std::optional<std::int64_t> capacity,
-                           DropPolicy policy);
+                           DropPolicy policy, std::int64_t group_tokens = 0);
 
 /// x [T, D] -> the plan's rows [rows, D] (a gather; its backward adds each
 /// row's gradient into its token's).
@@ -120,8 +125,12 @@ struct MoE {
   std::shared_ptr<MoEState<X>> state = std::make_shared<MoEState<X>>();
 
   /// x [B, T, D] -> [B, T, D]. Records the routing and the balancing loss
-  /// (state). UnsupportedError on DTensors: expert parallelism (the ep
-  /// plan) is not built yet.
+  /// (state). On DTensors the layouts say the parallelism: the experts S(0)
+  /// over an ep mesh dim (their rows travel by all_to_allv; x must be S(0)
+  /// there too), S(1) of fc / S(2) of proj over a tp dim (the output is then
+  /// Partial over tp, as a row-parallel projection's), x S(0) or R
+  /// elsewhere; LayoutError naming the tensor otherwise, ValueError when E
+  /// does not divide by ep.
   X operator()(const X& x) const;
   void named_parameters(const std::string& prefix, std::vector<std::pair<std::string, X*>>& out);
   /// After each optimizer step: under Balance::Bias, b_i += rate *

@@ -27,6 +27,9 @@
 // - tp_sp: tp with sequence parallelism: the residual stream, norms and
 //   embedding output S(1) (the sequence), gathered at attention, MLP and
 //   lm_head inputs and reduce_scattered at the projections' outputs.
+// - ep: expert parallelism, as ddp with each MoE layer's experts S(0) (a
+//   rank holds E / ep of them; the routed rows travel by all_to_allv).
+//   Under tp the experts' hidden features are split as the dense MLP's.
 #include <array>
 #include <optional>
 #include <span>
@@ -61,6 +64,9 @@ struct DimPlan {
   /// Whether the dim splits attention heads and the vocabulary: the model
   /// must divide them by its size.
   bool splits_heads = false;
+  /// Expert parallelism: the dim splits each MoE layer's experts (and, as
+  /// under ddp, the batch); the model's experts must divide by its size.
+  bool splits_experts = false;
   /// Pipeline parallelism: the dim splits the model's blocks into stages
   /// (pipeline_stage.h), one rank per stage, instead of laying out tensors.
   bool pipelines = false;
@@ -74,7 +80,11 @@ DimPlan fsdp();
 /// Pipeline stages over the dim (pipelines = true; everything else
 /// replicated). The trainer runs it with nn::pipeline's runtime.
 DimPlan pp();
-/// The plan of that name ("ddp", "zero1", "fsdp", "tp", "tp_sp", "pp"); ValueError naming
+/// Expert parallelism (as ddp for everything but the MoE experts, which are
+/// S(0) over the dim: each rank holds E / size of them, and the tokens
+/// travel to them by all_to_allv; moe.h).
+DimPlan ep();
+/// The plan of that name ("ddp", "zero1", "fsdp", "tp", "tp_sp", "pp", "ep"); ValueError naming
 /// the text and the known names otherwise.
 DimPlan plan_named(std::string_view name);
 
