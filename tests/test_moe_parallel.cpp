@@ -164,6 +164,52 @@ OneRank one_rank_step(const nn::GPTConfig& config) {
   return out;
 }
 
+
+// A layer of E = 4 experts on D = 8 over a 1-D ep mesh, whose router sends
+// token t (of each sequence of 4) to experts t and t + 1 (mod 4): every
+// expert gets 2 of each sequence's 8 assignments. x [b * ranks, 4, 8].
+struct BalancedLayer {
+  nn::MoE<DTensor> layer;
+  DTensor x;
+};
+constexpr std::int64_t kE = 4, kD = 8, kLen = 4;
+BalancedLayer balanced_layer(const DeviceMesh& mesh, std::int64_t local_batch, std::optional<double> capacity) {
+  const Layout r = Layout::replicated(1), s0{Shard{0}};
+  Tensor router = Tensor::zeros({kE, kD}, DType::Float64);
+  for (std::int64_t e = 0; e < kE; ++e) router.set({e, e}, 10.0);
+  const std::int64_t batch = local_batch * mesh.size();
+  Tensor x = Tensor::zeros({batch, kLen, kD}, DType::Float64);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t t = 0; t < kLen; ++t) {
+      x.set({b, t, t % kE}, 1.0);
+      x.set({b, t, (t + 1) % kE}, 0.5);
+      x.set({b, t, 4 + (t + b) % 4}, 0.1);  // tokens differ by sequence
+    }
+  auto param = [&](Shape shape, std::uint64_t seed, const Layout& layout) {
+    DTensor p = distribute_tensor(mul(Tensor::randn(std::move(shape), DType::Float64, seed), 0.3), mesh, layout);
+    p.requires_grad_();
+    return p;
+  };
+  DTensor router_d = distribute_tensor(router, mesh, r);
+  router_d.requires_grad_();
+  nn::MoE<DTensor> layer{router_d,
+                         param({kE, 4 * kD, kD}, 1, s0),
+                         param({kE, 4 * kD}, 2, s0),
+                         param({kE, kD, 4 * kD}, 3, s0),
+                         param({kE, kD}, 4, s0),
+                         {.experts = kE, .top_k = 2, .capacity_factor = capacity, .aux_loss = 0.01}};
+  DTensor xd = distribute_tensor(x, mesh, s0);
+  xd.requires_grad_();
+  return {std::move(layer), std::move(xd)};
+}
+
+std::uint64_t bytes_of(const CommCounterByDims& counter, CollectiveKind kind) {
+  std::uint64_t n = 0;
+  for (const DimsCount& c : counter.counts())
+    if (c.kind == kind) n += c.bytes;
+  return n;
+}
+
 }  // namespace moe_parallel_suite
 
 using namespace moe_parallel_suite;
@@ -266,6 +312,99 @@ BOOST_AUTO_TEST_CASE(one_step_gradients_equal_one_rank) {
   }
   if (ran == 0) BOOST_TEST_MESSAGE("no mesh of this job's size");
   BOOST_TEST(ran + (testing::test_backend() == "mpi") > 0);
+}
+
+// One MoE layer's collectives on an ep dim of e ranks, T local tokens, k =
+// 2, D = 8 f64: forward one all_to_all of the counts (E / e int64 to each
+// peer), the dispatch and the combine (each T k (e - 1) / e rows of D * 8
+// bytes each way under this balanced routing) and the statistics'
+// all_reduce; backward the two all_to_allv the other way and nothing else.
+// With capacity factor 0.5 (C = 1 per expert and sequence) each sequence
+// sends E * C rows, (e - 1) / e of them off-rank.
+BOOST_AUTO_TEST_CASE(a_layer_moves_exactly_its_off_rank_rows) {
+  for (const std::int64_t ranks : {2, 4}) {
+    if (!testing::can_run(ranks)) continue;
+    for (const std::optional<double> capacity : {std::optional<double>{}, std::optional<double>{0.5}}) {
+      const std::string what = fmt::format("ep = {}, capacity {}", ranks, capacity ? "0.5" : "none");
+      testing::FailureLog log;
+      testing::run_ranks(static_cast<int>(ranks), [&](Communicator& world) {
+        DeviceMesh mesh(world, {ranks}, {"ep"});
+        const std::int64_t local_batch = 2, tokens = local_batch * kLen;
+        BalancedLayer l = balanced_layer(mesh, local_batch, capacity);
+        const DTensor g = distribute_tensor(Tensor::randn({local_batch * ranks, kLen, kD}, DType::Float64, 9), mesh,
+                                            Layout{Shard{0}});
+        const std::int64_t rows = capacity ? local_batch * kE * 1 : tokens * 2;  // this rank's kept assignments
+        const std::uint64_t off_rank = static_cast<std::uint64_t>(rows * (ranks - 1) / ranks) * kD * 8;
+        const std::uint64_t counts = static_cast<std::uint64_t>((ranks - 1) * (kE / ranks)) * 8;
+        CommCounterByDims forward(mesh);
+        const DTensor y = l.layer(l.x);
+        auto expect = [&](const char* phase, std::uint64_t got, std::uint64_t want, const char* of) {
+          if (got != want) log.add(fmt::format("{}: {} {}, expected {}", phase, got, of, want));
+        };
+        expect("forward", forward.count({0}, CollectiveKind::AllToAll), 3, "all_to_all");
+        expect("forward", forward.count({0}, CollectiveKind::AllReduce), 1, "all_reduce");
+        expect("forward", bytes_of(forward, CollectiveKind::AllToAll), counts + 2 * off_rank, "all_to_all bytes");
+        std::uint64_t others = 0;
+        for (const DimsCount& c : forward.counts())
+          if (c.kind != CollectiveKind::AllToAll && c.kind != CollectiveKind::AllReduce) others += c.count;
+        expect("forward", others, 0, "other collectives");
+        const std::int64_t kept = std::accumulate(l.layer.state->last_load.begin(), l.layer.state->last_load.end(),
+                                                  std::int64_t{0}) - l.layer.state->last_dropped;
+        expect("forward", static_cast<std::uint64_t>(kept), static_cast<std::uint64_t>(rows * ranks), "rows kept");
+        CommCounterByDims backward(mesh);
+        y.backward(g);
+        expect("backward", backward.count({0}, CollectiveKind::AllToAll), 2, "all_to_all");
+        expect("backward", bytes_of(backward, CollectiveKind::AllToAll), 2 * off_rank, "all_to_all bytes");
+        std::uint64_t calls = 0;
+        for (const DimsCount& c : backward.counts()) calls += c.count;
+        expect("backward", calls, 2, "collectives in all");
+        if (!l.layer.fc_weight.grad() || !l.x.grad()) log.add("no gradient reached the experts or x");
+      });
+      log.report(what);
+    }
+  }
+  BOOST_TEST(true);  // the cases above report their own checks (none at an MPI size other than 2 and 4)
+}
+
+// Layouts the layer cannot run name themselves: tokens replicated over the
+// experts' dim, experts that do not divide by ep.
+BOOST_AUTO_TEST_CASE(layouts_it_cannot_run_are_named, *boost::unit_test::precondition(testing::ranks_available{2})) {
+  testing::FailureLog log;
+  testing::run_ranks(2, [&](Communicator& world) {
+    DeviceMesh mesh(world, {2}, {"ep"});
+    BalancedLayer l = balanced_layer(mesh, 1, std::nullopt);
+    const DTensor replicated = l.x.redistribute(Layout::replicated(1));
+    try {
+      l.layer(replicated);
+      log.add("tokens replicated over ep ran");
+    } catch (const LayoutError& e) {
+      if (std::string(e.what()).find("ep borrows data-parallel ranks") == std::string::npos) log.add(e.what());
+    }
+    nn::MoE<DTensor> odd = l.layer;
+    odd.config.experts = 3;
+    const Layout s0{Shard{0}};
+    auto make = [&](Shape shape) { return distribute_tensor(Tensor::zeros(std::move(shape), DType::Float64), mesh, s0); };
+    odd.router = distribute_tensor(Tensor::zeros({3, kD}, DType::Float64), mesh, Layout::replicated(1));
+    odd.fc_weight = make({3, 4 * kD, kD});
+    odd.fc_bias = make({3, 4 * kD});
+    odd.proj_weight = make({3, kD, 4 * kD});
+    odd.proj_bias = make({3, kD});
+    try {
+      odd(l.x);
+      log.add("3 experts over 2 ep ranks ran");
+    } catch (const ValueError& e) {
+      if (std::string(e.what()).find("3 experts over an ep dim of 2 ranks") == std::string::npos) log.add(e.what());
+    }
+  });
+  log.report("bad layouts");
+  nn::GPTConfig config = small_config();
+  config.moe = {.experts = 6, .top_k = 2};
+  const std::vector<nn::DimPlan> plans{nn::ep()};
+  testing::check_throws<ValueError>([&] { nn::check_plans_fit(plans, Shape{4}, config, 8); },
+                                    "moe experts = 6 is not divisible by mesh dim 0 of size 4 (plan ep)");
+  const std::vector<nn::DimPlan> fsdp{nn::fsdp()};
+  testing::check_throws<UnsupportedError>([&] { nn::check_plans_fit(fsdp, Shape{2}, config, 8); },
+                                          "mixture of experts under plan fsdp");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
