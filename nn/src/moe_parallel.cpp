@@ -94,9 +94,15 @@ MoEDims read_dims(const MoE<DTensor>& m, const DTensor& x) {
                                     x.placements(), dims.tp));
     }
   }
-  if (dims.ep >= 0 && !dims.splits_tokens(dims.ep))
-    throw LayoutError(fmt::format("[MoE] x in layout {} with the experts split over mesh dim {}; expected the "
-                                  "tokens split there too (S(0)): ep borrows data-parallel ranks",
+  // Tokens replicated over ep (generation, whose one sequence every rank
+  // holds): each rank sends its copy to the experts and gets its own answer
+  // back. Only without a gradient: the experts would sum ep equal copies.
+  const bool recording = grad_enabled() && (x.requires_grad() || m.router.requires_grad() ||
+                                            m.fc_weight.requires_grad() || m.proj_weight.requires_grad());
+  if (dims.ep >= 0 && !dims.splits_tokens(dims.ep) && recording)
+    throw LayoutError(fmt::format("[MoE] x in layout {} with the experts split over mesh dim {}, recording a "
+                                  "gradient; expected the tokens split there too (S(0)): ep borrows data-parallel "
+                                  "ranks (replicated tokens run only without a gradient, as in generation)",
                                   x.placements(), dims.ep));
   const std::int64_t experts = m.config.experts;
   if (dims.ep >= 0 && experts % x.mesh().size(dims.ep) != 0)
