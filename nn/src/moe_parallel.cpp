@@ -221,8 +221,10 @@ Exchange exchange_counts(const std::vector<std::int64_t>& counts, Communicator* 
 // gives their gradients, zeros for a weight no row reached, so that every
 // rank's gradients take part in the same reductions.
 Tensor through_experts(const Tensor& rows, const std::vector<std::int64_t>& counts, const LocalExperts& w,
-                       Communicator* ep, bool with_proj_bias) {
+                       Communicator* ep, bool with_proj_bias, MoEState<DTensor>& state) {
   const Exchange plan = exchange_counts(counts, ep);
+  state.sent_rows = ep ? plan.send_rows : std::vector<std::int64_t>{};
+  state.received_rows = ep ? plan.recv_rows : std::vector<std::int64_t>{};
   const bool across = ep && ep->size() > 1;
   Tensor received = [&] {
     if (!across) return rows.detach();
@@ -307,7 +309,7 @@ DTensor forward_parallel(const MoE<DTensor>& m, const DTensor& x) {
   const Tensor rows = moe_dispatch(reshape(x_experts, {batch * len, dim}), r.plan);
   Communicator* ep = dims.ep >= 0 ? &mesh.dim_comm(dims.ep) : nullptr;
   const bool first_tp_rank = dims.tp < 0 || mesh.coordinate()[static_cast<std::size_t>(dims.tp)] == 0;
-  const Tensor y = through_experts(rows, r.plan.counts, experts, ep, first_tp_rank);
+  const Tensor y = through_experts(rows, r.plan.counts, experts, ep, first_tp_rank, state);
   const Tensor out = reshape(moe_combine(y, gates, r.plan), {batch, len, dim});
 
   // The whole batch's statistics: one all_reduce over the token dims.

@@ -110,6 +110,9 @@ struct MoEState {
   std::int64_t step_dropped = 0;        // the same for the dropped
   std::vector<double> bias;             // Balance::Bias: added to the probabilities to choose
   double aux_loss = 0, z_loss = 0;      // the last forward's
+  /// Under ep, this rank's last forward: the rows it sent to each ep peer
+  /// (its own included) and received from each (empty off ep).
+  std::vector<std::int64_t> sent_rows, received_rows;
   std::optional<X> pending_loss;        // taken by the model's loss
 };
 
