@@ -407,4 +407,45 @@ BOOST_AUTO_TEST_CASE(layouts_it_cannot_run_are_named, *boost::unit_test::precond
                                           "mixture of experts under plan fsdp");
 }
 
+// Ranks that disagree about the routing (here the number of experts, so
+// the count exchange's sizes differ) get a typed error on every rank from
+// the communicator, never a hang.
+BOOST_AUTO_TEST_CASE(ranks_that_route_differently_fail_by_type,
+                     *boost::unit_test::precondition(testing::ranks_available{2})) {
+  if (testing::test_backend() != "threads") {
+    BOOST_TEST_MESSAGE("threads only: under MPI a rank that throws ends the job");
+    BOOST_TEST(testing::test_backend() == "mpi");
+    return;
+  }
+  testing::FailureLog log;
+  testing::run_ranks(
+      2,
+      [&](Communicator& world) {
+        DeviceMesh mesh(world, {2}, {"ep"});
+        const std::int64_t experts = world.rank() == 0 ? 4 : 2;
+        const Layout s0{Shard{0}};
+        // Each rank's own view (distribute_tensor would take rank 0's shapes).
+        auto make = [&](Shape shape, bool split) {
+          Shape local = shape;
+          if (split) local[0] /= 2;
+          return DTensor::from_local(Tensor::zeros(local, DType::Float64), mesh,
+                                     split ? s0 : Layout::replicated(1), shape, FromLocalCheck::Trust);
+        };
+        nn::MoE<DTensor> layer{make({experts, kD}, false), make({experts, 4 * kD, kD}, true),
+                               make({experts, 4 * kD}, true), make({experts, kD, 4 * kD}, true),
+                               make({experts, kD}, true), {.experts = experts, .top_k = 2}};
+        const DTensor x = distribute_tensor(Tensor::ones({2, kLen, kD}, DType::Float64), mesh, s0);
+        try {
+          NoGradGuard no_grad;
+          layer(x);
+          log.add(fmt::format("rank {}: routed with {} experts, its peer with another number, and returned",
+                              world.rank(), experts));
+        } catch (const CommError& e) {
+          BOOST_TEST_MESSAGE("rank " << world.rank() << ": " << e.what());
+        }
+      },
+      std::chrono::milliseconds(5000));
+  log.report("ranks that route differently");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
