@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks of one build directory and prints their tables
 # (bench/README.md quotes them).
-#   bash bench/run.sh build           # collectives up to 64 MiB, plan cache, pipeline;
-#                                     # under MPI: 2 processes, 16 MiB, matmul --quick
+#   bash bench/run.sh build           # collectives up to 64 MiB, plan cache, pipeline, moe;
+#                                     # under MPI: 2 processes, 16 MiB, moe, matmul --quick
 #   FULL=1 bash bench/run.sh build    # collectives up to 256 MiB (needs ~4 GiB);
 #                                     # under MPI: 2 and 4 processes, 64 MiB, matmul N=2048,4096
 set -euo pipefail
@@ -18,6 +18,9 @@ echo "== planner: plan-cache hit vs miss (build/bench/plan_cache)"
 echo
 echo "== pipeline schedules: measured against simulated (build/bench/pipeline; p = 4, m = 8, about 2 minutes)"
 "$dir/bench/pipeline"
+echo
+echo "== expert parallelism: the MoE exchange vs memcpy, MoE vs dense training on ep = 2 (build/bench/moe)"
+"$dir/bench/moe"
 
 # The MPI section needs mpirun and a build with MPI (collectives then has its
 # MPI mode compiled in; matmul exists only with ScaLAPACK and OpenBLAS too).
@@ -49,6 +52,11 @@ for np in "${procs[@]}"; do
   echo
   echo "== collectives on the MPI backend vs bare MPI (mpirun -np $np build/bench/collectives --max-mib=$mpi_max)"
   mpi_run "$np" "$dir/bench/collectives" --max-mib="$mpi_max"
+done
+for np in "${procs[@]}"; do
+  echo
+  echo "== expert parallelism on the MPI backend vs bare MPI_Alltoallv (mpirun -np $np build/bench/moe --max-mib=$mpi_max)"
+  mpi_run "$np" "$dir/bench/moe" --max-mib="$mpi_max"
 done
 if [[ -x $dir/bench/matmul ]]; then
   for np in "${procs[@]}"; do
