@@ -6,7 +6,10 @@
 // Each row trains `warmup` steps and then `steps` timed ones with
 // train::train; tokens/s is batch * seq * steps over the timed steps' wall time
 // on rank 0 (every rank takes part in every step, so rank 0's wall time is
-// the step's). The world communicator is wrapped in a TimedCommunicator
+// the step's). `gemm` is rank 0's time inside the CPU GEMM backend
+// (cpu::gemm_seconds_this_thread: every matmul, linear and einsum, forward
+// and backward) over its step time: the part of the step that is GEMM, whose
+// ceiling is 100%. The world communicator is wrapped in a TimedCommunicator
 // (bench/timed_communicator.h): `comm wall` is rank 0's wall time inside
 // collectives over its step time, which includes waiting for peers that
 // are still computing; `comm cpu` is rank 0's thread CPU time inside them
@@ -32,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/ops/detail/gemm.h"
 #include "dtensor/train/trainer.h"
 #include "thread_timing.h"
 #include "timed_communicator.h"
@@ -52,6 +56,7 @@ struct Row {
   double step_seconds = 0;  // mean over the timed steps
   double tokens_per_second = 0;
   double comm_wall_share = 0, comm_cpu_share = 0;
+  double gemm_share = 0;  // rank 0's time inside the CPU GEMM backend over its step time
   std::uint64_t collectives = 0, bytes = 0;  // rank 0's, the last step's
 };
 
@@ -66,7 +71,7 @@ std::string mesh_text(const Config& c) { return c.mesh.empty() ? "-" : fmt::form
 
 // Per-step totals that rank 0's step callback adds up over the timed steps.
 struct Totals {
-  double wall = 0, cpu = 0, comm_wall = 0, comm_cpu = 0;
+  double wall = 0, cpu = 0, comm_wall = 0, comm_cpu = 0, gemm = 0;
   std::int64_t steps = 0;
 };
 
@@ -87,19 +92,21 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
   }
   const bool lead = world == nullptr || world->rank() == 0;
   Totals totals;
-  double cpu_mark = bench::thread_seconds();
+  double cpu_mark = bench::thread_seconds(), gemm_mark = cpu::gemm_seconds_this_thread();
   bench::CommClock comm_mark = clock ? *clock : bench::CommClock{};
   const train::TrainResult r = train::train(t, data, world, [&](std::int64_t step, double, double seconds) {
-    const double cpu_now = bench::thread_seconds();
+    const double cpu_now = bench::thread_seconds(), gemm_now = cpu::gemm_seconds_this_thread();
     const bench::CommClock comm_now = clock ? *clock : bench::CommClock{};
     if (step >= o.train.warmup) {
       totals.wall += seconds;
       totals.cpu += cpu_now - cpu_mark;
       totals.comm_wall += comm_now.wall - comm_mark.wall;
       totals.comm_cpu += comm_now.cpu - comm_mark.cpu;
+      totals.gemm += gemm_now - gemm_mark;
       ++totals.steps;
     }
     cpu_mark = cpu_now;
+    gemm_mark = gemm_now;
     comm_mark = comm_now;
   });
   if (!lead) return;
@@ -108,6 +115,7 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
   row.tokens_per_second = static_cast<double>(t.batch * t.model.seq * totals.steps) / totals.wall;
   row.comm_wall_share = totals.comm_wall / totals.wall;
   row.comm_cpu_share = totals.cpu > 0 ? totals.comm_cpu / totals.cpu : 0;
+  row.gemm_share = totals.gemm / totals.wall;
   for (const train::PhaseComm& p : r.comm) {
     row.collectives += p.count;
     row.bytes += p.bytes;
@@ -148,8 +156,8 @@ void print_header(const Options& o, std::string_view backend) {
       "{} warm-up + {} timed steps; {} ranks\n",
       m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
       o.train.warmup, o.timed_steps, backend);
-  fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>10} {:>9} {:>6} {:>8}\n", "plan", "mesh", "ranks", "step ms",
-             "tokens/s", "vs plain", "comm wall", "comm cpu", "colls", "MiB");
+  fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>6} {:>8}\n", "plan", "mesh", "ranks",
+             "step ms", "tokens/s", "vs plain", "gemm", "comm wall", "comm cpu", "colls", "MiB");
 }
 
 void print_row(const Row& r, std::optional<double> plain, bool json) {
@@ -157,14 +165,15 @@ void print_row(const Row& r, std::optional<double> plain, bool json) {
   if (json) {
     fmt::print(
         "{{\"plan\": \"{}\", \"mesh\": \"{}\", \"ranks\": {}, \"step_seconds\": {:.6f}, \"tokens_per_second\": {:.1f}, "
-        "\"comm_wall_share\": {:.4f}, \"comm_cpu_share\": {:.4f}, \"collectives\": {}, \"bytes\": {}}}\n",
+        "\"gemm_share\": {:.4f}, \"comm_wall_share\": {:.4f}, \"comm_cpu_share\": {:.4f}, \"collectives\": {}, "
+        "\"bytes\": {}}}\n",
         c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), r.step_seconds, r.tokens_per_second,
-        r.comm_wall_share, r.comm_cpu_share, r.collectives, r.bytes);
+        r.gemm_share, r.comm_wall_share, r.comm_cpu_share, r.collectives, r.bytes);
   } else {
     const std::string vs = plain ? fmt::format("{:.2f}", r.tokens_per_second / *plain) : "-";
-    fmt::print("{:<8} {:>6} {:>5} {:>9.1f} {:>9.0f} {:>8} {:>9.1f}% {:>8.1f}% {:>6} {:>8.2f}\n",
+    fmt::print("{:<8} {:>6} {:>5} {:>9.1f} {:>9.0f} {:>8} {:>5.1f}% {:>9.1f}% {:>8.1f}% {:>6} {:>8.2f}\n",
                c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), 1e3 * r.step_seconds, r.tokens_per_second,
-               vs, 100 * r.comm_wall_share, 100 * r.comm_cpu_share, r.collectives,
+               vs, 100 * r.gemm_share, 100 * r.comm_wall_share, 100 * r.comm_cpu_share, r.collectives,
                static_cast<double>(r.bytes) / (1 << 20));
   }
   std::fflush(stdout);

@@ -2,6 +2,7 @@
 // the pointwise and reduction primitives of this directory, plus the loops
 // behind views, einsum and the embedding family. f32, f64 and i64 only
 // (dispatch widens bf16/f16 around a CPU kernel).
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -68,10 +69,23 @@ void add_bias(Tensor& y, const Tensor& bias, std::int64_t rows, std::int64_t col
   });
 }
 
+}  // namespace
+
+thread_local double gemm_seconds = 0;  // cpu::gemm_seconds_this_thread
+
+namespace {
+
+// Adds the time from construction to destruction to this thread's GEMM clock.
+struct GemmTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~GemmTimer() { gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+};
+
 void gemm_batched(DType dtype, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
                   std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb, std::int64_t stride_b,
                   void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, bool accumulate) {
   if (accumulate) throw Error("[cpu] internal: gemm_batched cannot accumulate on the CPU");
+  const GemmTimer timer;
   const std::size_t item = itemsize(dtype);
   const auto* pa = static_cast<const std::byte*>(a);
   const auto* pb = static_cast<const std::byte*>(b);
@@ -148,3 +162,9 @@ const Kernels& cpu_table<Kernels>() {
 }
 
 }  // namespace dtensor::device
+
+namespace dtensor::cpu {
+
+double gemm_seconds_this_thread() { return device::gemm_seconds; }
+
+}  // namespace dtensor::cpu

@@ -5,12 +5,13 @@
 // apart; a freed block is kept for the next request of its class, on any
 // thread, so that steady loops reuse memory whose pages are already mapped.
 // The free blocks kept never exceed the larger of the bytes in use (or 64
-// MiB when less is in use) and the room below the peak in use, nor the
-// limit (1 GiB unless DTENSOR_HOST_CACHE_MB or set_host_cache_limit says
-// otherwise): resident memory stays within about twice the live tensor
-// bytes or the program's own peak. The room below the peak keeps a training
-// step's blocks for the next step (at its end the activations are freed
-// while little is in use). Smaller blocks come from the heap.
+// MiB when less is in use) and what each size class needs to reach its own
+// peak again, the latter up to a quarter over the program's peak in use;
+// nor the limit (1 GiB unless DTENSOR_HOST_CACHE_MB or set_host_cache_limit
+// says otherwise): resident memory stays within about twice the live tensor
+// bytes or 1.25x the program's own peak. The per-class room keeps a
+// training step's blocks for the next step, which maps no new page.
+// Smaller blocks come from the heap.
 #include <cstddef>
 #include <cstdint>
 

@@ -17,6 +17,12 @@ namespace dtensor::cpu {
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
           std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
 
+/// Seconds the calling thread has spent in the GEMMs of CPU kernels
+/// (matmul, linear, einsum, bmm and their backward) since it started: the
+/// clock behind bench/train's `gemm` share of a step. Two steady_clock reads
+/// per batched GEMM call, about 40 ns against a GEMM's microseconds.
+double gemm_seconds_this_thread();
+
 /// The backend f32/f64 run on and the kernel set it chose for this CPU, for
 /// people: e.g. "openblas (Cooperlake, chosen from CPU features)",
 /// "openblas (Prescott, loaded before dtensor, ...; slower than this CPU
