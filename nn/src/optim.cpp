@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,6 +17,7 @@
 #include "dtensor/api/pointwise.h"
 #include "dtensor/core/error.h"
 #include "dtensor/core/half.h"
+#include "dtensor/ops/detail/vector_math.h"
 
 namespace dtensor::nn {
 namespace {
@@ -435,18 +437,22 @@ void AdamW<X>::step() {
       const T* gd = g.data_as<T>();
       T* md = m.data_as<T>();
       T* vd = v.data_as<T>();
-      const C b1 = static_cast<C>(o.beta1), b2 = static_cast<C>(o.beta2), eps = static_cast<C>(o.eps);
-      const C decay = static_cast<C>(1 - this->lr_ * o.weight_decay);
-      const C step_size = static_cast<C>(this->lr_ / (1 - std::pow(o.beta1, t_step)));
-      const C bc2_sqrt = static_cast<C>(std::sqrt(1 - std::pow(o.beta2, t_step)));
-      for (std::int64_t k = 0; k < p.numel(); ++k) {
-        const C gk = load<C>(gd[k]);
-        const C mk = b1 * load<C>(md[k]) + (1 - b1) * gk;
-        const C vk = b2 * load<C>(vd[k]) + (1 - b2) * gk * gk;
-        md[k] = store<T>(mk);
-        vd[k] = store<T>(vk);
-        const C denom = std::sqrt(vk) / bc2_sqrt + eps;
-        pd[k] = store<T>(load<C>(pd[k]) * decay - step_size * mk / denom);
+      const cpu::vmath::AdamWConstants<C> k{static_cast<C>(o.beta1),
+                                            static_cast<C>(o.beta2),
+                                            static_cast<C>(o.eps),
+                                            static_cast<C>(1 - this->lr_ * o.weight_decay),
+                                            static_cast<C>(this->lr_ / (1 - std::pow(o.beta1, t_step))),
+                                            static_cast<C>(std::sqrt(1 - std::pow(o.beta2, t_step)))};
+      if constexpr (std::is_same_v<T, C>) {
+        cpu::vmath::adamw(k, pd, gd, md, vd, p.numel());  // f32, f64: vectorised, one pass
+      } else {
+        for (std::int64_t i = 0; i < p.numel(); ++i) {  // bf16, f16: computed in f32
+          C pi = load<C>(pd[i]), mi = load<C>(md[i]), vi = load<C>(vd[i]);
+          cpu::vmath::adamw_element(k, load<C>(gd[i]), mi, vi, pi);
+          md[i] = store<T>(mi);
+          vd[i] = store<T>(vi);
+          pd[i] = store<T>(pi);
+        }
       }
     });
   }

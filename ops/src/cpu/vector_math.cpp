@@ -17,6 +17,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -129,6 +130,43 @@ void ExpSubAccumulateF64(const double* x, const double* m, double* y, double* s,
   ExpSubAccumulateT(x, m, y, s, n);
 }
 
+template <class T>
+HWY_NOINLINE void AdamWT(const AdamWConstants<T>& k, T* p, const T* g, T* m, T* v, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto b1 = hn::Set(d, k.beta1), b2 = hn::Set(d, k.beta2), one_b1 = hn::Set(d, 1 - k.beta1),
+             one_b2 = hn::Set(d, 1 - k.beta2), eps = hn::Set(d, k.eps), decay = hn::Set(d, k.decay),
+             step = hn::Set(d, k.step_size), bc2 = hn::Set(d, k.bias2_sqrt);
+  const auto update = [&](T* pp, const T* gp, T* mp, T* vp) {
+    const auto gi = hn::LoadU(d, gp);
+    const auto mi = hn::Add(hn::Mul(b1, hn::LoadU(d, mp)), hn::Mul(one_b1, gi));
+    const auto vi = hn::Add(hn::Mul(b2, hn::LoadU(d, vp)), hn::Mul(hn::Mul(one_b2, gi), gi));
+    hn::StoreU(mi, d, mp);
+    hn::StoreU(vi, d, vp);
+    const auto denom = hn::Add(hn::Div(hn::Sqrt(vi), bc2), eps);
+    hn::StoreU(hn::Sub(hn::Mul(hn::LoadU(d, pp), decay), hn::Div(hn::Mul(step, mi), denom)), d, pp);
+  };
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) update(p + i, g + i, m + i, v + i);
+  if (i < n) {
+    // The tail through the same vector code (the compiler may contract a
+    // multiply-add in it, and a scalar tail would round differently), so an
+    // element's result never depends on where a shard boundary put it.
+    HWY_ALIGN T bp[hn::MaxLanes(d)] = {}, bg[hn::MaxLanes(d)] = {}, bm[hn::MaxLanes(d)] = {},
+                bv[hn::MaxLanes(d)] = {};
+    const std::int64_t r = n - i;
+    std::copy(p + i, p + n, bp), std::copy(g + i, g + n, bg), std::copy(m + i, m + n, bm), std::copy(v + i, v + n, bv);
+    update(bp, bg, bm, bv);
+    std::copy(bp, bp + r, p + i), std::copy(bm, bm + r, m + i), std::copy(bv, bv + r, v + i);
+  }
+}
+void AdamWF32(const AdamWConstants<float>& k, float* p, const float* g, float* m, float* v, std::int64_t n) {
+  AdamWT(k, p, g, m, v, n);
+}
+void AdamWF64(const AdamWConstants<double>& k, double* p, const double* g, double* m, double* v, std::int64_t n) {
+  AdamWT(k, p, g, m, v, n);
+}
+
 }  // namespace dtensor::cpu::vmath::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -143,6 +181,15 @@ HWY_EXPORT(ExpSubSumF32);
 HWY_EXPORT(ExpSubSumF64);
 HWY_EXPORT(ExpSubAccumulateF32);
 HWY_EXPORT(ExpSubAccumulateF64);
+HWY_EXPORT(AdamWF32);
+HWY_EXPORT(AdamWF64);
+
+void adamw(const AdamWConstants<float>& k, float* p, const float* g, float* m, float* v, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AdamWF32)(k, p, g, m, v, n);
+}
+void adamw(const AdamWConstants<double>& k, double* p, const double* g, double* m, double* v, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AdamWF64)(k, p, g, m, v, n);
+}
 
 void apply(Fn fn, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ApplyF32)(fn, x, y, n); }
 void apply(Fn fn, const double* x, double* y, std::int64_t n) {

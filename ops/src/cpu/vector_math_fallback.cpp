@@ -107,4 +107,11 @@ void f32_to_f16(const float* x, std::uint16_t* y, std::int64_t n) {
 const char* target_name() { return "none (built without Highway)"; }
 void for_each_target(const std::function<void()>& fn) { fn(); }
 
+void adamw(const AdamWConstants<float>& k, float* p, const float* g, float* m, float* v, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) adamw_element(k, g[i], m[i], v[i], p[i]);
+}
+void adamw(const AdamWConstants<double>& k, double* p, const double* g, double* m, double* v, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) adamw_element(k, g[i], m[i], v[i], p[i]);
+}
+
 }  // namespace dtensor::cpu::vmath

@@ -7,6 +7,7 @@
 // dtype. NaN, +-inf and +-0 give what the std:: formula gives (sigmoid is
 // 1/(1+exp(-x)), silu x/(1+exp(-x)), gelu x/2*(1+erf(x/sqrt(2))), rsqrt
 // 1/sqrt(x), relu x < 0 ? 0 : x).
+#include <cmath>
 #include <cstdint>
 #include <functional>
 
@@ -32,6 +33,30 @@ float exp_sub_sum(const float* x, float m, float* y, std::int64_t n);
 double exp_sub_sum(const double* x, double m, double* y, std::int64_t n);
 void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n);
 void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n);
+
+/// One AdamW step's constants for one parameter (decoupled weight decay,
+/// bias corrections folded in): decay = 1 - lr * weight_decay, step_size =
+/// lr / (1 - beta1^t), bias2_sqrt = sqrt(1 - beta2^t).
+template <class C>
+struct AdamWConstants {
+  C beta1, beta2, eps, decay, step_size, bias2_sqrt;
+};
+
+/// AdamW on one element, in place: the formula every path runs (the
+/// vectorised one does the same operations in the same order; the compiler
+/// may fuse a multiply-add there).
+template <class C>
+inline void adamw_element(const AdamWConstants<C>& k, C g, C& m, C& v, C& p) {
+  m = k.beta1 * m + (1 - k.beta1) * g;
+  v = k.beta2 * v + (1 - k.beta2) * g * g;
+  const C denom = std::sqrt(v) / k.bias2_sqrt + k.eps;
+  p = p * k.decay - k.step_size * m / denom;
+}
+
+/// AdamW over n contiguous elements: one pass over parameter, gradient and
+/// both moments.
+void adamw(const AdamWConstants<float>& k, float* p, const float* g, float* m, float* v, std::int64_t n);
+void adamw(const AdamWConstants<double>& k, double* p, const double* g, double* m, double* v, std::int64_t n);
 
 /// bf16 (as its bits) to f32, exactly; and f32 to bf16 with bfloat16(float)'s
 /// rounding (nearest even, NaN kept a quiet NaN), bit for bit.
