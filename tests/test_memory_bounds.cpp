@@ -288,8 +288,8 @@ BOOST_AUTO_TEST_CASE(release_returns_memory, *utf::precondition(rss_is_meaningfu
 
 // A step whose size classes peak at different times (activations of one
 // size in the forward, gradients of another in the backward) maps more
-// blocks than its peak in use; each class's own peak is kept, within a
-// quarter over the program's peak, so the same step again maps nothing.
+// blocks than its peak in use; each class's own peak is kept, within twice
+// the program's peak, so the same step again maps nothing.
 // (Keeping only the room below the peak unmapped 16 blocks a step of the
 // 10.9M-parameter GPT.)
 BOOST_AUTO_TEST_CASE(blocks_of_classes_peaking_at_different_times_are_kept) {

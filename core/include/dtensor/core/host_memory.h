@@ -6,10 +6,10 @@
 // thread, so that steady loops reuse memory whose pages are already mapped.
 // The free blocks kept never exceed the larger of the bytes in use (or 64
 // MiB when less is in use) and what each size class needs to reach its own
-// peak again, the latter up to a quarter over the program's peak in use;
-// nor the limit (1 GiB unless DTENSOR_HOST_CACHE_MB or set_host_cache_limit
-// says otherwise): resident memory stays within about twice the live tensor
-// bytes or 1.25x the program's own peak. The per-class room keeps a
+// peak again, the latter up to twice the program's peak in use; nor the
+// limit (1 GiB unless DTENSOR_HOST_CACHE_MB or set_host_cache_limit says
+// otherwise): resident memory stays within about twice the live tensor
+// bytes or twice the program's own peak. The per-class room keeps a
 // training step's blocks for the next step, which maps no new page.
 // Smaller blocks come from the heap.
 #include <cstddef>
