@@ -65,9 +65,10 @@ DType dtype_of() {
 
 const char* short_name(DType d) { return d == DType::Float32 ? "f32" : d == DType::Float64 ? "f64" : "i64"; }
 
-/// Runs one case; returns what is wrong, or an empty string.
+/// Runs one case (with `accumulate`, C += op(A) op(B) onto random C);
+/// returns what is wrong, or an empty string.
 template <class T>
-std::string check_case(const Case& c, std::mt19937& rng) {
+std::string check_case(const Case& c, std::mt19937& rng, bool accumulate = false) {
   const std::int64_t a_rows = c.trans_a ? c.k : c.m, b_rows = c.trans_b ? c.n : c.k;
   std::vector<T> a(static_cast<std::size_t>(a_rows * c.lda)), b(static_cast<std::size_t>(b_rows * c.ldb));
   std::uniform_int_distribution<int> small(-4, 4);
@@ -78,7 +79,12 @@ std::string check_case(const Case& c, std::mt19937& rng) {
   // overwritten, and the padding past n in each row left alone.
   const T sentinel = std::is_integral_v<T> ? T(7777) : std::numeric_limits<T>::quiet_NaN();
   std::vector<T> out(static_cast<std::size_t>(std::max<std::int64_t>(c.m, 1) * c.ldc), sentinel);
-  cpu::gemm(dtype_of<T>(), c.trans_a, c.trans_b, c.m, c.n, c.k, a.data(), c.lda, b.data(), c.ldb, out.data(), c.ldc);
+  if (accumulate)
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j) out[i * c.ldc + j] = std::is_integral_v<T> ? T(small(rng)) : T(unit(rng));
+  const std::vector<T> before = out;
+  cpu::gemm(dtype_of<T>(), c.trans_a, c.trans_b, c.m, c.n, c.k, a.data(), c.lda, b.data(), c.ldb, out.data(), c.ldc,
+            accumulate);
   auto at_a = [&](std::int64_t i, std::int64_t p) { return c.trans_a ? a[p * c.lda + i] : a[i * c.lda + p]; };
   auto at_b = [&](std::int64_t p, std::int64_t j) { return c.trans_b ? b[j * c.ldb + p] : b[p * c.ldb + j]; };
   // f32 sums of k products of |x| <= 1 differ from the double sum by a few
@@ -94,7 +100,7 @@ std::string check_case(const Case& c, std::mt19937& rng) {
         if (!untouched) return "padding C[" + std::to_string(i) + "," + std::to_string(j) + "] was written";
         continue;
       }
-      double want = 0;
+      double want = accumulate ? static_cast<double>(before[i * c.ldc + j]) : 0;
       for (std::int64_t p = 0; p < c.k; ++p) want += static_cast<double>(at_a(i, p)) * static_cast<double>(at_b(p, j));
       if (!(std::abs(got - want) <= tol))
         return "C[" + std::to_string(i) + "," + std::to_string(j) + "] = " + std::to_string(got) + ", expected " +
@@ -104,13 +110,13 @@ std::string check_case(const Case& c, std::mt19937& rng) {
 }
 
 template <class T>
-void check_random_cases(unsigned seed, int cases) {
+void check_random_cases(unsigned seed, int cases, bool accumulate = false) {
   std::mt19937 rng(seed);
   for (int i = 0; i < cases; ++i) {
     const Case c = draw_case(rng);
-    const std::string problem = check_case<T>(c, rng);
+    const std::string problem = check_case<T>(c, rng, accumulate);
     BOOST_TEST(problem.empty(), "dtype " << short_name(dtype_of<T>()) << " seed " << seed << " case " << i << " ("
-                                         << c.describe() << "): " << problem);
+                                         << c.describe() << (accumulate ? ", accumulating" : "") << "): " << problem);
   }
 }
 
@@ -126,6 +132,11 @@ BOOST_AUTO_TEST_SUITE(cpu_gemm)
 BOOST_AUTO_TEST_CASE(matches_a_naive_product_f32) { check_random_cases<float>(11, 300); }
 BOOST_AUTO_TEST_CASE(matches_a_naive_product_f64) { check_random_cases<double>(12, 300); }
 BOOST_AUTO_TEST_CASE(matches_a_naive_product_i64) { check_random_cases<std::int64_t>(13, 150); }
+// C += op(A) op(B) (beta = 1: how linear_bias folds its bias into the GEMM),
+// k = 0 included, where C must stay as it was.
+BOOST_AUTO_TEST_CASE(accumulates_onto_c_f32) { check_random_cases<float>(14, 200, true); }
+BOOST_AUTO_TEST_CASE(accumulates_onto_c_f64) { check_random_cases<double>(15, 200, true); }
+BOOST_AUTO_TEST_CASE(accumulates_onto_c_i64) { check_random_cases<std::int64_t>(16, 100, true); }
 
 BOOST_AUTO_TEST_CASE(every_edge_of_zero_and_one) {
   // Each of m, n, k in {0, 1, 2} with each pair of flags, both float types.

@@ -73,6 +73,11 @@ ParameterFactory<Tensor> plain_parameters(DType dtype) {
 
 template <TensorOrDTensor X>
 X Linear<X>::operator()(const X& x, const ActivationLayouts* layouts, std::optional<Point> output_point) const {
+  // Without an output point the bias folds into the GEMM (linear_bias: C
+  // starts as the bias, no pass of its own); a row-parallel projection's
+  // output is Partial until its point reduces it, and the bias is added
+  // once, after.
+  if (bias && !(layouts && output_point)) return linear(x, weight, *bias);
   X y = linear(x, weight);
   if (layouts && output_point) y = at_point(y, *layouts, *output_point);
   return bias ? add(y, *bias) : y;

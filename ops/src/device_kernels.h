@@ -54,9 +54,11 @@ struct Kernels {
                        const void* a, std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
                        std::int64_t stride_b, void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch,
                        bool accumulate);
-  /// Whether gemm_batched accumulates in one rounding, so that einsum folds
-  /// a bias into C instead of adding it after.
-  bool gemm_accumulates;
+  /// Whether gemm_batched accumulates (C += ...) in one rounding for this
+  /// dtype, so that einsum folds a bias into C instead of adding it in a
+  /// pass of its own after (CUDA: every dtype; CPU: f32 and f64, OpenBLAS's
+  /// beta = 1, which also spares the pass that zeroes C for beta = 0).
+  bool (*gemm_accumulates)(DType dtype);
 
   // -- embedding (ops/src/embedding.cpp).
   /// out[..., :] = table[idx - row0, :] for indices in [row0, row0 + rows),

@@ -342,10 +342,11 @@ std::int64_t extent(const Operand& x, std::string_view labels) {
   return n;
 }
 
-/// Where the device's GEMM accumulates (CUDA), a bias to fold into the last GEMM: when that GEMM's result has
-/// the output's labels in order, C starts as the broadcast bias and the GEMM
-/// adds to it (cuBLAS beta = 1), so bf16/f16 round once, as on the CPU's
-/// f32 path, and no separate pass runs. `applied` tells the caller.
+/// Where the device's GEMM accumulates (Kernels::gemm_accumulates), a bias to
+/// fold into the last GEMM: when that GEMM's result has the output's labels
+/// in order, C starts as the broadcast bias and the GEMM adds to it (BLAS
+/// beta = 1), so bf16/f16 round once on CUDA and no separate pass over the
+/// output runs. `applied` tells the caller.
 struct BiasFold {
   const Tensor* bias = nullptr;
   std::string_view output;
@@ -386,7 +387,7 @@ Operand contract(const device::Kernels& dev, Operand a, Operand b, std::string_v
   Tensor out = Tensor::empty(shape, a.t.dtype(), a.t.device());
   std::string labels = batch + free_a + free_b;
   bool accumulate = false;
-  if (dev.gemm_accumulates && fold && fold->bias && labels == fold->output && !shape.empty() &&
+  if (dev.gemm_accumulates(a.t.dtype()) && fold && fold->bias && labels == fold->output && !shape.empty() &&
       fold->bias->numel() == shape.back()) {
     Shape strides(shape.size(), 0);
     strides.back() = 1;

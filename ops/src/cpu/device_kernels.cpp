@@ -84,7 +84,8 @@ struct GemmTimer {
 void gemm_batched(DType dtype, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
                   std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb, std::int64_t stride_b,
                   void* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, bool accumulate) {
-  if (accumulate) throw Error("[cpu] internal: gemm_batched cannot accumulate on the CPU");
+  if (accumulate && dtype != DType::Float32 && dtype != DType::Float64)
+    throw Error(fmt::format("[cpu] internal: gemm_batched accumulates f32 and f64, not {}", dtype));
   const GemmTimer timer;
   const std::size_t item = itemsize(dtype);
   const auto* pa = static_cast<const std::byte*>(a);
@@ -93,7 +94,7 @@ void gemm_batched(DType dtype, bool ta, bool tb, std::int64_t m, std::int64_t n,
   for (std::int64_t i = 0; i < batch; ++i)
     cpu::gemm(dtype, ta, tb, m, n, k, pa + static_cast<std::size_t>(i * stride_a) * item, lda,
               pb + static_cast<std::size_t>(i * stride_b) * item, ldb,
-              pc + static_cast<std::size_t>(i * stride_c) * item, ldc);
+              pc + static_cast<std::size_t>(i * stride_c) * item, ldc, accumulate);
 }
 
 Tensor embedding(const Tensor& idx, const Tensor& table, std::int64_t row0, std::int64_t vocab) {
@@ -149,7 +150,7 @@ constexpr Kernels kCpu{
     .sum_last = sum_last,
     .add_bias = add_bias,
     .gemm_batched = gemm_batched,
-    .gemm_accumulates = false,
+    .gemm_accumulates = [](DType d) { return d == DType::Float32 || d == DType::Float64; },
     .embedding = embedding,
     .pick = pick,
 };

@@ -5,12 +5,12 @@
 namespace dtensor::cpu {
 
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
-          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc) {
+          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;
   visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     eigen_gemm<T>(trans_a, trans_b, m, n, k, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb,
-                  static_cast<T*>(c), ldc);
+                  static_cast<T*>(c), ldc, accumulate);
   });
 }
 

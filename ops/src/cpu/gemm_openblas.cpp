@@ -155,19 +155,19 @@ void zero_fill(T* c, std::int64_t m, std::int64_t n, std::int64_t ldc) {
 }  // namespace
 
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
-          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc) {
+          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;
   const OpenBlas& blas = openblas();
   if (dtype == DType::Int64 || !blas.sgemm) {
     visit_dtype(dtype, [&](auto zero) {
       using T = decltype(zero);
       eigen_gemm<T>(trans_a, trans_b, m, n, k, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb,
-                    static_cast<T*>(c), ldc);
+                    static_cast<T*>(c), ldc, accumulate);
     });
     return;
   }
   if (k == 0) {
-    visit_dtype(dtype, [&](auto zero) { zero_fill(static_cast<decltype(zero)*>(c), m, n, ldc); });
+    if (!accumulate) visit_dtype(dtype, [&](auto zero) { zero_fill(static_cast<decltype(zero)*>(c), m, n, ldc); });
     return;
   }
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
@@ -175,11 +175,11 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   const auto M = static_cast<blasint>(m), N = static_cast<blasint>(n), K = static_cast<blasint>(k);
   if (dtype == DType::Float32) {
     blas.sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, static_cast<const float*>(a), static_cast<blasint>(lda),
-               static_cast<const float*>(b), static_cast<blasint>(ldb), 0.0f, static_cast<float*>(c),
+               static_cast<const float*>(b), static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, static_cast<float*>(c),
                static_cast<blasint>(ldc));
   } else if (dtype == DType::Float64) {
     blas.dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, static_cast<const double*>(a), static_cast<blasint>(lda),
-               static_cast<const double*>(b), static_cast<blasint>(ldb), 0.0, static_cast<double*>(c),
+               static_cast<const double*>(b), static_cast<blasint>(ldb), accumulate ? 1.0 : 0.0, static_cast<double*>(c),
                static_cast<blasint>(ldc));
   } else {
     visit_dtype(dtype, [](auto) {});  // throws the DTypeError naming the dtype

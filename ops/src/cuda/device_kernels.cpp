@@ -57,7 +57,7 @@ const Kernels kCuda{
     .sum_last = sum_last,
     .add_bias = add_bias,
     .gemm_batched = cuda_kernels::gemm_batched,
-    .gemm_accumulates = true,
+    .gemm_accumulates = [](DType) { return true; },
     .embedding = embedding,
     .pick = pick,
 };

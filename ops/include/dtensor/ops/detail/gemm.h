@@ -12,10 +12,11 @@ namespace dtensor::cpu {
 
 /// C[m,n] = op(A) op(B), all row-major; op(X) is X or its transpose.
 /// A is m x k (k x m when trans_a) with leading dimension lda, B is k x n
-/// (n x k when trans_b) with ldb; C is overwritten. Any of m, n, k may be 0
-/// (k = 0 gives zeros). f32, f64 and i64.
+/// (n x k when trans_b) with ldb; C is overwritten, or added to with
+/// `accumulate` (C += op(A) op(B)). Any of m, n, k may be 0 (k = 0 gives
+/// zeros, or leaves C). f32, f64 and i64.
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
-          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc);
+          std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc, bool accumulate = false);
 
 /// Seconds the calling thread has spent in the GEMMs of CPU kernels
 /// (matmul, linear, einsum, bmm and their backward) since it started: the
