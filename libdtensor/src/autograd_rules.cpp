@@ -80,12 +80,16 @@ void add_pointwise(RuleList& r) {
   r.emplace_back("relu", unary([mul](const auto& x, const auto&, const auto& g, const OpAttrs&) {
                    return mul(g, run<"gt">({}, x, zeros_like(x)));
                  }));
-  // gelu and silu keep their composite rules: on the CPU in f32 the chain
-  // of vectorised pointwise kernels beats gelu_backward / silu_backward
-  // (about 1.7x; in f64 the fused ops win), so the swap waits for faster
-  // fused kernels (a set_backward in autograd_rules_fused.cpp).
-  r.emplace_back("gelu",
-                 unary([](const auto& x, const auto&, const auto& g, const OpAttrs&) { return gelu_grad(x, g); }));
+  // gelu: the fused gelu_backward in f32 and f64 (f32 vectorised: one pass
+  // over x and the gradient where the chain made twelve; f64 scalar, which
+  // beat the chain already); bf16 and f16, which its kernels do not take,
+  // keep the chain. silu keeps its chain: on the CPU in f32 it beats the
+  // scalar silu_backward (about 1.7x).
+  r.emplace_back("gelu", unary([](const auto& x, const auto&, const auto& g, const OpAttrs&) {
+                   if (x.dtype() == DType::Float32 || x.dtype() == DType::Float64)
+                     return run<"gelu_backward">({}, x, g);
+                   return gelu_grad(x, g);
+                 }));
   r.emplace_back("silu", unary([mul](const auto& x, const auto&, const auto& g, const OpAttrs&) {
                    const auto s = run<"sigmoid">({}, x);
                    return mul(g, mul(s, plus(mul(x, plus(scale(s, -1.0), 1.0)), 1.0)));

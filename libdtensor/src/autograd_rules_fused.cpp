@@ -160,8 +160,9 @@ void add_fused_rules(RuleList& r) {
                    return out;
                  }));
   // One kernel in place of the composite chain: as fast in f32 on the CPU,
-  // about 2.4x faster in f64. (gelu, silu and log_softmax keep their
-  // composite rules: there their fused ops are slower on the CPU.)
+  // about 2.4x faster in f64. (silu and log_softmax keep their composite
+  // rules: there their fused ops are slower on the CPU; gelu's rule in
+  // autograd_rules.cpp takes gelu_backward in f32 and f64.)
   r.emplace_back("softmax", make_backward([](const auto& a) {
                    using X = std::decay_t<decltype(a.grad)>;
                    return InputGrads<X>{run<"softmax_backward">(a.attrs, a.output, a.grad)};

@@ -2,12 +2,14 @@
 // Plain loops over f32 and f64, accumulating in the tensor's own type (as
 // the forward's CPU reductions do); index tensors are i64.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "backward_kernels.h"
 #include "dtensor/core/error.h"
+#include "dtensor/ops/detail/vector_math.h"
 
 namespace dtensor::device {
 namespace {
@@ -39,6 +41,9 @@ Tensor activation_backward(Activation fn, const Tensor& x, const Tensor& grad) {
     const T* px = x.data_as<T>();
     const T* pg = grad.data_as<T>();
     T* po = out.data_as<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (fn == Activation::Gelu) return cpu::vmath::gelu_backward(px, pg, po, x.numel());  // vectorised
+    }
     for (std::int64_t i = 0; i < x.numel(); ++i)
       po[i] = pg[i] * (fn == Activation::Gelu ? gelu_grad(px[i]) : silu_grad(px[i]));
   });

@@ -130,6 +130,26 @@ void ExpSubAccumulateF64(const double* x, const double* m, double* y, double* s,
   ExpSubAccumulateT(x, m, y, s, n);
 }
 
+HWY_NOINLINE void GeluBackwardF32(const float* x, const float* g, float* y, std::int64_t n) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto zero = hn::Zero(d), half = hn::Set(d, 0.5f), minus_half = hn::Set(d, -0.5f),
+             inv_sqrt_2pi = hn::Set(d, 0.3989422804014327f);
+  const auto step = [&](auto xv, auto gv) {
+    const auto cdf = hn::IfThenElse(hn::Eq(xv, zero), half, hn::Div(Gelu(d, xv), xv));
+    const auto pdf = hn::Mul(ExpFull(d, hn::Mul(minus_half, hn::Mul(xv, xv))), inv_sqrt_2pi);
+    return hn::Mul(gv, hn::Add(cdf, hn::Mul(xv, pdf)));
+  };
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(step(hn::LoadU(d, x + i), hn::LoadU(d, g + i)), d, y + i);
+  if (i < n) {  // the tail through the same vector code (see AdamWT)
+    HWY_ALIGN float bx[hn::MaxLanes(d)] = {}, bg[hn::MaxLanes(d)] = {};
+    std::copy(x + i, x + n, bx), std::copy(g + i, g + n, bg);
+    hn::Store(step(hn::Load(d, bx), hn::Load(d, bg)), d, bx);
+    std::copy(bx, bx + (n - i), y + i);
+  }
+}
+
 template <class T>
 HWY_NOINLINE void AdamWT(const AdamWConstants<T>& k, T* p, const T* g, T* m, T* v, std::int64_t n) {
   const hn::ScalableTag<T> d;
@@ -182,6 +202,11 @@ HWY_EXPORT(ExpSubSumF64);
 HWY_EXPORT(ExpSubAccumulateF32);
 HWY_EXPORT(ExpSubAccumulateF64);
 HWY_EXPORT(AdamWF32);
+HWY_EXPORT(GeluBackwardF32);
+
+void gelu_backward(const float* x, const float* g, float* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluBackwardF32)(x, g, y, n);
+}
 HWY_EXPORT(AdamWF64);
 
 void adamw(const AdamWConstants<float>& k, float* p, const float* g, float* m, float* v, std::int64_t n) {

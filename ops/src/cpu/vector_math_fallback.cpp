@@ -114,4 +114,12 @@ void adamw(const AdamWConstants<double>& k, double* p, const double* g, double* 
   for (std::int64_t i = 0; i < n; ++i) adamw_element(k, g[i], m[i], v[i], p[i]);
 }
 
+void gelu_backward(const float* x, const float* g, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float cdf = x[i] == 0.0f ? 0.5f : eval(Fn::Gelu, x[i]) / x[i];
+    const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
+    y[i] = g[i] * (cdf + x[i] * pdf);
+  }
+}
+
 }  // namespace dtensor::cpu::vmath

@@ -34,6 +34,11 @@ double exp_sub_sum(const double* x, double m, double* y, std::int64_t n);
 void exp_sub_accumulate(const float* x, const float* m, float* y, float* s, std::int64_t n);
 void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, std::int64_t n);
 
+/// y = g * gelu'(x) for f32, gelu the exact (erf) form: gelu'(x) = Phi(x) +
+/// x phi(x), with Phi(x) = gelu(x) / x (1/2 at 0) from the vector gelu and
+/// phi(x) = exp(-x^2/2) / sqrt(2 pi), in one pass (the backward of gelu).
+void gelu_backward(const float* x, const float* g, float* y, std::int64_t n);
+
 /// One AdamW step's constants for one parameter (decoupled weight decay,
 /// bias corrections folded in): decay = 1 - lr * weight_decay, step_size =
 /// lr / (1 - beta1^t), bias2_sqrt = sqrt(1 - beta2^t).
