@@ -107,6 +107,10 @@ Tensor norm_backward(const Tensor& x, const Tensor& grad, const Tensor& weight, 
       const T* px = x.data_as<T>() + r * cols;
       const T* pg = grad.data_as<T>() + r * cols;
       T* po = out.data_as<T>() + r * cols;
+      if constexpr (std::is_same_v<T, float>) {  // vectorised; f64 below
+        cpu::vmath::norm_backward_row(px, pg, pw, po, cols, static_cast<float>(eps), rms);
+        continue;
+      }
       const auto [mean, rstd] = row_stats(px, cols, eps, rms);
       T sum_g{}, sum_gx{};
       for (std::int64_t c = 0; c < cols; ++c) {
@@ -136,6 +140,10 @@ Tensor norm_weight_backward(const Tensor& x, const Tensor& grad, int normalized_
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* px = x.data_as<T>() + r * cols;
       const T* pg = grad.data_as<T>() + r * cols;
+      if constexpr (std::is_same_v<T, float>) {  // vectorised; f64 below
+        cpu::vmath::norm_weight_backward_row(px, pg, po, cols, static_cast<float>(eps), rms);
+        continue;
+      }
       const auto [mean, rstd] = row_stats(px, cols, eps, rms);
       for (std::int64_t c = 0; c < cols; ++c) po[c] += pg[c] * (px[c] - mean) * rstd;
     }

@@ -150,6 +150,80 @@ HWY_NOINLINE void GeluBackwardF32(const float* x, const float* g, float* y, std:
   }
 }
 
+// The mean (0 for rms) and 1/sqrt(var + eps) of one row, summed in lanes.
+template <class D>
+HWY_INLINE void RowStats(D d, const float* x, std::int64_t n, float eps, bool rms, float& mean, float& rstd) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  mean = 0;
+  if (!rms) {
+    auto acc = hn::Zero(d);
+    std::int64_t i = 0;
+    for (; i + N <= n; i += N) acc = hn::Add(acc, hn::LoadU(d, x + i));
+    float s = hn::GetLane(hn::SumOfLanes(d, acc));
+    for (; i < n; ++i) s += x[i];
+    mean = s / static_cast<float>(n);
+  }
+  const auto m = hn::Set(d, mean);
+  auto acc = hn::Zero(d);
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto c = hn::Sub(hn::LoadU(d, x + i), m);
+    acc = hn::MulAdd(c, c, acc);
+  }
+  float v = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < n; ++i) v += (x[i] - mean) * (x[i] - mean);
+  rstd = 1.0f / std::sqrt(v / static_cast<float>(n) + eps);
+}
+
+HWY_NOINLINE void NormBackwardRowF32(const float* x, const float* g, const float* w, float* out, std::int64_t n,
+                                     float eps, bool rms) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  float mean = 0, rstd = 0;
+  RowStats(d, x, n, eps, rms, mean, rstd);
+  const auto m = hn::Set(d, mean), r = hn::Set(d, rstd);
+  const auto grad_at = [&](std::int64_t i) {
+    return w ? hn::Mul(hn::LoadU(d, g + i), hn::LoadU(d, w + i)) : hn::LoadU(d, g + i);
+  };
+  auto acc_g = hn::Zero(d), acc_gx = hn::Zero(d);
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto gi = grad_at(i);
+    acc_g = hn::Add(acc_g, gi);
+    acc_gx = hn::MulAdd(gi, hn::Mul(hn::Sub(hn::LoadU(d, x + i), m), r), acc_gx);
+  }
+  float sum_g = hn::GetLane(hn::SumOfLanes(d, acc_g)), sum_gx = hn::GetLane(hn::SumOfLanes(d, acc_gx));
+  for (std::int64_t j = i; j < n; ++j) {
+    const float gj = w ? g[j] * w[j] : g[j];
+    sum_g += gj;
+    sum_gx += gj * (x[j] - mean) * rstd;
+  }
+  const float mean_g = rms ? 0.0f : sum_g / static_cast<float>(n), mean_gx = sum_gx / static_cast<float>(n);
+  const auto mg = hn::Set(d, mean_g), mgx = hn::Set(d, mean_gx);
+  for (i = 0; i + N <= n; i += N) {
+    const auto xhat = hn::Mul(hn::Sub(hn::LoadU(d, x + i), m), r);
+    hn::StoreU(hn::Mul(r, hn::Sub(hn::Sub(grad_at(i), mg), hn::Mul(xhat, mgx))), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float gi = w ? g[i] * w[i] : g[i];
+    out[i] = rstd * (gi - mean_g - (x[i] - mean) * rstd * mean_gx);
+  }
+}
+
+HWY_NOINLINE void NormWeightBackwardRowF32(const float* x, const float* g, float* wg, std::int64_t n, float eps,
+                                           bool rms) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  float mean = 0, rstd = 0;
+  RowStats(d, x, n, eps, rms, mean, rstd);
+  const auto m = hn::Set(d, mean), r = hn::Set(d, rstd);
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, g + i), hn::Mul(hn::Sub(hn::LoadU(d, x + i), m), r), hn::LoadU(d, wg + i)), d,
+               wg + i);
+  for (; i < n; ++i) wg[i] += g[i] * (x[i] - mean) * rstd;
+}
+
 template <class T>
 HWY_NOINLINE void AdamWT(const AdamWConstants<T>& k, T* p, const T* g, T* m, T* v, std::int64_t n) {
   const hn::ScalableTag<T> d;
@@ -203,6 +277,16 @@ HWY_EXPORT(ExpSubAccumulateF32);
 HWY_EXPORT(ExpSubAccumulateF64);
 HWY_EXPORT(AdamWF32);
 HWY_EXPORT(GeluBackwardF32);
+HWY_EXPORT(NormBackwardRowF32);
+HWY_EXPORT(NormWeightBackwardRowF32);
+
+void norm_backward_row(const float* x, const float* g, const float* w, float* out, std::int64_t n, float eps,
+                       bool rms) {
+  HWY_DYNAMIC_DISPATCH(NormBackwardRowF32)(x, g, w, out, n, eps, rms);
+}
+void norm_weight_backward_row(const float* x, const float* g, float* wg, std::int64_t n, float eps, bool rms) {
+  HWY_DYNAMIC_DISPATCH(NormWeightBackwardRowF32)(x, g, wg, n, eps, rms);
+}
 
 void gelu_backward(const float* x, const float* g, float* y, std::int64_t n) {
   HWY_DYNAMIC_DISPATCH(GeluBackwardF32)(x, g, y, n);

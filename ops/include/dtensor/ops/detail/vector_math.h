@@ -39,6 +39,15 @@ void exp_sub_accumulate(const double* x, const double* m, double* y, double* s, 
 /// phi(x) = exp(-x^2/2) / sqrt(2 pi), in one pass (the backward of gelu).
 void gelu_backward(const float* x, const float* g, float* y, std::int64_t n);
 
+/// Layer norm's backward on one row of n f32 values (rms norm's with
+/// `rms`: no mean), the row's mean and 1/sqrt(var + eps) recomputed from x:
+/// out = dL/dx for the gradient g of the normalised output times the weight
+/// w (null: none); and the weight gradient's term of the row, g * xhat,
+/// added into wg. Sums run in vector lanes.
+void norm_backward_row(const float* x, const float* g, const float* w, float* out, std::int64_t n, float eps,
+                       bool rms);
+void norm_weight_backward_row(const float* x, const float* g, float* wg, std::int64_t n, float eps, bool rms);
+
 /// One AdamW step's constants for one parameter (decoupled weight decay,
 /// bias corrections folded in): decay = 1 - lr * weight_decay, step_size =
 /// lr / (1 - beta1^t), bias2_sqrt = sqrt(1 - beta2^t).
