@@ -128,7 +128,11 @@ X CausalSelfAttention<X>::operator()(const X& x, const ActivationLayouts& layout
     ck = key;
     cv = value;
   }
-  X scores = mul(matmul(query, transpose(key, 2, 3)), 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  // The scale on the query, the smaller operand ([B, H, T, hd] against the
+  // scores' [B, H, T, Tk]), and the product as an einsum over the keys' own
+  // layout: no transposed copy of the keys, forward or backward.
+  const X scaled_query = mul(query, 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  X scores = einsum("bhqd,bhkd->bhqk", {scaled_query, key});
   if (len > 1) scores = add(scores, like(scores, causal_mask(len, past)));
   const X heads_out = matmul(softmax(scores, -1), value);                   // [B, H, T, hd]
   const X merged = reshape(transpose(heads_out, 1, 2), {batch, len, dim});  // [B, T, D]
