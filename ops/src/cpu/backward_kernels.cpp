@@ -1,6 +1,8 @@
 // The CPU's table of the backward family's kernels (ops/src/backward_kernels.h).
 // Plain loops over f32 and f64, accumulating in the tensor's own type (as
-// the forward's CPU reductions do); index tensors are i64.
+// the forward's CPU reductions do), except gelu's backward and the norms'
+// rows in f32, which run vectorised (dtensor/ops/detail/vector_math.h);
+// index tensors are i64.
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "backward_kernels.h"
 #include "dtensor/core/error.h"
 #include "dtensor/ops/detail/vector_math.h"
+#include "norm_rows.h"
 
 namespace dtensor::device {
 namespace {
@@ -75,20 +78,6 @@ Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim, bool log) 
   return out;
 }
 
-// The mean (0 for rms) and 1/sqrt(var + eps) of one row of `cols`.
-template <class T>
-std::pair<T, T> row_stats(const T* x, std::int64_t cols, double eps, bool rms) {
-  T mean{};
-  if (!rms) {
-    for (std::int64_t c = 0; c < cols; ++c) mean += x[c];
-    mean /= static_cast<T>(cols);
-  }
-  T var{};
-  for (std::int64_t c = 0; c < cols; ++c) var += (x[c] - mean) * (x[c] - mean);
-  var /= static_cast<T>(cols);
-  return {mean, T(1) / std::sqrt(var + static_cast<T>(eps))};
-}
-
 std::int64_t trailing_numel(const Shape& shape, int ndim) {
   std::int64_t n = 1;
   for (std::size_t d = shape.size() - static_cast<std::size_t>(ndim); d < shape.size(); ++d) n *= shape[d];
@@ -107,23 +96,10 @@ Tensor norm_backward(const Tensor& x, const Tensor& grad, const Tensor& weight, 
       const T* px = x.data_as<T>() + r * cols;
       const T* pg = grad.data_as<T>() + r * cols;
       T* po = out.data_as<T>() + r * cols;
-      if constexpr (std::is_same_v<T, float>) {  // vectorised; f64 below
-        cpu::vmath::norm_backward_row(px, pg, pw, po, cols, static_cast<float>(eps), rms);
-        continue;
-      }
-      const auto [mean, rstd] = row_stats(px, cols, eps, rms);
-      T sum_g{}, sum_gx{};
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const T g = pw ? pg[c] * pw[c] : pg[c];
-        sum_g += g;
-        sum_gx += g * (px[c] - mean) * rstd;
-      }
-      const T mean_g = rms ? T(0) : sum_g / static_cast<T>(cols);
-      const T mean_gx = sum_gx / static_cast<T>(cols);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const T g = pw ? pg[c] * pw[c] : pg[c];
-        po[c] = rstd * (g - mean_g - (px[c] - mean) * rstd * mean_gx);
-      }
+      if constexpr (std::is_same_v<T, float>)
+        cpu::vmath::norm_backward_row(px, pg, pw, po, cols, static_cast<float>(eps), rms);  // vectorised
+      else
+        cpu::norm_rows::backward(px, pg, pw, po, cols, eps, rms);
     }
   });
   return out;
@@ -140,12 +116,10 @@ Tensor norm_weight_backward(const Tensor& x, const Tensor& grad, int normalized_
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* px = x.data_as<T>() + r * cols;
       const T* pg = grad.data_as<T>() + r * cols;
-      if constexpr (std::is_same_v<T, float>) {  // vectorised; f64 below
-        cpu::vmath::norm_weight_backward_row(px, pg, po, cols, static_cast<float>(eps), rms);
-        continue;
-      }
-      const auto [mean, rstd] = row_stats(px, cols, eps, rms);
-      for (std::int64_t c = 0; c < cols; ++c) po[c] += pg[c] * (px[c] - mean) * rstd;
+      if constexpr (std::is_same_v<T, float>)
+        cpu::vmath::norm_weight_backward_row(px, pg, po, cols, static_cast<float>(eps), rms);  // vectorised
+      else
+        cpu::norm_rows::weight_backward(px, pg, po, cols, eps, rms);
     }
   });
   return out;

@@ -173,14 +173,15 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   const auto M = static_cast<blasint>(m), N = static_cast<blasint>(n), K = static_cast<blasint>(k);
+  const int beta = accumulate ? 1 : 0;  // C += or C =
   if (dtype == DType::Float32) {
     blas.sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, static_cast<const float*>(a), static_cast<blasint>(lda),
-               static_cast<const float*>(b), static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, static_cast<float*>(c),
-               static_cast<blasint>(ldc));
+               static_cast<const float*>(b), static_cast<blasint>(ldb), static_cast<float>(beta),
+               static_cast<float*>(c), static_cast<blasint>(ldc));
   } else if (dtype == DType::Float64) {
     blas.dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, static_cast<const double*>(a), static_cast<blasint>(lda),
-               static_cast<const double*>(b), static_cast<blasint>(ldb), accumulate ? 1.0 : 0.0, static_cast<double*>(c),
-               static_cast<blasint>(ldc));
+               static_cast<const double*>(b), static_cast<blasint>(ldb), static_cast<double>(beta),
+               static_cast<double*>(c), static_cast<blasint>(ldc));
   } else {
     visit_dtype(dtype, [](auto) {});  // throws the DTypeError naming the dtype
   }

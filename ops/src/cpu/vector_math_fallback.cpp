@@ -8,6 +8,7 @@
 
 #include "dtensor/core/half.h"
 #include "dtensor/ops/detail/vector_math.h"
+#include "norm_rows.h"
 
 namespace dtensor::cpu::vmath {
 namespace {
@@ -122,38 +123,12 @@ void gelu_backward(const float* x, const float* g, float* y, std::int64_t n) {
   }
 }
 
-namespace {
-void row_stats(const float* x, std::int64_t n, float eps, bool rms, float& mean, float& rstd) {
-  mean = 0;
-  if (!rms) {
-    for (std::int64_t i = 0; i < n; ++i) mean += x[i];
-    mean /= static_cast<float>(n);
-  }
-  float v = 0;
-  for (std::int64_t i = 0; i < n; ++i) v += (x[i] - mean) * (x[i] - mean);
-  rstd = 1.0f / std::sqrt(v / static_cast<float>(n) + eps);
-}
-}  // namespace
-
 void norm_backward_row(const float* x, const float* g, const float* w, float* out, std::int64_t n, float eps,
                        bool rms) {
-  float mean = 0, rstd = 0, sum_g = 0, sum_gx = 0;
-  row_stats(x, n, eps, rms, mean, rstd);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = w ? g[i] * w[i] : g[i];
-    sum_g += gi;
-    sum_gx += gi * (x[i] - mean) * rstd;
-  }
-  const float mean_g = rms ? 0.0f : sum_g / static_cast<float>(n), mean_gx = sum_gx / static_cast<float>(n);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = w ? g[i] * w[i] : g[i];
-    out[i] = rstd * (gi - mean_g - (x[i] - mean) * rstd * mean_gx);
-  }
+  norm_rows::backward(x, g, w, out, n, eps, rms);
 }
 void norm_weight_backward_row(const float* x, const float* g, float* wg, std::int64_t n, float eps, bool rms) {
-  float mean = 0, rstd = 0;
-  row_stats(x, n, eps, rms, mean, rstd);
-  for (std::int64_t i = 0; i < n; ++i) wg[i] += g[i] * (x[i] - mean) * rstd;
+  norm_rows::weight_backward(x, g, wg, n, eps, rms);
 }
 
 }  // namespace dtensor::cpu::vmath
