@@ -38,6 +38,9 @@ void fill_random(void*, DType, std::uint64_t, std::span<const std::int64_t>, std
 }
 void reduce_into(void*, const void*, std::size_t, DType, ReduceOp) { unavailable("reduce_into"); }
 void divide_by(void*, std::size_t, DType, std::int64_t) { unavailable("divide_by"); }
+void fold_into(void*, const void*, std::span<const void* const>, std::size_t, DType, ReduceOp) {
+  unavailable("fold_into");
+}
 void average_split(const std::int64_t*, std::int64_t*, std::size_t, std::int64_t) { unavailable("average_split"); }
 void average_finish(const std::int64_t*, std::int64_t*, std::size_t, std::int64_t) { unavailable("average_finish"); }
 void order_keys(const void*, void*, std::size_t, DType, ReduceOp) { unavailable("order_keys"); }

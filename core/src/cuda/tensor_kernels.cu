@@ -113,6 +113,47 @@ __global__ void reduce_kernel(T* __restrict__ acc, const T* __restrict__ x, std:
   }
 }
 
+// A fold's sources, passed by value: own, then up to kFoldSources - 1 peers.
+constexpr int kFoldSources = 8;
+template <class T>
+struct FoldSources {
+  const T* p[kFoldSources];
+  int n;
+};
+
+// acc = src[0] op src[1] op ... op src[N-1] in order, rounded to T after
+// every step as reduce_kernel's chain would be, so the bits equal a copy and
+// N-1 reduce_into calls. N is a template argument so that the sources stay in
+// registers (a runtime index into the parameter array went through local
+// memory and ran slower than the unfused chain). acc may alias a source at
+// the same index (no restrict).
+template <class T, int N>
+__global__ void fold_kernel(T* acc, FoldSources<T> src, std::int64_t n, ReduceOp op) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    T x[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = src.p[j][i];
+    T a = x[0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) {
+      if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+        a = T(combine::apply(op, static_cast<float>(a), static_cast<float>(x[j])));
+      else
+        a = combine::apply(op, a, x[j]);
+    }
+    acc[i] = a;
+  }
+}
+
+template <class T, int N = kFoldSources>
+void launch_fold(T* acc, const FoldSources<T>& src, std::int64_t n, ReduceOp op) {
+  if constexpr (N > 1) {
+    if (src.n < N) return launch_fold<T, N - 1>(acc, src, n, op);
+  }
+  fold_kernel<T, N><<<grid_for(n), 256, 0, stream()>>>(acc, src, n, op);
+}
+
 __global__ void average_split_kernel(const std::int64_t* __restrict__ x, std::int64_t* __restrict__ pairs,
                                      std::int64_t count, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -351,6 +392,27 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, Reduc
                                                             static_cast<std::int64_t>(count), op);
   });
   check_launch("reduce kernel");
+}
+
+void fold_into(void* acc, const void* own, std::span<const void* const> peers, std::size_t count, DType dtype,
+               ReduceOp op) {
+  if (count == 0) return;
+  with_type(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    // The first launch starts from own; each further one from acc, taking
+    // kFoldSources - 1 more peers, in the same order.
+    std::size_t next = 0;
+    const T* first = static_cast<const T*>(own);
+    do {
+      FoldSources<T> src{};
+      src.p[0] = first;
+      src.n = 1;
+      while (src.n < kFoldSources && next < peers.size()) src.p[src.n++] = static_cast<const T*>(peers[next++]);
+      launch_fold<T>(static_cast<T*>(acc), src, static_cast<std::int64_t>(count), op);
+      check_launch("fold kernel");
+      first = static_cast<const T*>(acc);
+    } while (next < peers.size());
+  });
 }
 
 void average_split(const std::int64_t* x, std::int64_t* pairs, std::size_t count, std::int64_t n) {

@@ -320,12 +320,18 @@ class ThreadsCommunicator final : public backend_detail::BackendCommunicator {
                   std::uint64_t seq) {
     const int n = size();
     const std::size_t isz = itemsize(dtype);
-    // On the CPU, blocks that stay in cache while every peer folds in. On a
-    // GPU each block costs n kernel launches, so the whole segment is one
-    // block: 32 KiB blocks made a 64 MiB reduce_scatter 8,192 launches per
-    // rank and ran at 3 GB/s (bench/gpu on an H200, 2026-12-04).
-    const std::size_t block = on_gpu() ? std::max<std::size_t>(1, elems)
-                                       : std::max<std::size_t>(1, kReduceBlockBytes / isz);
+    if (on_gpu()) {
+      // One fused pass: a copy and a reduce per peer in 32 KiB blocks made a
+      // 64 MiB reduce_scatter 8,192 launches per rank and ran at 3 GB/s
+      // (bench/gpu on an H200, 2026-12-04).
+      std::vector<const void*> peers;
+      for (int k = 1; k < n; ++k)
+        peers.push_back(static_cast<const std::byte*>(group_->slot((rank_ + k) % n, seq).send) + offset);
+      cuda::fold_into(acc, own, peers, elems, dtype, op);
+      return divide_average(acc, elems, dtype, op);
+    }
+    // Blocks that stay in cache while every peer folds in.
+    const std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / isz);
     for (std::size_t b = 0; b < elems; b += block) {
       const std::size_t m = std::min(block, elems - b);
       move_bytes(acc + b * isz, own + b * isz, m * isz);

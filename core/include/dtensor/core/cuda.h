@@ -81,6 +81,12 @@ void fill_random(void* data, DType dtype, std::uint64_t seed, std::span<const st
 /// acc = op(acc, x) elementwise (Avg as Sum), and acc /= divisor.
 void reduce_into(void* acc, const void* x, std::size_t count, DType dtype, ReduceOp op);
 void divide_by(void* acc, std::size_t count, DType dtype, std::int64_t divisor);
+/// acc = own op peers[0] op peers[1] ... (Avg as Sum), in that order and with
+/// the bits of a copy followed by reduce_into per peer, in one pass over
+/// memory (one launch per 7 peers) where those make one per peer. acc may
+/// be own.
+void fold_into(void* acc, const void* own, std::span<const void* const> peers, std::size_t count, DType dtype,
+               ReduceOp op);
 /// The device forms of dtensor::average_split and average_finish.
 void average_split(const std::int64_t* x, std::int64_t* pairs, std::size_t count, std::int64_t n);
 void average_finish(const std::int64_t* pairs, std::int64_t* out, std::size_t count, std::int64_t n);
