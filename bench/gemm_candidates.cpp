@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 extern char** environ;
@@ -21,7 +22,8 @@ std::vector<std::string> child_environment(const Candidate& c) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string_view v(*e);
-    if (v.starts_with("OPENBLAS_CORETYPE=") || v.starts_with("BLIS_ARCH_TYPE=")) continue;
+    if (v.starts_with("OPENBLAS_CORETYPE=") || v.starts_with("BLIS_ARCH_TYPE=") || v.starts_with("OMP_NUM_THREADS="))
+      continue;
     env.emplace_back(v);
   }
   if (!c.setting.empty()) env.push_back(c.setting);
@@ -68,12 +70,13 @@ bool start(Candidate& c, const std::string& worker) {
 }
 
 double time_in_child(Candidate& c, const Shape& s) {
-  std::fprintf(c.to, "%c %lld %lld %lld %d\n", s.dtype, static_cast<long long>(s.m), static_cast<long long>(s.n),
-               static_cast<long long>(s.k), s.trans_b ? 1 : 0);
+  std::fprintf(c.to, "%c %lld %lld %lld %d %d\n", s.dtype, static_cast<long long>(s.m), static_cast<long long>(s.n),
+               static_cast<long long>(s.k), s.trans_a ? 1 : 0, s.trans_b ? 1 : 0);
   std::fflush(c.to);
   double seconds = 0;
-  if (std::fscanf(c.from, "%lf", &seconds) != 1) return 0;
-  return seconds;
+  constexpr double kNotMeasured = std::numeric_limits<double>::infinity();
+  if (std::fscanf(c.from, "%lf", &seconds) != 1) return kNotMeasured;
+  return seconds > 0 ? seconds : kNotMeasured;
 }
 
 void stop(Candidate& c) {

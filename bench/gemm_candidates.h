@@ -13,18 +13,19 @@
 
 namespace gbench {
 
-/// One GEMM to time: C[m,n] = A[m,k] B (B is k x n, or n x k when trans_b).
+/// One GEMM to time: C[m,n] = op(A) op(B); A is m x k (k x m when trans_a),
+/// B is k x n (n x k when trans_b).
 struct Shape {
   char dtype;  // 's' f32, 'd' f64
   std::int64_t m, n, k;
-  bool trans_b;
+  bool trans_a, trans_b;
 };
 
 /// A reference kernel: how to load it, and the child that runs it.
 struct Candidate {
   std::string name;     // column header, e.g. "ob-skx"
-  std::string kind;     // "cblas" or "eigen"
-  std::string library;  // what dlopen opens (kind "cblas")
+  std::string kind;     // "cblas", "dnnl" (oneDNN's dnnl_sgemm; no f64) or "eigen"
+  std::string library;  // what dlopen opens (kinds "cblas" and "dnnl")
   std::string setting;  // "VAR=value" for the child (OPENBLAS_CORETYPE, BLIS_ARCH_TYPE); empty: none
   std::string info;     // what the child reports it loaded, e.g. "OpenBLAS ... SkylakeX"
   pid_t pid = -1;
@@ -35,7 +36,8 @@ struct Candidate {
 /// Starts the child (the program `worker`, bench/gemm_worker); false, with
 /// info saying why, when the library is not there.
 bool start(Candidate& c, const std::string& worker);
-/// The best time per call of one round of the shape in the child.
+/// The best time per call of one round of the shape in the child; infinity
+/// where the child cannot run it (oneDNN has no f64 GEMM) or did not answer.
 double time_in_child(Candidate& c, const Shape& s);
 void stop(Candidate& c);
 

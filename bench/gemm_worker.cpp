@@ -1,8 +1,9 @@
 // bench/gemm's child: one reference GEMM kernel (gemm_candidates.h), timed
 // on request. A program of its own, without libdtensor, so that nothing but
 // the environment bench/gemm gives it decides how the BLAS it opens loads.
-//   gemm_worker cblas LIBRARY | gemm_worker eigen
-// reads "dtype m n k trans_b" lines, answers seconds per call.
+//   gemm_worker cblas LIBRARY | gemm_worker dnnl LIBRARY | gemm_worker eigen
+// reads "dtype m n k trans_a trans_b" lines, answers seconds per call ("inf"
+// for a GEMM the library does not have: oneDNN has no f64).
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -23,6 +24,14 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 using DgemmFn = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int, double, double*,
                          int);
+// oneDNN's C API: row-major, 'N'/'T', 64-bit sizes, a status (0: success).
+using DnnlSgemmFn = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                            const float*, std::int64_t, float, float*, std::int64_t);
+struct DnnlVersion {
+  int major, minor, patch;
+  const char* hash;
+  unsigned cpu_runtime, gpu_runtime;
+};
 
 /// What a loaded BLAS says about itself (its core type or sub-configuration).
 std::string describe(void* handle) {
@@ -65,7 +74,23 @@ struct Buffers {
 int worker_main(const std::string& kind, const std::string& library) {
   SgemmFn sgemm = nullptr;
   DgemmFn dgemm = nullptr;
-  if (kind == "cblas") {
+  DnnlSgemmFn dnnl_sgemm = nullptr;
+  if (kind == "dnnl") {
+    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      std::cout << "not loaded: " << dlerror() << std::endl;
+      return 0;
+    }
+    dnnl_sgemm = reinterpret_cast<DnnlSgemmFn>(dlsym(handle, "dnnl_sgemm"));
+    using VersionFn = const DnnlVersion* (*)();
+    auto version = reinterpret_cast<VersionFn>(dlsym(handle, "dnnl_version"));
+    if (!dnnl_sgemm || !version) {
+      std::cout << "no dnnl_sgemm/dnnl_version in " << library << std::endl;
+      return 0;
+    }
+    const DnnlVersion* v = version();
+    std::cout << "ok oneDNN " << v->major << '.' << v->minor << '.' << v->patch << " (f32 only)" << std::endl;
+  } else if (kind == "cblas") {
     void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
       std::cout << "not loaded: " << dlerror() << std::endl;
@@ -85,30 +110,39 @@ int worker_main(const std::string& kind, const std::string& library) {
   }
   Buffers<float> fb;
   Buffers<double> db;
-  Shape last{0, 0, 0, 0, false};
+  Shape last{0, 0, 0, 0, false, false};
   Shape s{};
-  int tb = 0;
-  while (std::cin >> s.dtype >> s.m >> s.n >> s.k >> tb) {
-    s.trans_b = tb != 0;
-    const bool fresh = s.dtype != last.dtype || s.m != last.m || s.n != last.n || s.k != last.k || tb != last.trans_b;
+  int ta = 0, tb = 0;
+  while (std::cin >> s.dtype >> s.m >> s.n >> s.k >> ta >> tb) {
+    s.trans_a = ta != 0, s.trans_b = tb != 0;
+    if (s.dtype == 'd' && dnnl_sgemm) {
+      std::cout << "inf" << std::endl;
+      continue;
+    }
+    const bool fresh = s.dtype != last.dtype || s.m != last.m || s.n != last.n || s.k != last.k ||
+                       s.trans_a != last.trans_a || s.trans_b != last.trans_b;
     if (fresh && s.dtype == 's') fb.fill(s);
     if (fresh && s.dtype == 'd') db.fill(s);
     last = s;
     const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
-    const int ldb = s.trans_b ? k : n;
+    const int lda = s.trans_a ? m : k, ldb = s.trans_b ? k : n;
+    const int op_a = s.trans_a ? kTrans : kNoTrans, op_b = s.trans_b ? kTrans : kNoTrans;
     auto call = [&] {
       if (s.dtype == 's') {
-        if (sgemm)
-          sgemm(kRowMajor, kNoTrans, s.trans_b ? kTrans : kNoTrans, m, n, k, 1.0f, fb.a.data(), k, fb.b.data(), ldb,
-                0.0f, fb.c.data(), n);
+        if (dnnl_sgemm)
+          dnnl_sgemm(s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', m, n, k, 1.0f, fb.a.data(), lda, fb.b.data(), ldb,
+                     0.0f, fb.c.data(), n);
+        else if (sgemm)
+          sgemm(kRowMajor, op_a, op_b, m, n, k, 1.0f, fb.a.data(), lda, fb.b.data(), ldb, 0.0f, fb.c.data(), n);
         else
-          dtensor::cpu::eigen_gemm<float>(false, s.trans_b, m, n, k, fb.a.data(), k, fb.b.data(), ldb, fb.c.data(), n);
+          dtensor::cpu::eigen_gemm<float>(s.trans_a, s.trans_b, m, n, k, fb.a.data(), lda, fb.b.data(), ldb,
+                                          fb.c.data(), n);
       } else {
         if (dgemm)
-          dgemm(kRowMajor, kNoTrans, s.trans_b ? kTrans : kNoTrans, m, n, k, 1.0, db.a.data(), k, db.b.data(), ldb, 0.0,
-                db.c.data(), n);
+          dgemm(kRowMajor, op_a, op_b, m, n, k, 1.0, db.a.data(), lda, db.b.data(), ldb, 0.0, db.c.data(), n);
         else
-          dtensor::cpu::eigen_gemm<double>(false, s.trans_b, m, n, k, db.a.data(), k, db.b.data(), ldb, db.c.data(), n);
+          dtensor::cpu::eigen_gemm<double>(s.trans_a, s.trans_b, m, n, k, db.a.data(), lda, db.b.data(), ldb,
+                                           db.c.data(), n);
       }
     };
     if (fresh) call();  // page faults, packing buffers, first-call setup

@@ -197,12 +197,12 @@ int main(int argc, char** argv) {
   o.train.batch = 8;
   o.train.warmup = 1;
   std::vector<std::int64_t> ranks{1, 2, 4, 8};
-  std::vector<std::string> plans{"ddp", "zero1", "tp", "tp_sp"};
+  std::vector<std::string> plans{"ddp", "zero1", "fsdp", "tp", "tp_sp"};
   bool two_d = true, json = false, no_plain = false;
   app.add_option("--ranks", ranks, "thread rank counts (under mpirun: ignored, the job's size)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
-  app.add_option("--plans", plans, "1-D plans: ddp, zero1, tp, tp_sp")->delimiter(',');
+  app.add_option("--plans", plans, "1-D plans: ddp, zero1, fsdp, tp, tp_sp")->delimiter(',');
   app.add_option("--layers", o.train.model.layers)->check(CLI::PositiveNumber);
   app.add_option("--d-model", o.train.model.d_model)->check(CLI::PositiveNumber);
   app.add_option("--heads", o.train.model.heads)->check(CLI::PositiveNumber);

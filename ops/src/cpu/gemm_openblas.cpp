@@ -16,6 +16,7 @@
 // its core is fixed: the library uses it as it is, names its core in
 // gemm_backend(), and warns once on stderr when it is narrower than the CPU.
 // Where OpenBLAS cannot be opened at all, f32/f64 fall back to Eigen.
+// Large f32 products go to oneDNN where it is there (onednn_sgemm.h).
 #include <cblas.h>
 #include <dlfcn.h>
 
@@ -27,6 +28,7 @@
 
 #include "dtensor/ops/detail/gemm.h"
 #include "dtensor/ops/detail/gemm_eigen_impl.h"
+#include "onednn_sgemm.h"
 
 namespace dtensor::cpu {
 namespace {
@@ -157,6 +159,10 @@ void zero_fill(T* c, std::int64_t m, std::int64_t n, std::int64_t ldc) {
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
           std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;
+  if (dtype == DType::Float32 && onednn::takes(m, n, k) &&
+      onednn::sgemm(trans_a, trans_b, m, n, k, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb,
+                    static_cast<float*>(c), ldc, accumulate))
+    return;
   const OpenBlas& blas = openblas();
   if (dtype == DType::Int64 || !blas.sgemm) {
     visit_dtype(dtype, [&](auto zero) {
@@ -187,7 +193,14 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   }
 }
 
-std::string_view gemm_backend() { return openblas().description; }
+std::string_view gemm_backend() {
+  static const std::string both = openblas().description + "; " + std::string(onednn::description());
+  return both;
+}
+
+bool gemm_uses_onednn(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k) {
+  return dtype == DType::Float32 && onednn::takes(m, n, k);
+}
 
 std::string_view gemm_kernels() { return openblas().kernels; }
 

@@ -2,7 +2,8 @@
 // Internal: the dense matrix product behind the einsum family. One backend
 // per build, chosen by meson (ops/meson.build): gemm_openblas.cpp where
 // OpenBLAS is found, gemm_eigen.cpp otherwise. Both compute int64 with
-// Eigen.
+// Eigen, and both send large f32 products to oneDNN where the machine has
+// it (src/cpu/onednn_sgemm.cpp).
 #include <cstdint>
 #include <string_view>
 
@@ -24,11 +25,17 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 /// per batched GEMM call, about 40 ns against a GEMM's microseconds.
 double gemm_seconds_this_thread();
 
-/// The backend f32/f64 run on and the kernel set it chose for this CPU, for
-/// people: e.g. "openblas (Cooperlake, chosen from CPU features)",
+/// The backend f32/f64 run on and the kernel set it chose for this CPU, then
+/// oneDNN's part, for people: e.g. "openblas (SkylakeX, chosen from CPU
+/// features); onednn 2.6.3 for f32 from 2^20 multiply-adds",
 /// "openblas (Prescott, loaded before dtensor, ...; slower than this CPU
 /// allows: ...)", "eigen".
 std::string_view gemm_backend();
+
+/// Whether this product runs on oneDNN (f32 from 2^20 multiply-adds, where
+/// libdnnl.so.2 is there; src/cpu/onednn_sgemm.cpp says why), for tests and
+/// benches that must know which library computed it.
+bool gemm_uses_onednn(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k);
 
 /// The kernel set alone: OpenBLAS's core name ("SkylakeX", "Haswell",
 /// "Prescott", as openblas_get_corename says), or "eigen".
