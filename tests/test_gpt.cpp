@@ -92,6 +92,8 @@ const std::vector<Case>& every_plan() {
       {{2, 2}, {"dp", "tp"}, {"ddp", "tp"}},
       {{2, 2}, {"dp", "tp"}, {"ddp", "tp_sp"}},
       {{2, 2}, {"dp", "tp"}, {"zero1", "tp"}},
+      {{1}, {"dp"}, {"fsdp"}},  // fsdp dims of one rank: no recomputation (fully_shard.cpp)
+      {{1, 2}, {"dp", "tp"}, {"fsdp", "tp"}},
       {{2}, {"dp"}, {"fsdp"}},
       {{4}, {"dp"}, {"fsdp"}},
       {{2, 2}, {"rep", "shard"}, {"ddp", "fsdp"}},  // HSDP
