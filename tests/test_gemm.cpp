@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtensor/ops/detail/gemm.h"
@@ -168,6 +169,33 @@ BOOST_AUTO_TEST_CASE(large_f32_products_on_onednn, *boost::unit_test::preconditi
     const std::string problem = check_case<float>(c, rng, accumulate);
     BOOST_TEST(problem.empty(), "seed 17 case " << i << " (" << c.describe() << (accumulate ? ", accumulating" : "")
                                                 << "): " << problem);
+  }
+}
+
+// Thread ranks call the GEMM at once, each from its own thread that then
+// exits: every thread gets the main thread's bits (the choice of library
+// and kernel depends on the shape alone), and nothing a thread leaves
+// behind leaks (the sanitizer build checks).
+BOOST_AUTO_TEST_CASE(threads_at_once_get_the_same_bits) {
+  std::mt19937 rng(18);
+  for (const std::int64_t size : {48, 160, 320}) {  // below and above oneDNN's 2^20 multiply-adds
+    std::vector<float> a(static_cast<std::size_t>(size * size)), b(a.size());
+    std::uniform_real_distribution<float> unit(-1, 1);
+    for (auto& x : a) x = unit(rng);
+    for (auto& x : b) x = unit(rng);
+    auto product = [&] {
+      std::vector<float> c(a.size());
+      cpu::gemm(DType::Float32, false, true, size, size, size, a.data(), size, b.data(), size, c.data(), size);
+      return c;
+    };
+    const std::vector<float> want = product();
+    std::vector<std::vector<float>> got(4);
+    std::vector<std::thread> threads;
+    for (auto& g : got) threads.emplace_back([&g, &product] { g = product(); });
+    for (auto& t : threads) t.join();
+    for (std::size_t t = 0; t < got.size(); ++t)
+      BOOST_TEST((got[t] == want), "size " << size << " thread " << t << " differs from the main thread's product ("
+                                           << cpu::gemm_backend() << ")");
   }
 }
 
