@@ -14,6 +14,7 @@
 
 #include "gemm_candidates.h"
 #include "dtensor/ops/detail/gemm_eigen_impl.h"
+#include "dtensor/ops/detail/onednn_abi.h"
 
 using gbench::Shape;
 
@@ -24,14 +25,7 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 using DgemmFn = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int, double, double*,
                          int);
-// oneDNN's C API: row-major, 'N'/'T', 64-bit sizes, a status (0: success).
-using DnnlSgemmFn = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
-                            const float*, std::int64_t, float, float*, std::int64_t);
-struct DnnlVersion {
-  int major, minor, patch;
-  const char* hash;
-  unsigned cpu_runtime, gpu_runtime;
-};
+using DnnlSgemmFn = dtensor::cpu::onednn_abi::SgemmFn;
 
 /// What a loaded BLAS says about itself (its core type or sub-configuration).
 std::string describe(void* handle) {
@@ -82,13 +76,12 @@ int worker_main(const std::string& kind, const std::string& library) {
       return 0;
     }
     dnnl_sgemm = reinterpret_cast<DnnlSgemmFn>(dlsym(handle, "dnnl_sgemm"));
-    using VersionFn = const DnnlVersion* (*)();
-    auto version = reinterpret_cast<VersionFn>(dlsym(handle, "dnnl_version"));
+    auto version = reinterpret_cast<dtensor::cpu::onednn_abi::VersionFn>(dlsym(handle, "dnnl_version"));
     if (!dnnl_sgemm || !version) {
       std::cout << "no dnnl_sgemm/dnnl_version in " << library << std::endl;
       return 0;
     }
-    const DnnlVersion* v = version();
+    const auto* v = version();
     std::cout << "ok oneDNN " << v->major << '.' << v->minor << '.' << v->patch << " (f32 only)" << std::endl;
   } else if (kind == "cblas") {
     void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);

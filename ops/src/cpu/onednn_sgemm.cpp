@@ -24,6 +24,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "dtensor/ops/detail/onednn_abi.h"
+
 namespace dtensor::cpu::onednn {
 namespace {
 
@@ -31,15 +33,9 @@ constexpr const char* kLibrary = "libdnnl.so.2";
 constexpr const char* kGomp = "libgomp.so.1";
 constexpr std::int64_t kMinMultiplyAdds = std::int64_t{1} << 20;
 
-// oneDNN's C API, declared here so that no header of it is needed to build:
-// row-major, 'N' or 'T', 64-bit sizes, a status (0: success).
-using SgemmFn = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
-                        const float*, std::int64_t, float, float*, std::int64_t);
-struct Version {
-  int major, minor, patch;
-  const char* hash;
-  unsigned cpu_runtime, gpu_runtime;
-};
+using onednn_abi::SgemmFn;
+using onednn_abi::Version;
+using onednn_abi::VersionFn;
 
 struct OneDnn {
   SgemmFn sgemm = nullptr;  // null: not used
@@ -62,7 +58,6 @@ OneDnn load() {
     return r;
   }
   auto sgemm = reinterpret_cast<SgemmFn>(dlsym(handle, "dnnl_sgemm"));
-  using VersionFn = const Version* (*)();
   auto version = reinterpret_cast<VersionFn>(dlsym(handle, "dnnl_version"));
   if (!sgemm || !version) {
     r.description = std::string("onednn not used: ") + kLibrary + " lacks dnnl_sgemm or dnnl_version";
