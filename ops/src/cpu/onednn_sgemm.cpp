@@ -16,7 +16,10 @@
 // (its constructor reads it once), unless the user set OMP_NUM_THREADS.
 // Where the program already runs OpenMP (libgomp loaded before us), setting
 // its thread count would change the user's own parallel regions, so oneDNN
-// is not used at all and description() says why.
+// is not used at all and description() says why. The one side effect left:
+// a program that loads OpenMP code only after the library (a plugin opened
+// later) finds libgomp already loaded with one thread as its default, so
+// its parallel regions need OMP_NUM_THREADS or num_threads to widen.
 #include "onednn_sgemm.h"
 
 #include <dlfcn.h>
