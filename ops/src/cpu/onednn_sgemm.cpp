@@ -1,9 +1,9 @@
 // f32 GEMMs through oneDNN (onednn_sgemm.h).
 //
 // Measured with bench/gemm on one core of an AMD EPYC (2026-12-04), oneDNN
-// 2.6.3's dnnl_sgemm is 2-14% faster than OpenBLAS 0.3.21's best core on
-// every GEMM of the 10.9M GPT's step (512 tokens, d_model 384: forward,
-// input and weight gradients) and on the large squares, and slower on the
+// 2.6.3's dnnl_sgemm was 2-14% faster than OpenBLAS 0.3.21's best core on
+// 10 of the 12 GEMMs of the 10.9M GPT's step (512 tokens, d_model 384:
+// forward, input and weight gradients) and on the large squares, and slower on the
 // smallest products (64^3: 94 against 108 GFLOP/s). So f32 products from
 // kMinMultiplyAdds go to oneDNN; f64 (which oneDNN lacks), int64 and the
 // small ones stay with the build's backend. The choice is a function of the
