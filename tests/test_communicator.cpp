@@ -220,6 +220,175 @@ BOOST_AUTO_TEST_CASE(timeout_when_a_rank_skips) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(started_calls)
+
+// Several calls in flight at once on every rank, each of another kind, then
+// waited in the reverse order: values as the blocking calls give them, and
+// each call counted only once it has been waited for.
+BOOST_AUTO_TEST_CASE(in_flight_together_and_waited_out_of_order) {
+  const std::uint64_t seed = 20261207;
+  for (int n : {2, 3, 4}) {
+    BOOST_TEST_CONTEXT("world " << n << ", seed " << seed) {
+      Failures failures(n);
+      run_threads(n, [&](Communicator& comm) {
+        const int rank = comm.rank();
+        std::mt19937_64 rng(seed + static_cast<std::uint64_t>(n));  // the same sizes on every rank
+        const std::size_t count = 1 + rng() % 5000;
+        std::vector<double> reduced(count), gathered(count * static_cast<std::size_t>(n)), scattered(count);
+        std::vector<double> mine(count), blocks(count * static_cast<std::size_t>(n));
+        for (std::size_t i = 0; i < count; ++i) mine[i] = value(seed, rank, i);
+        for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = value(seed + 1, rank, i);
+        std::vector<std::size_t> counts(static_cast<std::size_t>(n), count);
+        double token = rank, from_left = -1;
+        const int right = (rank + 1) % n, left = (rank + n - 1) % n;
+
+        const CommStats before = comm.own_stats();
+        Work reduce = comm.start_all_reduce(mine.data(), reduced.data(), count, DType::Float64, ReduceOp::Sum);
+        Work gather = comm.start_all_gather(mine.data(), gathered.data(), count * sizeof(double));
+        Work scatter = comm.start_reduce_scatter(blocks.data(), scattered.data(), counts, DType::Float64, ReduceOp::Max);
+        Work sent = comm.start_send(&token, sizeof(token), right, 7);
+        Work got = comm.start_recv(&from_left, sizeof(from_left), left, 7);
+        // Nothing counts before its wait, however far the worker has got.
+        EXPECT_R((comm.own_stats() - before).data_collectives() == 0, "counted before any wait");
+
+        got.wait();
+        sent.wait();
+        scatter.wait();
+        gather.wait();
+        reduce.wait();
+        const CommStats d = comm.own_stats() - before;
+        EXPECT_R(d.count(CollectiveKind::AllReduce) == 1 && d.count(CollectiveKind::AllGather) == 1 &&
+                     d.count(CollectiveKind::ReduceScatter) == 1 && d.count(CollectiveKind::Send) == 1 &&
+                     d.count(CollectiveKind::Recv) == 1,
+                 "counts after the waits: {}", d);
+        EXPECT_R(from_left == left, "recv got {} from rank {}", from_left, left);
+        for (std::size_t i = 0; i < count; ++i) {
+          double sum = 0, max = -1e300;
+          for (int p = 0; p < n; ++p) {
+            sum += value(seed, p, i);
+            max = std::max(max, value(seed + 1, p, static_cast<std::size_t>(rank) * count + i));
+            const double g = gathered[static_cast<std::size_t>(p) * count + i];
+            EXPECT_R(g == value(seed, p, i), "gathered[{}][{}] = {}", p, i, g);
+          }
+          EXPECT_R(reduced[i] == sum, "reduced[{}] = {}, expected {}", i, reduced[i], sum);
+          EXPECT_R(scattered[i] == max, "scattered[{}] = {}, expected {}", i, scattered[i], max);
+        }
+        // A blocking call runs after the started ones: when it returns they
+        // have finished (test() is true without waiting).
+        Work later = comm.start_broadcast(&token, sizeof(token), 0);
+        double x = 1, y = 0;
+        comm.all_reduce(&x, &y, 1, DType::Float64, ReduceOp::Sum);
+        EXPECT_R(later.test(), "a started broadcast had not finished after a later blocking all_reduce");
+        EXPECT_R(token == 0 && y == n, "token {} y {}", token, y);
+        // A handle dropped unwaited still completes and counts.
+        const CommStats before_drop = comm.own_stats();
+        { Work dropped = comm.start_all_reduce(&x, &y, 1, DType::Float64, ReduceOp::Max); }
+        EXPECT_R((comm.own_stats() - before_drop).count(CollectiveKind::AllReduce) == 1, "the dropped call");
+      });
+      failures.report();
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(mismatched_starts_fail_at_wait_on_every_rank) {
+  std::atomic<int> caught{0};
+  run_threads(2, [&](Communicator& comm) {
+    std::vector<float> buf(8, 1.0f), out(16);
+    Work w = comm.rank() == 0 ? comm.start_all_reduce(buf.data(), out.data(), 8, DType::Float32, ReduceOp::Sum)
+                              : comm.start_all_gather(buf.data(), out.data(), 8 * sizeof(float));
+    try {
+      w.wait();
+    } catch (const CollectiveMismatch& e) {
+      if (contains(e.what(), "all_reduce(count=8") && contains(e.what(), "all_gather(")) ++caught;
+    }
+    // The group still works, through either form.
+    float x = 1, y = 0;
+    comm.start_all_reduce(&x, &y, 1, DType::Float32, ReduceOp::Sum).wait();
+    if (y == 2) ++caught;
+  });
+  BOOST_TEST(caught.load() == 4);
+}
+
+BOOST_AUTO_TEST_CASE(a_started_call_that_no_peer_joins_times_out) {
+  std::string message, again;
+  run_threads(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) return;
+        float x = 1, y;
+        Work w = comm.start_all_reduce(&x, &y, 1, DType::Float32, ReduceOp::Sum);
+        try {
+          w.wait();
+        } catch (const CommTimeout& e) {
+          message = e.what();
+        }
+        try {  // every later wait says it again
+          w.wait();
+        } catch (const CommTimeout& e) {
+          again = e.what();
+        }
+      },
+      ThreadsOptions{std::chrono::milliseconds(200)});
+  BOOST_TEST(contains(message, "all_reduce"), message);
+  BOOST_TEST(contains(message, "timed out after 200 ms"), message);
+  BOOST_TEST(again == message);
+}
+
+BOOST_AUTO_TEST_CASE(link_model_parses_prints_and_refuses) {
+  const LinkModel a = LinkModel::parse("10us,5GB/s");
+  BOOST_TEST(a.latency.count() == 10'000);
+  BOOST_TEST(a.bytes_per_second == 5e9);
+  BOOST_TEST(a.str() == "10us,5GB/s");
+  BOOST_TEST(a.time_for(5'000'000'000ULL).count() == 1'000'010'000);
+  const LinkModel b = LinkModel::parse("1.5ms,100MiB/s");
+  BOOST_TEST(b.latency.count() == 1'500'000);
+  BOOST_TEST(b.bytes_per_second == 100.0 * 1024 * 1024);
+  BOOST_TEST(LinkModel::parse("0ns,1B/s").str() == "0s,1B/s");
+  for (const char* bad : {"10us", "10,5GB/s", "10us,5", "-1us,5GB/s", "10us,0GB/s", "10us,5Gb/s", "x,y", ""})
+    check_throws<ParseError>([&] { LinkModel::parse(bad); }, fmt::format("link '{}'", bad));
+  check_throws<ParseError>([] { LinkModel::parse("10us,5Gb/s"); }, "bad bandwidth '5Gb/s'");
+  check_throws<ParseError>([] { LinkModel::parse("-1us,5GB/s"); }, "a negative latency");
+}
+
+// A modelled link holds each call at least its alpha-beta time (a lower
+// bound that sleeping guarantees, not a speed claim), the split groups
+// inherit it, and nullopt lifts it.
+BOOST_AUTO_TEST_CASE(a_modelled_link_holds_each_call_its_time) {
+  Failures failures(2);
+  run_threads(2, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    const LinkModel link = LinkModel::parse("3ms,1MB/s");
+    comm.model_link(link);
+    EXPECT_R(comm.link_model() && comm.link_model()->str() == "3ms,1MB/s", "link_model()");
+    std::vector<float> x(1000, 1.0f), y(1000);
+    // all_reduce of 1000 floats on 2 ranks receives 2000 bytes: 3 ms + 2 ms.
+    const auto expected = link.time_for(2000);
+    auto t0 = std::chrono::steady_clock::now();
+    Work w = comm.start_all_reduce(x.data(), y.data(), 1000, DType::Float32, ReduceOp::Sum);
+    w.wait();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_R(took >= expected, "a started all_reduce took {} ns on a link that needs {} ns",
+             std::chrono::nanoseconds(took).count(), expected.count());
+    auto sub = comm.split(0, rank);
+    EXPECT_R(sub->link_model() && sub->link_model()->str() == "3ms,1MB/s", "the split group's link");
+    t0 = std::chrono::steady_clock::now();
+    sub->barrier();
+    EXPECT_R(std::chrono::steady_clock::now() - t0 >= link.latency, "a barrier on the link");
+    comm.model_link(std::nullopt);
+    EXPECT_R(!comm.link_model(), "link lifted");
+    std::string refused;
+    try {
+      comm.model_link(LinkModel{std::chrono::nanoseconds(0), 0.0});
+    } catch (const ValueError& e) {
+      refused = e.what();
+    }
+    EXPECT_R(contains(refused, "expected a positive bandwidth"), "model_link with no bandwidth: '{}'", refused);
+  });
+  failures.report();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(device_mesh)
 
 namespace mesh_test {

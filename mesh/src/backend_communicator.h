@@ -19,13 +19,22 @@
 //
 // The public interface stays virtual, so that decorators of a Communicator
 // (bench/timed_communicator.h) forward calls without counting them twice.
+//
+// Started calls (start_*, dtensor/mesh/work.h) run the same public call on
+// the rank's worker (rank_worker.h); every blocking call first drains that
+// worker, so a rank's calls keep one order whichever form they take. A
+// modelled link (model_link) holds each call until its alpha-beta time for
+// the bytes it counts has passed, on whichever thread runs the call.
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "dtensor/core/dtype.h"
 #include "dtensor/core/reduce_op.h"
 #include "dtensor/mesh/communicator.h"
+#include "rank_worker.h"
 #include "stats_recorder.h"
 
 namespace dtensor::backend_detail {
@@ -45,7 +54,8 @@ NativeOp native_op(ReduceOp op, NativeOp sum, NativeOp max, NativeOp min) {
 
 class BackendCommunicator : public Communicator {
  public:
-  using Communicator::all_gather;  // the equal-size overload
+  using Communicator::all_gather;        // the equal-size overload
+  using Communicator::start_all_gather;  // the same
   using Communicator::all_reduce;  // the typed overloads
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) final;
@@ -61,6 +71,21 @@ class BackendCommunicator : public Communicator {
   void barrier() final;
   std::unique_ptr<Communicator> split(int color, int key) final;
 
+  Work start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) final;
+  Work start_all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) final;
+  Work start_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                            ReduceOp op) final;
+  Work start_all_to_all(const void* send, std::span<const std::size_t> send_bytes,
+                        std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
+                        std::span<const std::size_t> recv_offsets) final;
+  Work start_broadcast(void* buf, std::size_t bytes, int root) final;
+  Work start_scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) final;
+  Work start_send(const void* buf, std::size_t bytes, int dst, int tag) final;
+  Work start_recv(void* buf, std::size_t bytes, int src, int tag) final;
+
+  void model_link(std::optional<LinkModel> link) final;
+  std::optional<LinkModel> link_model() const final { return link_; }
+
   CommStats& stats() final { return stats_.rank_totals(); }
   const CommStats& own_stats() const final { return stats_.own(); }
 
@@ -68,6 +93,10 @@ class BackendCommunicator : public Communicator {
   /// `rank_totals`: this process rank's counters, shared by every
   /// communicator of the rank; it must outlive this one.
   explicit BackendCommunicator(CommStats& rank_totals) : stats_(rank_totals) {}
+
+  /// Each backend's destructor calls this first: a started call still queued
+  /// or running uses the backend's state, which must outlive it.
+  void finish_started_calls() noexcept;
 
   /// Step 3: throws if the communicator cannot take a call (a failed peer, an
   /// earlier timeout), else readies the call (its deadline, its device).
@@ -101,7 +130,14 @@ class BackendCommunicator : public Communicator {
 
  private:
   class Entered;
+  // Runs `call` (a public call on this communicator) on the rank's worker.
+  Work start(CollectiveKind kind, std::function<void()> call);
   StatsRecorder stats_;
+  std::optional<LinkModel> link_;
+  std::shared_ptr<mesh_detail::RankWorker> worker_;  // on the first started call
+  // Held by started calls' handles, which count into stats_ only while this
+  // communicator lives.
+  std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 
 }  // namespace dtensor::backend_detail

@@ -31,6 +31,49 @@ std::string_view collective_name(CollectiveKind kind) {
   return "unknown";
 }
 
+// The blocking call, then a handle that is already done: for communicators
+// that run nothing apart (see communicator.h).
+Work Communicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  all_reduce(send, recv, count, dtype, op);
+  return Work();
+}
+Work Communicator::start_all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) {
+  all_gather(send, recv, recv_bytes);
+  return Work();
+}
+Work Communicator::start_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                                        ReduceOp op) {
+  reduce_scatter(send, recv, counts, dtype, op);
+  return Work();
+}
+Work Communicator::start_all_to_all(const void* send, std::span<const std::size_t> send_bytes,
+                                    std::span<const std::size_t> send_offsets, void* recv,
+                                    std::span<const std::size_t> recv_bytes,
+                                    std::span<const std::size_t> recv_offsets) {
+  all_to_all(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  return Work();
+}
+Work Communicator::start_broadcast(void* buf, std::size_t bytes, int root) {
+  broadcast(buf, bytes, root);
+  return Work();
+}
+Work Communicator::start_scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) {
+  scatter(send, bytes, recv, root);
+  return Work();
+}
+Work Communicator::start_send(const void* buf, std::size_t bytes, int dst, int tag) {
+  send(buf, bytes, dst, tag);
+  return Work();
+}
+Work Communicator::start_recv(void* buf, std::size_t bytes, int src, int tag) {
+  recv(buf, bytes, src, tag);
+  return Work();
+}
+
+void Communicator::model_link(std::optional<LinkModel>) {
+  throw UnsupportedError(fmt::format("[{}] this communicator cannot model a link", backend()));
+}
+
 std::uint64_t CommStats::data_collectives() const {
   std::uint64_t total = 0;
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
@@ -58,6 +101,12 @@ CommStats operator+(const CommStats& a, const CommStats& b) {
   }
   s.recv_bytes = a.recv_bytes + b.recv_bytes;
   return s;
+}
+
+Work Communicator::start_all_gather(const void* send, void* recv, std::size_t bytes) {
+  // The sizes are copied by the call, so a vector on the stack will do.
+  const std::vector<std::size_t> sizes(static_cast<std::size_t>(size()), bytes);
+  return start_all_gather(send, recv, std::span<const std::size_t>(sizes));
 }
 
 void Communicator::all_gather(const void* send, void* recv, std::size_t bytes) {

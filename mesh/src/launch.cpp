@@ -189,7 +189,14 @@ int launch(int& argc, char** argv, const std::function<void(Communicator& world)
     const Device device = launch_device(take_flag(argc, argv, "--device", "--device cpu|cuda"));
     if (const char* b = env("DTENSOR_BACKEND"); b && std::strcmp(b, "mpi") != 0 && std::strcmp(b, "threads") != 0)
       throw ValueError(fmt::format("DTENSOR_BACKEND='{}': expected 'threads' or 'mpi'", b));
-    const auto body = traced(fn);
+    std::optional<LinkModel> link;
+    if (auto text = take_flag(argc, argv, "--link", "--link LATENCY,BANDWIDTH such as 10us,5GB/s"))
+      link = LinkModel::parse(*text);
+    const auto traced_fn = traced(fn);
+    const std::function<void(Communicator&)> body = [&](Communicator& world) {
+      if (link) world.model_link(*link);
+      traced_fn(world);
+    };
     if (launch_backend() == "mpi") return run_mpi(ranks_flag, device, body, options);
 
     const long ranks = thread_ranks(ranks_flag, options);

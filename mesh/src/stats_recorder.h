@@ -7,13 +7,19 @@
 // While a trace records on the rank (mesh/include/dtensor/mesh/detail/trace_recorder.h) each call also
 // becomes one event, timed from begin() (where the backend calls it) to
 // record(); otherwise that costs one thread-local test per call.
+// A started call (dtensor/mesh/work.h) runs on the rank's worker, which
+// records into the call's WorkState instead (mesh_detail::deferred_records);
+// the rank's thread applies those records when it waits, so that the
+// counters and the trace still have one writer.
 #include <array>
 #include <cstdint>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "dtensor/mesh/communicator.h"
 #include "dtensor/mesh/detail/trace_recorder.h"
+#include "rank_worker.h"
 
 namespace dtensor::backend_detail {
 
@@ -23,10 +29,14 @@ class StatsRecorder {
 
   /// Notes when a call starts, for its trace event.
   void begin() {
-    if (trace::current != nullptr) [[unlikely]]
+    if (trace::current != nullptr || mesh_detail::deferred_records != nullptr) [[unlikely]]
       started_ = trace::Clock::now();
   }
   void record(CollectiveKind kind, std::uint64_t bytes) {
+    if (mesh_detail::deferred_records != nullptr) [[unlikely]] {
+      mesh_detail::deferred_records->push_back({kind, bytes, false, {}, std::exchange(started_, {}), trace::Clock::now()});
+      return;
+    }
     own_.record(kind, bytes);
     rank_totals_->record(kind, bytes);
     if (trace::current != nullptr) [[unlikely]]
@@ -42,9 +52,14 @@ class StatsRecorder {
   /// too. The counts grow with the routes used: one entry per peer and tag.)
   void record_message(bool sending, int self, int peer, int tag, std::uint64_t bytes) {
     const auto kind = sending ? CollectiveKind::Send : CollectiveKind::Recv;
+    const std::uint64_t sequence = messages_[route(sending, self, peer, tag)]++;
+    if (mesh_detail::deferred_records != nullptr) [[unlikely]] {
+      mesh_detail::deferred_records->push_back({kind, bytes, true, trace::MessageEnd{sending, self, peer, tag, sequence},
+                                                std::exchange(started_, {}), trace::Clock::now()});
+      return;
+    }
     own_.record(kind, bytes);
     rank_totals_->record(kind, bytes);
-    const std::uint64_t sequence = messages_[route(sending, self, peer, tag)]++;
     if (trace::current != nullptr) [[unlikely]]
       trace::record_message(&own_, trace::MessageEnd{sending, self, peer, tag, sequence}, bytes,
                             std::exchange(started_, trace::Clock::time_point{}));
@@ -55,6 +70,20 @@ class StatsRecorder {
   void drop_message(bool sending, int self, int peer, int tag) {
     ++messages_[route(sending, self, peer, tag)];
     started_ = trace::Clock::time_point{};
+  }
+  /// On the rank's thread, when it waits for a started call: counts what the
+  /// call recorded on the worker, as record() and record_message() would have.
+  void apply(const std::vector<mesh_detail::DeferredRecord>& records) {
+    for (const auto& r : records) {
+      own_.record(r.kind, r.bytes);
+      rank_totals_->record(r.kind, r.bytes);
+      if (trace::current == nullptr) [[likely]]
+        continue;
+      if (r.message)
+        trace::record_message(&own_, r.end, r.bytes, r.start, r.finish);
+      else
+        trace::record_collective(&own_, r.kind, r.bytes, r.start, r.finish);
+    }
   }
   const CommStats& own() const { return own_; }
   CommStats& rank_totals() { return *rank_totals_; }

@@ -281,9 +281,10 @@ void Recorder::finish(const std::string& path) {
                             failure.empty() ? std::string() : ": " + failure));
 }
 
-void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start) {
+void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start,
+                       Clock::time_point finish) {
   Recorder* r = current;
-  const auto end = Clock::now();
+  const auto end = finish == Clock::time_point{} ? Clock::now() : finish;
   if (start == Clock::time_point{}) start = end;
   std::string args = fmt::format("\"bytes\": {}, \"group\": {}", bytes, json_quote(r->group_label(group)));
   // The group's processes: the same list on every member, so a reader can
@@ -295,9 +296,10 @@ void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_
   r->add(Event{std::string(collective_name(kind)), Track::Collectives, start, end - start, std::move(args)});
 }
 
-void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start) {
+void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start,
+                    Clock::time_point ended) {
   Recorder* r = current;
-  const auto finish = Clock::now();
+  const auto finish = ended == Clock::time_point{} ? Clock::now() : ended;
   if (start == Clock::time_point{}) start = finish;
   const std::vector<int>& members = r->group_members(group);
   const auto in_range = [&](int rank) { return rank >= 0 && static_cast<std::size_t>(rank) < members.size(); };

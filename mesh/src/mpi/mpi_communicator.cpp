@@ -97,6 +97,7 @@ class MpiCommunicator final : public backend_detail::BackendCommunicator {
   MpiCommunicator(MPI_Comm comm, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
                   bool oversubscribed)
       : BackendCommunicator(*stats), link_(comm, timeout, oversubscribed), rank_stats_(std::move(stats)) {}
+  ~MpiCommunicator() override { finish_started_calls(); }
 
   int rank() const override { return link_.rank(); }
   int size() const override { return link_.size(); }

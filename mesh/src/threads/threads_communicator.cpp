@@ -57,6 +57,7 @@ class ThreadsCommunicator final : public backend_detail::BackendCommunicator {
         group_(std::move(group)),
         rank_(rank),
         world_rank_(group_->world_ranks[static_cast<std::size_t>(rank)]) {}
+  ~ThreadsCommunicator() override { finish_started_calls(); }
 
   int rank() const override { return rank_; }
   int size() const override { return group_->n; }

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 
 #include "dtensor/core/dtype.h"
 #include "dtensor/core/reduce_op.h"
+#include "dtensor/mesh/work.h"
 
 namespace dtensor {
 
@@ -163,8 +165,37 @@ class Communicator {
   /// them; stats() is their sum over every communicator of the rank.
   virtual const CommStats& own_stats() const = 0;
 
+  // ---- Non-blocking forms (dtensor/mesh/work.h) ------------------------------
+  /// Each starts the call of the same name and returns a handle at once; the
+  /// arguments mean what they mean there, and the spans are copied. On the
+  /// CPU backends a rank's started calls run in issue order on a worker of
+  /// the rank (its communication stream), so the rank's own thread computes
+  /// meanwhile; a blocking call first lets the rank's started ones finish.
+  /// Where a backend cannot run a call apart (GPU communicators for now, and
+  /// decorators that do not forward these), it runs the blocking call and
+  /// returns a handle that is already done.
+  virtual Work start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  virtual Work start_all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes);
+  virtual Work start_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                                    ReduceOp op);
+  virtual Work start_all_to_all(const void* send, std::span<const std::size_t> send_bytes,
+                                std::span<const std::size_t> send_offsets, void* recv,
+                                std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets);
+  virtual Work start_broadcast(void* buf, std::size_t bytes, int root);
+  virtual Work start_scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root);
+  virtual Work start_send(const void* buf, std::size_t bytes, int dst, int tag = 0);
+  virtual Work start_recv(void* buf, std::size_t bytes, int src, int tag = 0);
+
+  /// Every later call on this communicator, and on those split from it
+  /// afterwards, takes at least `link`'s time for the bytes it receives
+  /// (std::nullopt: the machine's own speed again). UnsupportedError where a
+  /// communicator cannot model a link.
+  virtual void model_link(std::optional<LinkModel> link);
+  virtual std::optional<LinkModel> link_model() const { return std::nullopt; }
+
   /// Equal-size all_gather: every rank contributes `bytes`.
   void all_gather(const void* send, void* recv, std::size_t bytes);
+  Work start_all_gather(const void* send, void* recv, std::size_t bytes);
 
   /// The same on small host buffers (shapes, headers) whatever device() is:
   /// a GPU communicator stages them through device memory.

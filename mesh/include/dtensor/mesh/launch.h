@@ -42,7 +42,10 @@ std::string_view launch_backend();
 /// `--device cpu|cuda` (or $DTENSOR_DEVICE) says where the ranks keep their
 /// shards: with cuda, thread ranks share one GPU (simulated multi-rank mode)
 /// and MPI processes talk over NCCL, one GPU each.
-/// `--ranks` and `--device` are removed from argv (argc adjusted) so that the
+/// `--link 10us,5GB/s` models a slower link on every rank's communicators
+/// (Communicator::model_link): each call takes at least that latency plus
+/// its bytes over that bandwidth.
+/// `--ranks`, `--device` and `--link` are removed from argv (argc adjusted) so that the
 /// program's own parser never sees them. Bad values print a message and return 2.
 /// When a rank throws, "dtensor: rank R of N failed: <what>" goes to stderr;
 /// on threads the other ranks stop with PeerFailed and launch returns 1; under

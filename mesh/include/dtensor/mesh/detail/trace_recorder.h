@@ -136,15 +136,19 @@ std::string json_quote(std::string_view text);
 
 /// Called by a backend's StatsRecorder when a call ends while recording:
 /// one event on the collectives track. `start` is the epoch when the
-/// backend did not note the start (the event then has zero duration).
-void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start);
+/// backend did not note the start (the event then has zero duration);
+/// `finish`, now when it is the epoch (a started call's record, applied when
+/// the rank waits for it, gives the time it really ended).
+void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start,
+                       Clock::time_point finish = {});
 
 /// Called by a backend's StatsRecorder when a send or recv ends while
 /// recording: one event on the collectives track, named as its kind (send
 /// or recv) so that counts equal CommStats', with the direction, the
 /// peer and the tag in its args; and, where the group's members are known,
 /// one end of the flow arrow from the send to its recv.
-void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start);
+void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start,
+                    Clock::time_point finish = {});
 
 /// One op on the ops track, from construction to destruction.
 class OpSpan {
