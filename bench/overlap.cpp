@@ -91,8 +91,12 @@ int main(int argc, char** argv) {
         world.start_all_reduce(data.data(), data.data(), count, dtensor::DType::Float32, dtensor::ReduceOp::Max)
             .wait();
       });
-      const long rounds = std::max(1L, static_cast<long>(comm * rounds_per_second));
-      const double compute = timed([&] { sink = sink + burn(rounds); });
+      // Sized to the call: a first guess from the rate, then rescaled once
+      // by what that guess measured (caches and clocks settle).
+      long rounds = std::max(1L, static_cast<long>(comm * rounds_per_second));
+      double compute = timed([&] { sink = sink + burn(rounds); });
+      rounds = std::max(1L, static_cast<long>(static_cast<double>(rounds) * comm / compute));
+      compute = timed([&] { sink = sink + burn(rounds); });
       const double both = timed([&] {
         dtensor::Work w =
             world.start_all_reduce(data.data(), data.data(), count, dtensor::DType::Float32, dtensor::ReduceOp::Max);
