@@ -115,6 +115,62 @@ BOOST_AUTO_TEST_CASE(values_equal_per_tensor_redistribute) {
   });
 }
 
+// Random batches as above, two started back to back and waited in the
+// reverse order: each equals redistribute_all of the same arguments bit for
+// bit (the same buckets and packing, bf16 included) and the started calls
+// count exactly what the blocking ones count; a second wait is refused.
+BOOST_AUTO_TEST_CASE(started_batches_equal_the_blocking_call) {
+  const std::uint64_t seed = testing::seeded(20261207);
+  on_meshes({{4}, {2, 2}, {3}}, [&](const DeviceMesh& mesh, testing::FailureLog& log) {
+    for (std::size_t c = 0; c < testing::scaled_cases(20, 4); ++c) {
+      std::mt19937_64 rng(seed + c);
+      const double bucket_mib = std::array{25.0, 1e-3, 2e-4}[rng() % 3];
+      std::vector<DTensor> inputs[2];
+      std::vector<Layout> targets[2];
+      std::string what;
+      for (int batch = 0; batch < 2; ++batch)
+        for (std::size_t i = 0, count = 1 + rng() % 6; i < count; ++i) {
+          const Shape shape = random_shape(rng);
+          const DType dtype = std::array{DType::Float32, DType::Float64, DType::BFloat16}[rng() % 3];
+          const Move mv = random_move(rng, static_cast<int>(rng() % 5 % 4), mesh.ndim(), static_cast<int>(shape.size()));
+          const DType made = dtype == DType::Float64 ? DType::Float64 : DType::Float32;
+          inputs[batch].push_back(
+              make(testing::integer_tensor(shape, made, seed + 31 * c + i), mesh, mv.from, seed + c, dtype));
+          targets[batch].push_back(mv.to);
+          what += fmt::format(" [{}: {} {} {} -> {}]", batch, fmt::join(shape, "x"), dtype, mv.from, mv.to);
+        }
+      const CommCounter started_counter(mesh);
+      StartedRedistribution first = start_redistribute_all(inputs[0], targets[0], {.bucket_mib = bucket_mib});
+      StartedRedistribution second = start_redistribute_all(inputs[1], targets[1], {.bucket_mib = bucket_mib});
+      std::vector<DTensor> got[2];
+      got[1] = second.wait();
+      got[0] = first.wait();
+      const CommStats started = started_counter.counts();
+      const CommCounter blocking_counter(mesh);
+      std::vector<DTensor> want[2];
+      for (int batch = 0; batch < 2; ++batch)
+        want[batch] = redistribute_all(inputs[batch], targets[batch], {.bucket_mib = bucket_mib});
+      const CommStats blocking = blocking_counter.counts();
+      const std::string where =
+          fmt::format("seed {} case {} mesh {} bucket_mib {}:{}", seed, c, fmt::join(mesh.shape(), "x"), bucket_mib, what);
+      if (started.calls != blocking.calls || started.bytes_by_kind != blocking.bytes_by_kind)
+        log.add(fmt::format("{}: started {}, blocking {}", where, started, blocking));
+      for (int batch = 0; batch < 2; ++batch)
+        for (std::size_t i = 0; i < want[batch].size(); ++i)
+          if (got[batch][i].placements() != want[batch][i].placements() ||
+              !equal(got[batch][i].to_local(), want[batch][i].to_local()))
+            log.add(fmt::format("{}: batch {} tensor {}: got {}, expected {}", where, batch, i, got[batch][i],
+                                want[batch][i]));
+      try {
+        first.wait();
+        log.add(where + ": a second wait did not throw");
+      } catch (const ValueError& e) {
+        if (std::string(e.what()).find("already waited") == std::string::npos) log.add(where + ": " + e.what());
+      }
+    }
+  });
+}
+
 // The counts and bytes of one batch on the last mesh dim (4 ranks, or 2 of a
 // 2x2 mesh): 5 tensors of 7x3 (uneven over 2 and 4) f32 whose moves are one
 // all_reduce, reduce_scatter or all_gather each.

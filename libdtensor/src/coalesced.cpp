@@ -185,33 +185,47 @@ class RedistributeAllNode final : public GroupNode {
   std::vector<Layout> back_;  // per edge: the input's layout, Partial replaced by Replicate
 };
 
-std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
-                               const CoalesceOptions& options) {
-  std::vector<DTensor> out(tensors.begin(), tensors.end());
-  std::vector<Plan> plans(tensors.size());
-  std::vector<std::optional<CollectiveSignature>> signatures(tensors.size());
+// A call's moves, planned and sorted: the ones that run alone, and the
+// buckets of the ones that share a collective.
+struct Moves {
+  std::vector<DTensor> out;  // the inputs, replaced by each move's result
+  std::vector<Plan> plans;
   std::vector<std::size_t> alone;
+  std::vector<Bucket> buckets;
+};
+
+Moves plan_moves(std::span<const DTensor> tensors, std::span<const Layout> targets, const CoalesceOptions& options) {
+  Moves m;
+  m.out.assign(tensors.begin(), tensors.end());
+  m.plans.resize(tensors.size());
+  std::vector<std::optional<CollectiveSignature>> signatures(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (targets[i] == tensors[i].placements()) continue;  // as redistribute(): the same DTensor
-    plans[i] = tensors[i].plan_to(targets[i]);           // a copy: later lookups may evict the cached one
-    signatures[i] = coalescible_signature(plans[i]);
+    m.plans[i] = tensors[i].plan_to(targets[i]);         // a copy: later lookups may evict the cached one
+    signatures[i] = coalescible_signature(m.plans[i]);
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (targets[i] == tensors[i].placements()) continue;
     // An exchange joins the all_gather of the same move when other moves run
     // that all_gather anyway: riding along adds its bytes but no call.
     if (!signatures[i])
-      if (std::optional<Plan> gather = as_all_gather(plans[i]))
+      if (std::optional<Plan> gather = as_all_gather(m.plans[i]))
         if (std::find(signatures.begin(), signatures.end(), coalescible_signature(*gather)) != signatures.end()) {
           signatures[i] = coalescible_signature(*gather);
-          plans[i] = std::move(*gather);
+          m.plans[i] = std::move(*gather);
         }
-    if (!signatures[i]) alone.push_back(i);
+    if (!signatures[i]) m.alone.push_back(i);
   }
-  for (std::size_t i : alone) out[i] = tensors[i].redistribute(targets[i]);
-  for (const Bucket& bucket : make_buckets(signatures, plans, options.bucket_mib * kBytesPerMiB))
-    run_bucket(bucket, tensors, targets, plans, out);
-  return out;
+  m.buckets = make_buckets(signatures, m.plans, options.bucket_mib * kBytesPerMiB);
+  return m;
+}
+
+std::vector<DTensor> run_moves(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                               const CoalesceOptions& options) {
+  Moves m = plan_moves(tensors, targets, options);
+  for (std::size_t i : m.alone) m.out[i] = tensors[i].redistribute(targets[i]);
+  for (const Bucket& bucket : m.buckets) run_bucket(bucket, tensors, targets, m.plans, m.out);
+  return std::move(m.out);
 }
 
 // Runs the moves unrecorded on detached inputs, then records one group for
@@ -243,6 +257,51 @@ std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::spa
       if (targets[i] != tensors[i].placements() && in_graph(tensors[i].autograd_meta())) recorded.push_back(i);
   if (!recorded.empty()) return run_recorded(tensors, targets, recorded, options);
   return run_moves(tensors, targets, options);
+}
+
+struct StartedRedistribution::State {
+  std::vector<DTensor> inputs;
+  Moves moves;
+  std::vector<StartedCoalesced> calls;  // one per bucket, in bucket order
+};
+
+StartedRedistribution::StartedRedistribution(std::unique_ptr<State> state) : state_(std::move(state)) {}
+StartedRedistribution::StartedRedistribution(StartedRedistribution&&) noexcept = default;
+StartedRedistribution& StartedRedistribution::operator=(StartedRedistribution&&) noexcept = default;
+StartedRedistribution::~StartedRedistribution() = default;
+
+StartedRedistribution start_redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                             CoalesceOptions options) {
+  check_arguments(tensors, targets, options);
+  auto st = std::make_unique<StartedRedistribution::State>();
+  NoGradGuard unrecorded;
+  for (const DTensor& t : tensors) st->inputs.push_back(detached(t));
+  st->moves = plan_moves(st->inputs, targets, options);
+  Moves& m = st->moves;
+  for (std::size_t i : m.alone) m.out[i] = st->inputs[i].redistribute(targets[i]);
+  for (const Bucket& bucket : m.buckets) {
+    std::vector<const Plan*> members;
+    std::vector<Tensor> locals;
+    for (std::size_t i : bucket.moves) {
+      members.push_back(&m.plans[i]);
+      locals.push_back(st->inputs[i].to_local());
+    }
+    st->calls.push_back(start_coalesced(members, st->inputs[bucket.moves.front()].mesh(), locals));
+  }
+  return StartedRedistribution(std::move(st));
+}
+
+std::vector<DTensor> StartedRedistribution::wait() {
+  if (!state_) throw ValueError("[StartedRedistribution::wait] already waited for: each one is waited for once");
+  const std::unique_ptr<State> st = std::move(state_);
+  Moves& m = st->moves;
+  for (std::size_t b = 0; b < m.buckets.size(); ++b) {
+    std::vector<Tensor> results = st->calls[b].finish();
+    const std::vector<std::size_t>& moves = m.buckets[b].moves;
+    for (std::size_t k = 0; k < moves.size(); ++k)
+      m.out[moves[k]] = wrap(st->inputs[moves[k]], m.plans[moves[k]], std::move(results[k]));
+  }
+  return std::move(m.out);
 }
 
 }  // namespace dtensor

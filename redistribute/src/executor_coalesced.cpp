@@ -37,117 +37,166 @@ std::vector<Box> group_boxes(const Member& m, const Layout& layout, int n) {
   return boxes;
 }
 
+// The packed call: its buffers and what unpacking needs afterwards. Built
+// before the call, read after it (at once, or when a started call is
+// waited for).
+struct Packed {
+  StepKind kind = StepKind::AllReduce;
+  Tensor send, recv;                      // an all_reduce reduces `send` in place
+  std::size_t total = 0;                  // all_reduce: elements
+  std::vector<std::size_t> counts;        // reduce_scatter: elements per rank; all_gather: bytes per rank
+  std::vector<std::vector<Box>> pieces;   // [member][group rank]
+  int me = 0;                             // this rank in the group
+};
+
 // All-reduce boxes are the same on every rank of the group (the group's mesh
 // dims are Partial), so one packed count fits every rank.
-std::vector<Tensor> all_reduce_many(std::span<const Member> ms, Communicator& comm, ReduceOp op) {
+Packed pack_all_reduce(std::span<const Member> ms) {
   const Tensor& like = ms.front().local;
   const std::size_t isz = ms.front().cx.isz;
-  std::size_t total = 0;
-  for (const Member& m : ms) total += static_cast<std::size_t>(m.local.numel());
-  Tensor buf = scratch(total * isz, like);
+  Packed p;
+  p.kind = StepKind::AllReduce;
+  for (const Member& m : ms) p.total += static_cast<std::size_t>(m.local.numel());
+  p.send = scratch(p.total * isz, like);
   std::size_t at = 0;
   for (const Member& m : ms) {
-    if (m.local.numel()) pack_box(m.local, full_box(m.local.shape()), buf.bytes() + at);
+    if (m.local.numel()) pack_box(m.local, full_box(m.local.shape()), p.send.bytes() + at);
     at += static_cast<std::size_t>(m.local.numel()) * isz;
   }
-  comm.all_reduce(buf.data(), buf.data(), total, like.dtype(), op);
-  // The results are pieces of the reduced buffer, not copies of them: a
-  // bucket of gradients costs its bytes once more, not twice.
+  return p;
+}
+
+// The results are pieces of the reduced buffer, not copies of them: a
+// bucket of gradients costs its bytes once more, not twice.
+std::vector<Tensor> unpack_all_reduce(const Packed& p, std::span<const Member> ms) {
   std::vector<Tensor> outs;
   std::int64_t offset = 0;
   for (const Member& m : ms) {
-    outs.push_back(buf.view(m.local.shape(), offset));
+    outs.push_back(p.send.view(m.local.shape(), offset));
     offset += m.local.numel();
   }
   return outs;
 }
 
-std::vector<Tensor> reduce_scatter_many(std::span<const Member> ms, Communicator& comm, ReduceOp op) {
-  const int n = comm.size();
+Packed pack_reduce_scatter(std::span<const Member> ms, int n) {
   const Tensor& like = ms.front().local;
   const std::size_t isz = ms.front().cx.isz;
-  std::vector<std::vector<Box>> pieces;  // [member][group rank]: the box each rank gets
-  std::vector<std::size_t> counts(static_cast<std::size_t>(n), 0);
-  std::size_t total = 0;
+  Packed p;
+  p.kind = StepKind::ReduceScatter;
+  p.counts.assign(static_cast<std::size_t>(n), 0);
   for (const Member& m : ms) {
-    pieces.push_back(group_boxes(m, m.step.to, n));
-    for (int i = 0; i < n; ++i) counts[i] += static_cast<std::size_t>(pieces.back()[i].numel());
+    p.pieces.push_back(group_boxes(m, m.step.to, n));
+    for (int i = 0; i < n; ++i) p.counts[i] += static_cast<std::size_t>(p.pieces.back()[i].numel());
   }
-  for (std::size_t c : counts) total += c;
-  Tensor send = scratch(total * isz, like);
+  for (std::size_t c : p.counts) p.total += c;
+  p.send = scratch(p.total * isz, like);
   std::size_t at = 0;
   for (int i = 0; i < n; ++i)
     for (std::size_t t = 0; t < ms.size(); ++t) {
-      const Box& piece = pieces[t][i];
+      const Box& piece = p.pieces[t][i];
       if (piece.empty()) continue;
-      pack_box(ms[t].local, relative(piece, ms[t].cx.box(ms[t].step.from)), send.bytes() + at);
+      pack_box(ms[t].local, relative(piece, ms[t].cx.box(ms[t].step.from)), p.send.bytes() + at);
       at += bytes_of(piece, isz);
     }
-  const int me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
-  Tensor recv = scratch(counts[me] * isz, like);
-  comm.reduce_scatter(send.bytes(), recv.bytes(), counts, like.dtype(), op);
-  std::vector<Tensor> outs;  // pieces of the received buffer, as in all_reduce_many
+  p.me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
+  p.recv = scratch(p.counts[p.me] * isz, like);
+  return p;
+}
+
+std::vector<Tensor> unpack_reduce_scatter(const Packed& p, std::span<const Member> ms) {
+  std::vector<Tensor> outs;  // pieces of the received buffer, as for all_reduce
   std::int64_t offset = 0;
   for (std::size_t t = 0; t < ms.size(); ++t) {
-    outs.push_back(recv.view(pieces[t][me].size, offset));
-    offset += pieces[t][me].numel();
+    outs.push_back(p.recv.view(p.pieces[t][p.me].size, offset));
+    offset += p.pieces[t][p.me].numel();
   }
   return outs;
 }
 
-std::vector<Tensor> all_gather_many(std::span<const Member> ms, Communicator& comm) {
-  const int n = comm.size();
+Packed pack_all_gather(std::span<const Member> ms, int n) {
   const Tensor& like = ms.front().local;
   const std::size_t isz = ms.front().cx.isz;
-  std::vector<std::vector<Box>> pieces;  // [member][group rank]: the box each rank holds
-  std::vector<std::size_t> sizes(static_cast<std::size_t>(n), 0);
+  Packed p;
+  p.kind = StepKind::AllGather;
+  p.counts.assign(static_cast<std::size_t>(n), 0);
   for (const Member& m : ms) {
-    pieces.push_back(group_boxes(m, m.step.from, n));
-    for (int i = 0; i < n; ++i) sizes[i] += bytes_of(pieces.back()[i], isz);
+    p.pieces.push_back(group_boxes(m, m.step.from, n));
+    for (int i = 0; i < n; ++i) p.counts[i] += bytes_of(p.pieces.back()[i], isz);
   }
-  const int me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
-  Tensor send = scratch(sizes[me], like);
+  p.me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
+  p.send = scratch(p.counts[p.me], like);
   std::size_t at = 0;
   for (const Member& m : ms) {
-    if (m.local.numel()) pack_box(m.local, full_box(m.local.shape()), send.bytes() + at);
+    if (m.local.numel()) pack_box(m.local, full_box(m.local.shape()), p.send.bytes() + at);
     at += static_cast<std::size_t>(m.local.numel()) * isz;
   }
   std::size_t total = 0;
-  for (std::size_t s : sizes) total += s;
-  Tensor recv = scratch(total, like);
-  comm.all_gather(send.bytes(), recv.bytes(), sizes);
+  for (std::size_t c : p.counts) total += c;
+  p.recv = scratch(total, like);
+  return p;
+}
+
+std::vector<Tensor> unpack_all_gather(const Packed& p, std::span<const Member> ms) {
+  const Tensor& like = ms.front().local;
+  const std::size_t isz = ms.front().cx.isz;
+  const int n = static_cast<int>(p.counts.size());
   std::vector<Tensor> outs;
   std::vector<Box> out_boxes;
   for (const Member& m : ms) {
     out_boxes.push_back(m.cx.box(m.step.to));
     outs.push_back(Tensor::empty(out_boxes.back().size, like.dtype(), like.device()));
   }
-  at = 0;
+  std::size_t at = 0;
   for (int i = 0; i < n; ++i)
     for (std::size_t t = 0; t < ms.size(); ++t) {
-      const Box& piece = pieces[t][i];
+      const Box& piece = p.pieces[t][i];
       if (piece.empty()) continue;
-      unpack_box(recv.bytes() + at, outs[t], relative(piece, out_boxes[t]));
+      unpack_box(p.recv.bytes() + at, outs[t], relative(piece, out_boxes[t]));
       at += bytes_of(piece, isz);
     }
   return outs;
 }
 
-void check_signatures(std::span<const Plan* const> plans, std::span<const Tensor> locals,
-                      const CollectiveSignature& first) {
-  if (plans.size() != locals.size())
-    throw ValueError(
-        fmt::format("[execute_coalesced] {} plans for {} local shards: expected one each", plans.size(), locals.size()));
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    const std::optional<CollectiveSignature> sig = coalescible_signature(*plans[i]);
-    if (!sig)
-      throw LayoutError(fmt::format("[execute_coalesced] plan {} ({} -> {}, {} steps) is not one coalescible collective",
-                                    i, plans[i]->from, plans[i]->to, plans[i]->steps.size()));
-    if (*sig != first)
-      throw LayoutError(
-          fmt::format("[execute_coalesced] plan {} runs {}; plan 0 runs {}: one call needs one collective", i, *sig,
-                      first));
+Packed pack(std::span<const Member> ms, const CollectiveSignature& sig, int n) {
+  switch (sig.kind) {
+    case StepKind::AllReduce: return pack_all_reduce(ms);
+    case StepKind::ReduceScatter: return pack_reduce_scatter(ms, n);
+    default: return pack_all_gather(ms, n);
   }
+}
+
+// The packed collective, blocking or started (a done handle when blocking).
+Work call(Packed& p, Communicator& comm, const CollectiveSignature& sig, bool started) {
+  const DType dtype = p.send.dtype();
+  switch (p.kind) {
+    case StepKind::AllReduce:
+      if (started) return comm.start_all_reduce(p.send.data(), p.send.data(), p.total, dtype, *sig.op);
+      comm.all_reduce(p.send.data(), p.send.data(), p.total, dtype, *sig.op);
+      return Work();
+    case StepKind::ReduceScatter:
+      if (started) return comm.start_reduce_scatter(p.send.bytes(), p.recv.bytes(), p.counts, dtype, *sig.op);
+      comm.reduce_scatter(p.send.bytes(), p.recv.bytes(), p.counts, dtype, *sig.op);
+      return Work();
+    default:
+      if (started) return comm.start_all_gather(p.send.bytes(), p.recv.bytes(), p.counts);
+      comm.all_gather(p.send.bytes(), p.recv.bytes(), p.counts);
+      return Work();
+  }
+}
+
+// The outputs after the call, then each plan's local steps (an all_reduce
+// then a slice, the planner's choice for a small P -> S), each tensor on its
+// own.
+std::vector<Tensor> unpack(const Packed& p, std::span<const Member> ms, std::span<const Plan* const> plans) {
+  std::vector<Tensor> outs;
+  switch (p.kind) {
+    case StepKind::AllReduce: outs = unpack_all_reduce(p, ms); break;
+    case StepKind::ReduceScatter: outs = unpack_reduce_scatter(p, ms); break;
+    default: outs = unpack_all_gather(p, ms); break;
+  }
+  for (std::size_t i = 0; i < ms.size(); ++i)
+    for (std::size_t k = 1; k < plans[i]->steps.size(); ++k) outs[i] = run_step(ms[i].cx, plans[i]->steps[k], outs[i]);
+  return outs;
 }
 
 }  // namespace
@@ -166,37 +215,101 @@ std::optional<CollectiveSignature> coalescible_signature(const Plan& plan) {
   }
 }
 
-std::vector<Tensor> execute_coalesced(std::span<const Plan* const> plans, const DeviceMesh& mesh,
-                                      std::span<const Tensor> locals) {
+namespace {
+
+void check_signatures(std::span<const Plan* const> plans, std::span<const Tensor> locals,
+                      const CollectiveSignature& first) {
+  if (plans.size() != locals.size())
+    throw ValueError(
+        fmt::format("[execute_coalesced] {} plans for {} local shards: expected one each", plans.size(), locals.size()));
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const std::optional<CollectiveSignature> sig = coalescible_signature(*plans[i]);
+    if (!sig)
+      throw LayoutError(fmt::format("[execute_coalesced] plan {} ({} -> {}, {} steps) is not one coalescible collective",
+                                    i, plans[i]->from, plans[i]->to, plans[i]->steps.size()));
+    if (*sig != first)
+      throw LayoutError(
+          fmt::format("[execute_coalesced] plan {} runs {}; plan 0 runs {}: one call needs one collective", i, *sig,
+                      first));
+  }
+}
+
+// The members of a call, checked: every plan one collective of the first's
+// signature, every shard the plan's.
+std::vector<Member> members_of(std::span<const Plan* const> plans, const DeviceMesh& mesh,
+                               std::span<const Tensor> locals, CollectiveSignature& first) {
   if (plans.empty()) throw ValueError("[execute_coalesced] no plans: expected at least one");
-  const std::optional<CollectiveSignature> first = coalescible_signature(*plans.front());
-  if (!first)
+  const std::optional<CollectiveSignature> sig = coalescible_signature(*plans.front());
+  if (!sig)
     throw LayoutError(fmt::format("[execute_coalesced] plan 0 ({} -> {}, {} steps) is not one coalescible collective",
                                   plans.front()->from, plans.front()->to, plans.front()->steps.size()));
-  check_signatures(plans, locals, *first);
+  first = *sig;
+  check_signatures(plans, locals, first);
   std::vector<Member> members;
   members.reserve(plans.size());
   for (std::size_t i = 0; i < plans.size(); ++i) {
     check_shard(*plans[i], mesh, locals[i]);
     members.push_back(
-        Member{Ctx{*plans[i], mesh, mesh.coordinate(), itemsize(first->dtype)}, plans[i]->steps.front(), locals[i]});
+        Member{Ctx{*plans[i], mesh, mesh.coordinate(), itemsize(first.dtype)}, plans[i]->steps.front(), locals[i]});
   }
-  Communicator& comm = mesh.group_comm(first->mesh_dims);
-  // A trace names the one collective that stands for every plan's step.
-  std::vector<Tensor> outs = [&] {
-    const trace::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), *first); });
-    switch (first->kind) {
-      case StepKind::AllReduce: return all_reduce_many(members, comm, *first->op);
-      case StepKind::ReduceScatter: return reduce_scatter_many(members, comm, *first->op);
-      default: return all_gather_many(members, comm);
-    }
-  }();
-  // The local steps after the collective (an all_reduce then a slice, the
-  // planner's choice for a small P -> S), each tensor on its own.
-  for (std::size_t i = 0; i < members.size(); ++i)
-    for (std::size_t k = 1; k < plans[i]->steps.size(); ++k)
-      outs[i] = run_step(members[i].cx, plans[i]->steps[k], outs[i]);
-  return outs;
+  return members;
+}
+
+}  // namespace
+
+std::vector<Tensor> execute_coalesced(std::span<const Plan* const> plans, const DeviceMesh& mesh,
+                                      std::span<const Tensor> locals) {
+  CollectiveSignature sig;
+  const std::vector<Member> members = members_of(plans, mesh, locals, sig);
+  Communicator& comm = mesh.group_comm(sig.mesh_dims);
+  Packed packed = pack(members, sig, comm.size());
+  {
+    // A trace names the one collective that stands for every plan's step.
+    const trace::PlanStepLabel label([&] { return fmt::format("{} plans coalesced: {}", plans.size(), sig); });
+    call(packed, comm, sig, false);
+  }
+  return unpack(packed, members, plans);
+}
+
+struct StartedCoalesced::State {
+  std::vector<Plan> plans;  // owned: the members refer to them
+  std::vector<const Plan*> plan_ptrs;
+  std::vector<Tensor> locals;
+  const DeviceMesh* mesh = nullptr;
+  CollectiveSignature sig;
+  std::vector<Member> members;
+  Packed packed;
+  Work work;
+};
+
+StartedCoalesced start_coalesced(std::span<const Plan* const> plans, const DeviceMesh& mesh,
+                                 std::span<const Tensor> locals) {
+  auto st = std::make_unique<StartedCoalesced::State>();
+  for (const Plan* p : plans) st->plans.push_back(*p);
+  for (const Plan& p : st->plans) st->plan_ptrs.push_back(&p);
+  st->locals.assign(locals.begin(), locals.end());
+  st->mesh = &mesh;
+  st->members = members_of(st->plan_ptrs, mesh, st->locals, st->sig);
+  Communicator& comm = mesh.group_comm(st->sig.mesh_dims);
+  st->packed = pack(st->members, st->sig, comm.size());
+  st->work = call(st->packed, comm, st->sig, true);
+  return StartedCoalesced(std::move(st));
+}
+
+StartedCoalesced::StartedCoalesced(std::unique_ptr<State> state) : state_(std::move(state)) {}
+StartedCoalesced::StartedCoalesced(StartedCoalesced&&) noexcept = default;
+StartedCoalesced& StartedCoalesced::operator=(StartedCoalesced&&) noexcept = default;
+StartedCoalesced::~StartedCoalesced() = default;
+
+std::vector<Tensor> StartedCoalesced::finish() {
+  if (!state_) throw ValueError("[StartedCoalesced::finish] already finished: each started call finishes once");
+  const std::unique_ptr<State> st = std::move(state_);
+  {
+    const trace::PlanStepLabel label(
+        [&] { return fmt::format("{} plans coalesced: {}", st->plans.size(), st->sig); });
+    st->work.wait();
+  }
+  return unpack(st->packed, st->members, st->plan_ptrs);
 }
 
 }  // namespace dtensor

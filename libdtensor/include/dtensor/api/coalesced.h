@@ -15,6 +15,7 @@
 // that is also an all_gather's move (Shard -> Replicate; the planner prefers
 // the exchange alone where few ranks hold data) joins that all_gather's
 // bucket when other moves run it anyway: the same bytes, one call fewer.
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -64,5 +65,34 @@ struct CoalesceOptions {
 /// mesh (naming the index); LayoutError for a target redistribute rejects.
 std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                       CoalesceOptions options = {});
+
+/// redistribute_all, started: the moves are planned and bucketed as
+/// redistribute_all does, the moves that run alone run now, and each
+/// bucket's packed collective is started on the rank's communication worker
+/// (Communicator::start_*), so the caller computes while the buckets move.
+/// wait() returns what redistribute_all returns for the same arguments, bit
+/// for bit (the same buckets, the same packing, the same calls), and is
+/// where the calls are counted and their errors thrown; each is waited for
+/// once (ValueError on a second wait). Not recorded by autograd: the
+/// tensors are taken detached (a started redistribution is for values such
+/// as gradients, not for a graph). The mesh must outlive wait(). Every rank
+/// starts the same calls in the same order, and may start several before
+/// waiting for any.
+class StartedRedistribution {
+ public:
+  struct State;
+  explicit StartedRedistribution(std::unique_ptr<State> state);
+  StartedRedistribution(StartedRedistribution&&) noexcept;
+  StartedRedistribution& operator=(StartedRedistribution&&) noexcept;
+  ~StartedRedistribution();
+  std::vector<DTensor> wait();
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+/// Errors as redistribute_all's, thrown before anything starts.
+StartedRedistribution start_redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                             CoalesceOptions options = {});
 
 }  // namespace dtensor

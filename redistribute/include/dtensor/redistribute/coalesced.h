@@ -3,6 +3,7 @@
 // half of coalesced redistribution (dtensor/api/coalesced.h is the front end
 // that plans, buckets and falls back). Like executor.h, the only place that
 // talks to a communicator is the .cpp, through the Communicator interface.
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -54,6 +55,32 @@ std::optional<CollectiveSignature> coalescible_signature(const Plan& plan);
 /// both), DTypeError / LayoutError as execute_plan for a bad shard.
 std::vector<Tensor> execute_coalesced(std::span<const Plan* const> plans, const DeviceMesh& mesh,
                                       std::span<const Tensor> locals);
+
+/// execute_coalesced's call, started: packed now, the collective run on the
+/// rank's communication worker (Communicator::start_*), unpacked by
+/// finish(), which waits for it and returns what execute_coalesced would
+/// have, bit for bit (the same packing and the same call). The plans and
+/// shards are held by the started call; `mesh` must outlive finish(). A
+/// started call dropped unfinished still waits for its collective (Work's
+/// destructor). Every rank starts the same calls in the same order.
+class StartedCoalesced {
+ public:
+  struct State;
+  explicit StartedCoalesced(std::unique_ptr<State> state);
+  StartedCoalesced(StartedCoalesced&&) noexcept;
+  StartedCoalesced& operator=(StartedCoalesced&&) noexcept;
+  ~StartedCoalesced();
+  /// Waits and unpacks; errors of the call are thrown here. ValueError on a
+  /// second call.
+  std::vector<Tensor> finish();
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+/// Errors as execute_coalesced's, thrown before anything starts.
+StartedCoalesced start_coalesced(std::span<const Plan* const> plans, const DeviceMesh& mesh,
+                                 std::span<const Tensor> locals);
 
 }  // namespace dtensor
 
