@@ -351,6 +351,81 @@ BOOST_AUTO_TEST_CASE(gradients_accumulate_and_zero_grad_empties_them) {
   BOOST_TEST(!x.grad().has_value());
 }
 
+// on_gradient_ready: once per backward, after the leaf's last contribution
+// (a leaf used three times gets its hook with the whole gradient), leaves in
+// the order the backward completes them, a removed hook never runs, and
+// only leaves take hooks.
+BOOST_AUTO_TEST_CASE(gradient_ready_hooks_run_once_the_gradient_is_whole) {
+  Tensor x = uniform({4}, 1).requires_grad_();
+  Tensor w = uniform({4}, 2).requires_grad_();
+  std::vector<std::string> order;
+  std::vector<Tensor> seen;
+  GradientReadyHook on_x = on_gradient_ready(x, [&] {
+    order.push_back("x");
+    seen.push_back(x.grad()->clone());
+  });
+  GradientReadyHook on_w = on_gradient_ready(w, [&] { order.push_back("w"); });
+  // w meets x late in the forward, so the backward completes w first; x is
+  // used three times.
+  const Tensor h = add(mul(x, x), x);
+  sum(mul(h, w)).backward();
+  BOOST_TEST(order == (std::vector<std::string>{"w", "x"}));
+  BOOST_REQUIRE(seen.size() == 1u);
+  BOOST_TEST(allclose(seen[0], *x.grad(), 0, 0));  // the hook saw the final gradient
+  Tensor expected = mul(add(mul(x.detach(), 2.0), 1.0), w.detach());
+  BOOST_TEST(allclose(*x.grad(), expected, 1e-12, 1e-12));
+  // A second backward: once more each; a removed hook is gone.
+  on_w.remove();
+  sum(mul(add(mul(x, x), x), w)).backward();
+  BOOST_TEST(order == (std::vector<std::string>{"w", "x", "x"}));
+  {
+    GradientReadyHook scoped = on_gradient_ready(w, [&] { order.push_back("scoped"); });
+  }
+  sum(mul(x, w)).backward();
+  BOOST_TEST(order.size() == 4u);
+  // A backward that gives the leaf no gradient runs none of its hooks.
+  Tensor unused = uniform({4}, 3).requires_grad_();
+  int runs = 0;
+  GradientReadyHook never = on_gradient_ready(unused, [&] { ++runs; });
+  sum(mul(x, 2.0)).backward();
+  BOOST_TEST(runs == 0);
+  // A leaf as the root runs its hook too.
+  Tensor root = Tensor::ones({}, DType::Float64).requires_grad_();
+  GradientReadyHook on_root = on_gradient_ready(root, [&] { ++runs; });
+  root.backward();
+  BOOST_TEST(runs == 1);
+  testing::check_throws<AutogradError>([&] { (void)on_gradient_ready(h, [] {}); }, "not a leaf");
+  testing::check_throws<AutogradError>([&] { (void)on_gradient_ready(uniform({2}, 4), [] {}); },
+                                       "requires_grad() is false");
+}
+
+// The same on DTensor parameters of a mesh: each rank's hook sees its
+// parameter's whole gradient (Partial where the backward leaves it so).
+BOOST_AUTO_TEST_CASE(gradient_ready_hooks_on_dtensors) {
+  const std::vector<Shape> meshes = testing::backend_meshes({{2}, {2, 2}});
+  for (const Shape& mesh_shape : meshes) {
+    testing::FailureLog log;
+    testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+      DeviceMesh mesh(comm, mesh_shape);
+      DTensor weight = distribute_tensor(uniform({4, 4}, 5), mesh, Layout::replicated(mesh.ndim())).requires_grad_();
+      DTensor x = distribute_tensor(uniform({8, 4}, 6), mesh, Layout::parse(mesh.ndim() == 1 ? "S(0)" : "S(0),R"));
+      std::optional<DTensor> seen;
+      int runs = 0;
+      GradientReadyHook hook = on_gradient_ready(weight, [&] {
+        ++runs;
+        seen = *weight.grad();
+      });
+      sum(matmul(x, weight)).backward();
+      if (runs != 1 || !seen || seen->placements() != weight.grad()->placements() ||
+          !allclose(seen->full_tensor(), weight.grad()->full_tensor(), 0, 0))
+        log.add(fmt::format("mesh {}: {} runs; the hook saw {}, the gradient is {}", fmt::join(mesh_shape, "x"), runs,
+                            seen ? fmt::format("{}", seen->placements()) : "nothing",
+                            weight.grad()->placements()));
+    });
+    testing::check_no_failures(log.failures);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(no_grad_and_detach_stop_recording) {
   Tensor x = uniform({4}, 1).requires_grad_();
   BOOST_TEST(x.requires_grad());

@@ -12,6 +12,7 @@
 #include <random>
 
 #include <dtensor/nn/optim.h>
+#include <dtensor/nn/overlap.h>
 
 #include "support.h"
 
@@ -461,6 +462,77 @@ BOOST_AUTO_TEST_CASE(bucket_size_sets_the_number_of_calls) {
     if (clip.count(CollectiveKind::AllReduce) != 2 || clip.counts().data_collectives() != 2)
       log.add(fmt::format("mesh {} clip: {}; expected 2 all_reduce", fmt::join(mesh.shape(), "x"), clip.counts()));
   });
+}
+
+// DDP with its gradient all_reduces started during the backward: the same
+// parameters bit for bit as the blocking path after every step (f32 and
+// f64, one bucket and one per gradient), the same collectives with the same
+// bytes, no bucket started in the first step (it learns them) and every
+// bucket started inside the backward from the second; with two
+// micro-batches, only the last backward starts them.
+BOOST_AUTO_TEST_CASE(overlapped_ddp_equals_the_blocking_path) {
+  const std::uint64_t seed = testing::seeded(20261207);
+  for (const Shape& mesh_shape : testing::backend_meshes({{2}, {4}, {3}})) {
+    testing::FailureLog log;
+    testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+      DeviceMesh mesh(comm, mesh_shape);
+      for (int c = 0; c < 4; ++c) {
+        const DType dtype = c % 2 == 0 ? DType::Float32 : DType::Float64;
+        const double bucket_mib = c < 2 ? 25.0 : 1e-9;
+        const int micro_batches = c == 3 ? 2 : 1;
+        const Shape shapes[] = {{6, 5}, {5}, {5, 3}, {3}};
+        std::vector<DTensor> params[2];
+        for (int run = 0; run < 2; ++run)
+          for (std::size_t i = 0; i < 4; ++i) {
+            params[run].push_back(distribute_tensor(values(shapes[i], seed + 7 * i).to(dtype), mesh,
+                                                    Layout::replicated(mesh.ndim())));
+            params[run].back().requires_grad_();
+          }
+        auto loss_of = [&](const std::vector<DTensor>& p, int step, int micro) {
+          const DTensor x = distribute_tensor(values({12, 6}, seed + 100 * step + micro).to(dtype), mesh,
+                                              Layout::parse("S(0)"));
+          const DTensor h = tanh(add(matmul(x, p[0]), p[1]));
+          const DTensor y = add(matmul(h, p[2]), p[3]);
+          return sum(mul(y, y));
+        };
+        nn::OverlappedGradientReduction overlap(params[0], {.bucket_mib = bucket_mib});
+        nn::SGD<DTensor> overlapped(params[0], {.lr = 0.05, .momentum = 0.9, .sharding = {.bucket_mib = bucket_mib}});
+        nn::SGD<DTensor> blocking(params[1], {.lr = 0.05, .momentum = 0.9, .sharding = {.bucket_mib = bucket_mib}});
+        const std::string where =
+            fmt::format("mesh {} case {} ({}, bucket_mib {}, {} micro-batches)", fmt::join(mesh_shape, "x"), c, dtype,
+                        bucket_mib, micro_batches);
+        for (int step = 0; step < 3; ++step) {
+          const CommCounter with(mesh);
+          std::size_t started_in_backward = 0;
+          for (int micro = 0; micro < micro_batches; ++micro) {
+            overlap.set_enabled(micro == micro_batches - 1);
+            loss_of(params[0], step, micro).backward();
+            started_in_backward = overlap.started_last_step();  // before finish() waits for any
+            if (micro < micro_batches - 1 && started_in_backward != 0)
+              log.add(fmt::format("{} step {}: a bucket started in a micro-batch with no_sync", where, step));
+          }
+          overlap.finish();
+          overlapped.step();
+          overlapped.zero_grad();
+          const CommStats used = with.counts();
+          const CommCounter without(mesh);
+          for (int micro = 0; micro < micro_batches; ++micro) loss_of(params[1], step, micro).backward();
+          blocking.step();
+          blocking.zero_grad();
+          const CommStats want = without.counts();
+          if (used.calls != want.calls || used.bytes_by_kind != want.bytes_by_kind)
+            log.add(fmt::format("{} step {}: overlapped {}, blocking {}", where, step, used, want));
+          const std::size_t buckets = bucket_mib > 1 ? 1 : 4;
+          if (started_in_backward != (step == 0 ? 0 : buckets))
+            log.add(fmt::format("{} step {}: {} buckets started in the backward", where, step, started_in_backward));
+          for (std::size_t i = 0; i < 4; ++i)
+            if (!equal(params[0][i].to_local(), params[1][i].to_local()))
+              log.add(fmt::format("{} step {}: parameter {} differs from the blocking path's", where, step, i));
+        }
+      }
+    });
+    testing::check_no_failures(log.failures);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(bad_sharding_options_are_typed_errors) {

@@ -1,4 +1,5 @@
 // The autograd engine: grad mode, the rule table, op recording, backward.
+#include <atomic>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -111,6 +112,30 @@ class OpNode final : public Node {
   OpAttrs attrs_;
 };
 
+// Hooks registered by on_gradient_ready, ever: while there are none, a
+// backward counts no leaf edges.
+std::atomic<std::uint64_t> hooked_leaves{0};
+
+// How many edges of the graph below `top` (its nodes: `top` and the keys of
+// `deps`) lead to each leaf that has hooks.
+std::unordered_map<AutogradMeta*, int> hooked_leaf_edges(Node* top, const std::unordered_map<Node*, int>& deps) {
+  std::unordered_map<AutogradMeta*, int> out;
+  auto count = [&](const Node* n) {
+    for (const Edge& e : n->edges)
+      if (e.leaf && !e.leaf->grad_ready_hooks.empty()) ++out[e.leaf.get()];
+  };
+  count(top);
+  for (const auto& [n, unused] : deps) count(n);
+  return out;
+}
+
+// A leaf's hooks, once its gradient for this backward is complete (none
+// when no gradient reached it).
+void run_grad_ready_hooks(const AutogradMeta& leaf) {
+  if (!leaf.grad) return;
+  for (const auto& [id, hook] : leaf.grad_ready_hooks) hook();
+}
+
 // Runs the graph below `root` with `grad` as its output's gradient.
 void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& grad, bool retain_graph) {
   CommScope phase("backward");  // a CommTree recording counts the backward on its own
@@ -121,10 +146,15 @@ void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& gr
   NoGradGuard no_grad;
   if (!root->grad_fn) {
     accumulate(*root, grad);
+    run_grad_ready_hooks(*root);
     return;
   }
   Node* const top = root->grad_fn.get();
   std::unordered_map<Node*, int> deps = incoming_edges({&top, 1});
+  // The hooked leaves' edges in this graph: a leaf's gradient is complete
+  // when the last of them has been followed.
+  std::unordered_map<AutogradMeta*, int> leaf_edges;
+  if (hooked_leaves.load(std::memory_order_relaxed) > 0) leaf_edges = hooked_leaf_edges(top, deps);
   std::unordered_map<Node*, AnyTensor> pending;
   pending.emplace(top, grad);
   std::priority_queue<Node*, std::vector<Node*>, Later> ready;
@@ -147,8 +177,10 @@ void run_backward(const std::shared_ptr<AutogradMeta>& root, const AnyTensor& gr
           if (!fresh) it->second = add_grads(it->second, *grads[i]);
         }
         if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
-      } else if (e.leaf && i < grads.size() && grads[i]) {
-        accumulate(*e.leaf, *grads[i]);
+      } else if (e.leaf) {
+        if (i < grads.size() && grads[i]) accumulate(*e.leaf, *grads[i]);
+        if (auto it = leaf_edges.find(e.leaf.get()); it != leaf_edges.end() && --it->second == 0)
+          run_grad_ready_hooks(*e.leaf);
       }
     }
     if (!retain_graph) n->release();
@@ -419,6 +451,47 @@ std::optional<Tensor> Tensor::grad() const {
 void Tensor::zero_grad() {
   if (autograd_) autograd_->grad.reset();
 }
+namespace {
+GradientReadyHook add_hook(const std::shared_ptr<AutogradMeta>& meta, std::string_view kind,
+                           std::function<void()> hook) {
+  if (!meta || !meta->requires_grad || meta->grad_fn)
+    throw AutogradError(fmt::format(
+        "[on_gradient_ready] this {} is not a leaf that requires a gradient ({}): hooks go on leaves, such as "
+        "parameters",
+        kind, meta && meta->grad_fn ? "an op made it" : "requires_grad() is false"));
+  const std::uint64_t id = hooked_leaves.fetch_add(1, std::memory_order_relaxed) + 1;
+  meta->grad_ready_hooks.emplace_back(id, std::move(hook));
+  return GradientReadyHook(meta, id);
+}
+}  // namespace
+
+GradientReadyHook on_gradient_ready(const Tensor& leaf, std::function<void()> hook) {
+  return add_hook(leaf.autograd_meta(), "Tensor", std::move(hook));
+}
+GradientReadyHook on_gradient_ready(const DTensor& leaf, std::function<void()> hook) {
+  return add_hook(leaf.autograd_meta(), "DTensor", std::move(hook));
+}
+
+GradientReadyHook::GradientReadyHook(std::weak_ptr<AutogradMeta> leaf, std::uint64_t id)
+    : leaf_(std::move(leaf)), id_(id) {}
+GradientReadyHook::GradientReadyHook(GradientReadyHook&& other) noexcept
+    : leaf_(std::move(other.leaf_)), id_(std::exchange(other.id_, 0)) {}
+GradientReadyHook& GradientReadyHook::operator=(GradientReadyHook&& other) noexcept {
+  if (this != &other) {
+    remove();
+    leaf_ = std::move(other.leaf_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+GradientReadyHook::~GradientReadyHook() { remove(); }
+void GradientReadyHook::remove() noexcept {
+  if (id_ == 0) return;
+  if (auto meta = leaf_.lock())
+    std::erase_if(meta->grad_ready_hooks, [this](const auto& entry) { return entry.first == id_; });
+  id_ = 0;
+}
+
 void Tensor::set_grad(const Tensor& grad) {
   check_settable_grad(autograd_, "Tensor");
   check_grad_matches(shape(), dtype(), grad.shape(), grad.dtype());

@@ -2,6 +2,8 @@
 // Autograd's internals: the per-tensor record, the graph's nodes and the
 // recording entry points that call_op and the layout changes use.
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <memory>
 #include <new>
 #include <optional>
@@ -22,6 +24,9 @@ struct AutogradMeta {
   bool requires_grad = false;     // a leaf marked by requires_grad_()
   std::shared_ptr<Node> grad_fn;  // the node that made the tensor (null: a leaf)
   std::optional<AnyTensor> grad;  // a leaf's accumulated gradient
+  // A leaf's on_gradient_ready hooks, run when a backward has added its
+  // last contribution to `grad`.
+  std::vector<std::pair<std::uint64_t, std::function<void()>>> grad_ready_hooks;  // (id, hook)
   bool in_graph() const { return requires_grad || grad_fn; }
 };
 

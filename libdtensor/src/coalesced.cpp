@@ -259,6 +259,16 @@ std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::spa
   return run_moves(tensors, targets, options);
 }
 
+std::vector<std::vector<std::size_t>> coalesced_calls(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                                      CoalesceOptions options) {
+  check_arguments(tensors, targets, options);
+  const Moves m = plan_moves(tensors, targets, options);
+  std::vector<std::vector<std::size_t>> calls;
+  for (std::size_t i : m.alone) calls.push_back({i});
+  for (const Bucket& bucket : m.buckets) calls.push_back(bucket.moves);
+  return calls;
+}
+
 struct StartedRedistribution::State {
   std::vector<DTensor> inputs;
   Moves moves;

@@ -36,6 +36,7 @@
 // - Saved tensors share storage with the forward's: an in-place op (add_)
 //   on one of them between forward and backward changes the gradient.
 // - No higher-order gradients: the backward itself is not recorded.
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -48,6 +49,37 @@
 #include "dtensor/ops/op.h"
 
 namespace dtensor {
+
+/// A hook registered by on_gradient_ready: removed when this handle is
+/// destroyed (or remove() is called), so that the hook never outlives what
+/// it captures.
+class GradientReadyHook {
+ public:
+  GradientReadyHook() = default;
+  GradientReadyHook(std::weak_ptr<AutogradMeta> leaf, std::uint64_t id);
+  GradientReadyHook(GradientReadyHook&& other) noexcept;
+  GradientReadyHook& operator=(GradientReadyHook&& other) noexcept;
+  GradientReadyHook(const GradientReadyHook&) = delete;
+  GradientReadyHook& operator=(const GradientReadyHook&) = delete;
+  ~GradientReadyHook();
+  void remove() noexcept;
+
+ private:
+  std::weak_ptr<AutogradMeta> leaf_;
+  std::uint64_t id_ = 0;
+};
+
+/// Runs `hook` in every backward that reaches `leaf`, once that backward has
+/// added its last contribution to leaf.grad() (PyTorch's
+/// register_post_accumulate_grad_hook): where a parameter is used several
+/// times, after the last use's gradient. This is where DDP starts a
+/// bucket's all_reduce while the rest of the backward runs. Hooks run on
+/// the thread of the backward, in the order registered, with grad mode off;
+/// a backward that gives the leaf no gradient runs none. The split
+/// backwards of pipeline schedules (backward_input / backward_weight) do not
+/// run them. AutogradError unless `leaf` is a leaf that requires a gradient.
+[[nodiscard]] GradientReadyHook on_gradient_ready(const Tensor& leaf, std::function<void()> hook);
+[[nodiscard]] GradientReadyHook on_gradient_ready(const DTensor& leaf, std::function<void()> hook);
 
 /// Whether this thread records ops (true unless a NoGradGuard is alive).
 bool grad_enabled();

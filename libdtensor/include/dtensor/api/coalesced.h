@@ -66,6 +66,17 @@ struct CoalesceOptions {
 std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                       CoalesceOptions options = {});
 
+/// How redistribute_all(tensors, targets, options) splits its moves into
+/// calls: each move that runs alone as a list of its index, then each
+/// bucket's indices, in the order it runs them; moves that change nothing
+/// are in none. Where no move is an exchange riding along an all_gather
+/// (as with DDP's all_reduces and ZeRO's reduce_scatters), a group of these
+/// passed to redistribute_all (or start_redistribute_all) on its own runs as
+/// exactly that one call: how DDP's overlap starts the same buckets one by
+/// one.
+std::vector<std::vector<std::size_t>> coalesced_calls(std::span<const DTensor> tensors, std::span<const Layout> targets,
+                                                      CoalesceOptions options = {});
+
 /// redistribute_all, started: the moves are planned and bucketed as
 /// redistribute_all does, the moves that run alone run now, and each
 /// bucket's packed collective is started on the rank's communication worker
