@@ -8,6 +8,7 @@
 // call (copies, reductions, and MPI's polling, which spins).
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -33,6 +34,22 @@ class TimedCommunicator final : public Communicator {
 
   using Communicator::all_gather;
   using Communicator::all_reduce;
+  using Communicator::start_all_gather;
+
+  // Started calls go to `inner`'s worker; only their start is timed here
+  // (their wait happens later, inside whatever waits for them).
+  Work start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    return timed_start([&] { return inner_->start_all_reduce(send, recv, count, dtype, op); });
+  }
+  Work start_all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) override {
+    return timed_start([&] { return inner_->start_all_gather(send, recv, recv_bytes); });
+  }
+  Work start_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                            ReduceOp op) override {
+    return timed_start([&] { return inner_->start_reduce_scatter(send, recv, counts, dtype, op); });
+  }
+  void model_link(std::optional<LinkModel> link) override { inner_->model_link(link); }
+  std::optional<LinkModel> link_model() const override { return inner_->link_model(); }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -86,6 +103,12 @@ class TimedCommunicator final : public Communicator {
     fn();
     clock_->cpu += thread_seconds() - cpu0;
     clock_->wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  }
+  template <class Fn>
+  Work timed_start(Fn&& fn) {
+    Work w;
+    timed([&] { w = fn(); });
+    return w;
   }
 
   std::unique_ptr<Communicator> owned_;  // null when the caller owns inner_

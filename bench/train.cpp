@@ -63,6 +63,7 @@ struct Row {
 struct Options {
   train::TrainOptions train;
   std::int64_t timed_steps = 5;
+  std::optional<LinkModel> link;  // --link: every row's communicators model it
 };
 
 std::int64_t ranks_of(const Config& c) { return c.mesh.empty() ? 1 : numel(c.mesh); }
@@ -90,6 +91,7 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
     t.plans.push_back(c.plan.substr(start, end - start));
     start = end + 1;
   }
+  t.overlap_grad_reduce = o.train.overlap_grad_reduce && (c.plan == "ddp" || c.plan == "ddp,tp");
   const bool lead = world == nullptr || world->rank() == 0;
   Totals totals;
   double cpu_mark = bench::thread_seconds(), gemm_mark = cpu::gemm_seconds_this_thread();
@@ -130,6 +132,7 @@ Row measure_threads(const Options& o, const train::TextData& data, const Config&
     return row;
   }
   run_threads(static_cast<int>(ranks_of(c)), [&](Communicator& world) {
+    if (o.link) world.model_link(*o.link);
     bench::CommClock clock;
     bench::TimedCommunicator timed(world, clock);
     train_rank(o, data, c, &timed, &clock, row);
@@ -156,6 +159,9 @@ void print_header(const Options& o, std::string_view backend) {
       "{} warm-up + {} timed steps; {} ranks\n",
       m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
       o.train.warmup, o.timed_steps, backend);
+  if (o.link || o.train.overlap_grad_reduce)
+    fmt::print("link {}; ddp's gradient all_reduce {}\n", o.link ? o.link->str() : "as the machine is",
+               o.train.overlap_grad_reduce ? "started during the backward (--overlap)" : "after the backward");
   fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>6} {:>8}\n", "plan", "mesh", "ranks",
              "step ms", "tokens/s", "vs plain", "gemm", "comm wall", "comm cpu", "colls", "MiB");
 }
@@ -213,8 +219,13 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-2d", two_d, "leave out the dp x tp rows (ddp,tp on 2 x ranks/2)");
   app.add_flag("--no-plain", no_plain, "leave out the plain one-rank row");
   app.add_flag("--json", json, "one JSON object per row instead of the table");
+  app.add_flag("--overlap", o.train.overlap_grad_reduce,
+               "ddp rows: the gradient all_reduce started during the backward (nn::OverlappedGradientReduction)");
+  std::string link_text;
+  app.add_option("--link", link_text, "model a slower link on every row's ranks, e.g. 10us,5GB/s");
   try {
     app.parse(argc, argv);
+    if (!link_text.empty()) o.link = LinkModel::parse(link_text);
     o.train.model.check();
     for (const std::string& p : plans) (void)nn::plan_named(p);
   } catch (const CLI::CallForHelp& e) {
@@ -233,6 +244,7 @@ int main(int argc, char** argv) {
     // flags of ours.
     int launch_argc = 1;
     return launch(launch_argc, argv, [&](Communicator& world) {
+      if (o.link) world.model_link(*o.link);
       const bool lead = world.rank() == 0;
       if (lead && !json) print_header(o, "MPI");
       for (const Config& c : configs_for(world.size(), plans, two_d)) {

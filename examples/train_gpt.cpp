@@ -255,6 +255,9 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--json", cl.json_path,
                  "write config, losses, collectives and memory as one JSON object (default: none)");
   app.add_option("--plot", cl.plot_path, "draw the training and validation loss as an SVG (default: none)");
+  app.add_flag("--overlap", o.overlap_grad_reduce,
+               "start DDP's gradient all_reduce during the backward, bucket by bucket; plans ddp, tp, tp_sp only "
+               "(default: off)");
   app.add_flag("--explain", o.explain,
                "print rank 0's layout decisions and collectives during the last step (default: off)");
   app.add_option("--trace", o.trace,

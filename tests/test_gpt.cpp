@@ -383,6 +383,47 @@ BOOST_AUTO_TEST_CASE(accumulated_micro_batches_reduce_once) {
   BOOST_TEST(total(r, "optimizer") == 1u);
 }
 
+// DDP's all_reduce started during the backward (--overlap): losses bit for
+// bit those of the blocking path in f32 (and equal to one rank's in f64),
+// the same collectives in the same phases; with micro-batches and on
+// dp x tp; other plans refuse it.
+BOOST_AUTO_TEST_CASE(overlapped_gradient_reduction_changes_when_not_what) {
+  struct Overlap {
+    DType dtype;
+    Shape mesh;
+    std::vector<std::string> dims, plans;
+    std::int64_t micro_batches;
+  };
+  for (const Overlap& c : {Overlap{DType::Float32, {2}, {"dp"}, {"ddp"}, 1},
+                           Overlap{DType::Float64, {4}, {"dp"}, {"ddp"}, 2},
+                           Overlap{DType::Float32, {2, 2}, {"dp", "tp"}, {"ddp", "tp"}, 1}}) {
+    auto o = small_model(c.dtype, 3);
+    o.micro_batches = c.micro_batches;
+    const std::string what = fmt::format("{} {} on {} with {} micro-batches", c.dtype, fmt::join(c.plans, ","),
+                                         fmt::join(c.mesh, "x"), c.micro_batches);
+    const auto blocking = run(o, c.mesh, c.dims, c.plans);
+    o.overlap_grad_reduce = true;
+    const auto overlapped = run(o, c.mesh, c.dims, c.plans);
+    BOOST_TEST_REQUIRE(overlapped.losses.size() == blocking.losses.size(), what);
+    for (std::size_t i = 0; i < blocking.losses.size(); ++i)
+      BOOST_TEST(overlapped.losses[i] == blocking.losses[i], what << ": step " << i);
+    BOOST_TEST(overlapped.val_loss == blocking.val_loss, what);
+    for (const char* phase : {"forward", "backward", "optimizer"})
+      BOOST_TEST(total(overlapped, phase) == total(blocking, phase), what << " " << phase);
+    BOOST_TEST(count(overlapped, "optimizer", "all_reduce") == count(blocking, "optimizer", "all_reduce"), what);
+    if (c.dtype == DType::Float64) {
+      auto one_rank = o;
+      one_rank.overlap_grad_reduce = false;
+      check_same_losses(train::train(one_rank, slice(), nullptr), overlapped, 1e-9, what);
+    }
+  }
+  auto o = small_model(DType::Float64, 1);
+  o.overlap_grad_reduce = true;
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"zero1"}); }, "overlap_grad_reduce with plan 'zero1'");
+  testing::check_throws<ValueError>([&] { train::train(o, slice(), nullptr); },
+                                    "overlap_grad_reduce on plain tensors");
+}
+
 // Clipping adds exactly one all_reduce (of one f64) to a step, whether it
 // scales the gradients or not: the gradients' own coalesced reduction moves
 // from the step into the clip (ddp, tp), or there is none (fsdp).

@@ -10,6 +10,7 @@
 #include <dtensor/checkpoint/checkpoint.h>
 #include <dtensor/core/memory_account.h>
 #include <dtensor/nn/optim.h>
+#include <dtensor/nn/overlap.h>
 #include <dtensor/nn/parallel_plan.h>
 
 #include "pipeline_trainer.h"
@@ -228,9 +229,10 @@ struct Passes {
 
 template <class Env, class X, class BatchOf>
 Passes forward_backward(nn::GPT<X>& model, const Env& env, const TrainOptions& o, std::int64_t step,
-                        const BatchOf& batch_of) {
+                        const BatchOf& batch_of, nn::OverlappedGradientReduction* overlap) {
   Passes out;
   for (std::int64_t micro = 0; micro < o.micro_batches; ++micro) {
+    if (overlap) overlap->set_enabled(micro == o.micro_batches - 1);
     const auto [tokens, targets] = batch_of(Split::Train, static_cast<std::uint64_t>(step * o.micro_batches + micro));
     const DimsStats before = env.stats();
     const X loss = [&] {
@@ -304,6 +306,18 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
                                   .weight_decay = o.weight_decay,
                                   .sharding = {.state_layouts = env.state_layouts(model.named_parameters())}});
   if (first_step > 0) load_moments(o.resume_dir, model, optimizer, first_step, env);
+  std::optional<nn::OverlappedGradientReduction> overlap;
+  if (o.overlap_grad_reduce) {
+    for (const std::string& plan : o.plans)
+      if (plan != "ddp" && plan != "tp" && plan != "tp_sp")
+        throw ValueError(fmt::format("[train] overlap_grad_reduce with plan '{}': DDP's overlap runs on meshes whose "
+                                     "plans are ddp, tp or tp_sp",
+                                     plan));
+    if constexpr (std::same_as<X, DTensor>)
+      overlap.emplace(params);
+    else
+      throw ValueError("[train] overlap_grad_reduce on plain tensors: it needs a mesh with a ddp dim");
+  }
   const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
   auto batch_of = [&](Split split, std::uint64_t draw) {
     const Batch b = data.next_batch(split, o.batch, seq, draw, o.seed);
@@ -332,8 +346,9 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     if (!o.trace.empty() && step == o.steps - 1) env.start_trace(trace, o.trace);
     memory->reset_peak();
     optimizer.set_lr(nn::warmup_cosine_lr(step, o.warmup, schedule_steps, o.lr, o.lr / 10));
-    const Passes passes = forward_backward(model, env, o, step, batch_of);
+    const Passes passes = forward_backward(model, env, o, step, batch_of, overlap ? &*overlap : nullptr);
     const DimsStats before_update = env.stats();
+    if (overlap) overlap->finish();  // its waits count as the update's, where the blocking path reduces
     if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
     optimizer.step();
     if (step == o.steps - 1) record_routing(result, model);

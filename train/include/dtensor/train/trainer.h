@@ -40,6 +40,10 @@ struct TrainOptions {
   std::int64_t eval_every = 0;  // validation loss every this many steps (0: at the end only)
   std::int64_t generate = 0;    // bytes to sample greedily after training
   bool explain = false;         // print rank 0's dispatch decisions during the last step
+  /// DDP's gradient all_reduce started during the backward
+  /// (nn::OverlappedGradientReduction); on meshes whose plans are ddp, tp
+  /// or tp_sp only.
+  bool overlap_grad_reduce = false;
   /// Records the last step as a Chrome trace in this file (every rank's ops
   /// and collectives; runs on a mesh only).
   std::string trace;
