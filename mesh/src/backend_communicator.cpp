@@ -44,13 +44,22 @@ class BackendCommunicator::Entered {
   Entered(const Entered&) = delete;
   Entered& operator=(const Entered&) = delete;
 
-  /// On a modelled link: sleeps until the call has taken the link's time for
-  /// `bytes`.
-  void hold(std::uint64_t bytes) const {
-    if (comm_.link_) std::this_thread::sleep_until(began_ + comm_.link_->time_for(bytes));
+  /// Step 5: counts the call's `bytes`, after a modelled link has held it
+  /// for their time.
+  void record(CollectiveKind kind, std::uint64_t bytes) const {
+    hold(bytes);
+    comm_.stats_.record(kind, bytes);
+  }
+  /// The same for one end of a message.
+  void record_message(bool sending, int peer, int tag, std::uint64_t bytes) const {
+    hold(bytes);
+    comm_.stats_.record_message(sending, comm_.rank(), peer, tag, bytes);
   }
 
  private:
+  void hold(std::uint64_t bytes) const {
+    if (comm_.link_) std::this_thread::sleep_until(began_ + comm_.link_->time_for(bytes));
+  }
   BackendCommunicator& comm_;
   std::chrono::steady_clock::time_point began_{};
 };
@@ -62,8 +71,7 @@ void BackendCommunicator::all_reduce(const void* send, void* recv, std::size_t c
   const Entered call(*this, kind);
   do_all_reduce(send, recv, count, dtype, op);
   const auto bytes = all_reduce_recv_bytes(static_cast<std::int64_t>(count), size(), rank(), dtype, op);
-  call.hold(static_cast<std::uint64_t>(bytes));
-  stats_.record(kind, static_cast<std::uint64_t>(bytes));
+  call.record(kind, static_cast<std::uint64_t>(bytes));
 }
 
 void BackendCommunicator::all_gather(const void* send, void* recv, std::span<const std::size_t> recv_bytes) {
@@ -71,8 +79,7 @@ void BackendCommunicator::all_gather(const void* send, void* recv, std::span<con
   checks(*this).entries(kind, "recv_bytes", recv_bytes.size());
   const Entered call(*this, kind);
   do_all_gather(send, recv, recv_bytes);
-  call.hold(from_others(recv_bytes, rank()));
-  stats_.record(kind, from_others(recv_bytes, rank()));
+  call.record(kind, from_others(recv_bytes, rank()));
 }
 
 void BackendCommunicator::reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
@@ -84,9 +91,7 @@ void BackendCommunicator::reduce_scatter(const void* send, void* recv, std::span
   const Entered call(*this, kind);
   do_reduce_scatter(send, recv, counts, dtype, op);
   const auto mine = static_cast<std::int64_t>(counts[static_cast<std::size_t>(rank())]);
-  const auto bytes = static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size(), dtype, op));
-  call.hold(bytes);
-  stats_.record(kind, bytes);
+  call.record(kind, static_cast<std::uint64_t>(reduce_scatter_recv_bytes(mine, size(), dtype, op)));
 }
 
 void BackendCommunicator::all_to_all(const void* send, std::span<const std::size_t> send_bytes,
@@ -97,8 +102,7 @@ void BackendCommunicator::all_to_all(const void* send, std::span<const std::size
   checks(*this).all_to_all(send_bytes, send_offsets, recv_bytes, recv_offsets);
   const Entered call(*this, kind);
   do_all_to_all(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
-  call.hold(from_others(recv_bytes, rank()));
-  stats_.record(kind, from_others(recv_bytes, rank()));
+  call.record(kind, from_others(recv_bytes, rank()));
 }
 
 void BackendCommunicator::broadcast(void* buf, std::size_t bytes, int root) {
@@ -106,8 +110,7 @@ void BackendCommunicator::broadcast(void* buf, std::size_t bytes, int root) {
   checks(*this).root(kind, root);
   const Entered call(*this, kind);
   do_broadcast(buf, bytes, root);
-  call.hold(rank() != root ? bytes : 0);
-  stats_.record(kind, rank() != root ? bytes : 0);
+  call.record(kind, rank() != root ? bytes : 0);
 }
 
 void BackendCommunicator::scatter(const void* send, std::span<const std::size_t> bytes, void* recv, int root) {
@@ -116,16 +119,14 @@ void BackendCommunicator::scatter(const void* send, std::span<const std::size_t>
   checks(*this).root(kind, root);
   const Entered call(*this, kind);
   do_scatter(send, bytes, recv, root);
-  call.hold(rank() != root ? bytes[static_cast<std::size_t>(rank())] : 0);
-  stats_.record(kind, rank() != root ? bytes[static_cast<std::size_t>(rank())] : 0);
+  call.record(kind, rank() != root ? bytes[static_cast<std::size_t>(rank())] : 0);
 }
 
 void BackendCommunicator::send(const void* buf, std::size_t bytes, int dst, int tag) {
   checks(*this).peer("send to", dst);
   const Entered call(*this, CollectiveKind::Send);
   do_send(buf, bytes, dst, tag);
-  call.hold(bytes);
-  stats_.record_message(true, rank(), dst, tag, bytes);
+  call.record_message(true, dst, tag, bytes);
 }
 
 void BackendCommunicator::recv(void* buf, std::size_t bytes, int src, int tag) {
@@ -140,16 +141,14 @@ void BackendCommunicator::recv(void* buf, std::size_t bytes, int src, int tag) {
                     "{} bytes",
                     backend(), rank(), size(), src, tag, bytes, got));
   }
-  call.hold(bytes);
-  stats_.record_message(false, rank(), src, tag, bytes);
+  call.record_message(false, src, tag, bytes);
 }
 
 void BackendCommunicator::barrier() {
   constexpr auto kind = CollectiveKind::Barrier;
   const Entered call(*this, kind);
   do_barrier();
-  call.hold(0);
-  stats_.record(kind, 0);
+  call.record(kind, 0);
 }
 
 std::unique_ptr<Communicator> BackendCommunicator::split(int color, int key) {

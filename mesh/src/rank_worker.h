@@ -11,6 +11,7 @@
 // What a call records (counters, trace event) it records into its
 // WorkState while on the worker; the rank's own thread applies that record
 // when it waits, so the counters and the trace stay touched by one thread.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -99,6 +100,9 @@ class RankWorker : public std::enable_shared_from_this<RankWorker> {
   };
   std::deque<Job> queue_;
   std::shared_ptr<WorkState> last_;  // the latest call queued
+  // Calls queued or running: drain() on an idle worker (every blocking
+  // call's first step) reads this and takes no lock.
+  std::atomic<std::size_t> in_flight_{0};
   bool stopping_ = false;
   std::thread thread_;
 };

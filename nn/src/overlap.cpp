@@ -18,18 +18,6 @@ OverlappedGradientReduction::OverlappedGradientReduction(std::span<DTensor> para
   bucket_of_.assign(params_.size(), std::nullopt);
 }
 
-OverlappedGradientReduction::~OverlappedGradientReduction() {
-  hooks_.clear();
-  for (auto& s : started_)
-    if (s) {
-      try {
-        s->wait();
-      } catch (...) {
-        // Dropped with the object: its group already says what failed.
-      }
-    }
-}
-
 void OverlappedGradientReduction::ready(std::size_t param) {
   if (!enabled_ || buckets_.empty()) return;
   const auto bucket = bucket_of_[param];

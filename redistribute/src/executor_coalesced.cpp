@@ -275,7 +275,6 @@ struct StartedCoalesced::State {
   std::vector<Plan> plans;  // owned: the members refer to them
   std::vector<const Plan*> plan_ptrs;
   std::vector<Tensor> locals;
-  const DeviceMesh* mesh = nullptr;
   CollectiveSignature sig;
   std::vector<Member> members;
   Packed packed;
@@ -288,7 +287,6 @@ StartedCoalesced start_coalesced(std::span<const Plan* const> plans, const Devic
   for (const Plan* p : plans) st->plans.push_back(*p);
   for (const Plan& p : st->plans) st->plan_ptrs.push_back(&p);
   st->locals.assign(locals.begin(), locals.end());
-  st->mesh = &mesh;
   st->members = members_of(st->plan_ptrs, mesh, st->locals, st->sig);
   Communicator& comm = mesh.group_comm(st->sig.mesh_dims);
   st->packed = pack(st->members, st->sig, comm.size());

@@ -33,8 +33,9 @@ class OverlappedGradientReduction {
   explicit OverlappedGradientReduction(std::span<DTensor> params, CoalesceOptions coalesce = {});
   OverlappedGradientReduction(const OverlappedGradientReduction&) = delete;
   OverlappedGradientReduction& operator=(const OverlappedGradientReduction&) = delete;
-  /// Waits for what is still in flight (its gradients are then dropped).
-  ~OverlappedGradientReduction();
+  /// Destroyed, it unhooks the parameters first (hooks_ is the last member)
+  /// and then waits for what is still in flight (Work's destructor); those
+  /// gradients are dropped.
 
   /// Whether the next backwards start buckets: off for every micro-batch
   /// but the last, whose backward completes the gradients (DDP's no_sync).
@@ -66,7 +67,7 @@ class OverlappedGradientReduction {
   std::vector<std::size_t> pending_;  // per bucket: gradients not yet complete
   std::vector<std::optional<StartedRedistribution>> started_;
   std::size_t started_last_step_ = 0;
-  std::vector<GradientReadyHook> hooks_;
+  std::vector<GradientReadyHook> hooks_;  // last: removed before the rest goes
 };
 
 }  // namespace dtensor::nn
