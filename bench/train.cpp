@@ -19,6 +19,17 @@
 // (CommStats). The `plain` row is one rank on plain Tensors (no mesh); `vs
 // plain` is a row's tokens/s over it, measured in the same run.
 //
+// With --link each row runs twice: first at the machine's own speed (the
+// step's compute, since a copy between thread ranks is a memcpy), then on
+// the modelled link; `hidden` is the share of the link's communication time
+// that the step hid under computation,
+//   1 - (t_step - t_compute) / t_comm,
+// with t_comm the link's time for rank 0's calls of the step alone
+// (latency per call plus bytes over bandwidth, LinkModel::time_for). Without
+// --overlap it is near 0 (blocking calls add their whole time); 1 is all of
+// it hidden. Single runs on a shared VM vary by several percent of the step,
+// so rows whose t_comm is a small part of the step read noisily.
+//
 // Run (OPENBLAS_CORETYPE unset for figures you quote):
 //   env -u OPENBLAS_CORETYPE build/bench/train                 # thread ranks 1,2,4,8, every plan
 //   env -u OPENBLAS_CORETYPE build/bench/train --ranks=2 --plans=tp --steps=5
@@ -30,6 +41,7 @@
 #include <dtensor/nn/parallel_plan.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -58,6 +70,8 @@ struct Row {
   double comm_wall_share = 0, comm_cpu_share = 0;
   double gemm_share = 0;  // rank 0's time inside the CPU GEMM backend over its step time
   std::uint64_t collectives = 0, bytes = 0;  // rank 0's, the last step's
+  double link_seconds = 0;                   // --link: the modelled time of those calls alone
+  std::optional<double> hidden_fraction;     // --link: 1 - (step - compute only) / link_seconds
 };
 
 struct Options {
@@ -91,7 +105,7 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
     t.plans.push_back(c.plan.substr(start, end - start));
     start = end + 1;
   }
-  t.overlap_grad_reduce = o.train.overlap_grad_reduce && (c.plan == "ddp" || c.plan == "ddp,tp");
+  t.overlap_grad_reduce = o.train.overlap_grad_reduce && (c.plan == "ddp" || c.plan == "zero1" || c.plan == "ddp,tp");
   const bool lead = world == nullptr || world->rank() == 0;
   Totals totals;
   double cpu_mark = bench::thread_seconds(), gemm_mark = cpu::gemm_seconds_this_thread();
@@ -118,25 +132,45 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
   row.comm_wall_share = totals.comm_wall / totals.wall;
   row.comm_cpu_share = totals.cpu > 0 ? totals.comm_cpu / totals.cpu : 0;
   row.gemm_share = totals.gemm / totals.wall;
+  const std::optional<LinkModel> link = world ? world->link_model() : std::nullopt;
   for (const train::PhaseComm& p : r.comm) {
     row.collectives += p.count;
     row.bytes += p.bytes;
+    if (link && p.count > 0)  // the calls are counted together: one bandwidth term, a latency each
+      row.link_seconds += std::chrono::duration<double>(link->time_for(p.bytes) +
+                                                        (p.count - 1) * link->latency).count();
   }
 }
 
-// A row on thread ranks (or plain tensors for an empty mesh).
+// The row's hidden fraction, from its run on the link and its run at the
+// machine's speed (the compute).
+void add_hidden_fraction(Row& on_link, const Row& compute_only) {
+  if (on_link.link_seconds > 0)
+    on_link.hidden_fraction = 1 - (on_link.step_seconds - compute_only.step_seconds) / on_link.link_seconds;
+}
+
+// A row on thread ranks (or plain tensors for an empty mesh); with a link,
+// its compute-only run first.
 Row measure_threads(const Options& o, const train::TextData& data, const Config& c) {
   Row row;
   if (c.mesh.empty()) {
     train_rank(o, data, c, nullptr, nullptr, row);
     return row;
   }
-  run_threads(static_cast<int>(ranks_of(c)), [&](Communicator& world) {
-    if (o.link) world.model_link(*o.link);
-    bench::CommClock clock;
-    bench::TimedCommunicator timed(world, clock);
-    train_rank(o, data, c, &timed, &clock, row);
-  });
+  auto measure = [&](std::optional<LinkModel> link) {
+    Row out;
+    run_threads(static_cast<int>(ranks_of(c)), [&](Communicator& world) {
+      if (link) world.model_link(*link);
+      bench::CommClock clock;
+      bench::TimedCommunicator timed(world, clock);
+      train_rank(o, data, c, &timed, &clock, out);
+    });
+    return out;
+  };
+  if (!o.link) return measure(std::nullopt);
+  const Row compute_only = measure(std::nullopt);
+  row = measure(o.link);
+  add_hidden_fraction(row, compute_only);
   return row;
 }
 
@@ -160,10 +194,11 @@ void print_header(const Options& o, std::string_view backend) {
       m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
       o.train.warmup, o.timed_steps, backend);
   if (o.link || o.train.overlap_grad_reduce)
-    fmt::print("link {}; ddp's gradient all_reduce {}\n", o.link ? o.link->str() : "as the machine is",
+    fmt::print("link {}; the gradients' reduction (ddp, zero1) {}\n", o.link ? o.link->str() : "as the machine is",
                o.train.overlap_grad_reduce ? "started during the backward (--overlap)" : "after the backward");
-  fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>6} {:>8}\n", "plan", "mesh", "ranks",
-             "step ms", "tokens/s", "vs plain", "gemm", "comm wall", "comm cpu", "colls", "MiB");
+  fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>6} {:>8}{}\n", "plan", "mesh", "ranks",
+             "step ms", "tokens/s", "vs plain", "gemm", "comm wall", "comm cpu", "colls", "MiB",
+             o.link ? fmt::format(" {:>8} {:>7}", "link ms", "hidden") : "");
 }
 
 void print_row(const Row& r, std::optional<double> plain, bool json) {
@@ -172,15 +207,20 @@ void print_row(const Row& r, std::optional<double> plain, bool json) {
     fmt::print(
         "{{\"plan\": \"{}\", \"mesh\": \"{}\", \"ranks\": {}, \"step_seconds\": {:.6f}, \"tokens_per_second\": {:.1f}, "
         "\"gemm_share\": {:.4f}, \"comm_wall_share\": {:.4f}, \"comm_cpu_share\": {:.4f}, \"collectives\": {}, "
-        "\"bytes\": {}}}\n",
+        "\"bytes\": {}{}}}\n",
         c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), r.step_seconds, r.tokens_per_second,
-        r.gemm_share, r.comm_wall_share, r.comm_cpu_share, r.collectives, r.bytes);
+        r.gemm_share, r.comm_wall_share, r.comm_cpu_share, r.collectives, r.bytes,
+        r.hidden_fraction ? fmt::format(", \"link_seconds\": {:.6f}, \"hidden_fraction\": {:.4f}", r.link_seconds,
+                                        *r.hidden_fraction)
+                          : "");
   } else {
     const std::string vs = plain ? fmt::format("{:.2f}", r.tokens_per_second / *plain) : "-";
-    fmt::print("{:<8} {:>6} {:>5} {:>9.1f} {:>9.0f} {:>8} {:>5.1f}% {:>9.1f}% {:>8.1f}% {:>6} {:>8.2f}\n",
+    const std::string hidden =
+        r.hidden_fraction ? fmt::format(" {:>8.1f} {:>6.0f}%", 1e3 * r.link_seconds, 100 * *r.hidden_fraction) : "";
+    fmt::print("{:<8} {:>6} {:>5} {:>9.1f} {:>9.0f} {:>8} {:>5.1f}% {:>9.1f}% {:>8.1f}% {:>6} {:>8.2f}{}\n",
                c.mesh.empty() ? "plain" : c.plan, mesh_text(c), ranks_of(c), 1e3 * r.step_seconds, r.tokens_per_second,
                vs, 100 * r.gemm_share, 100 * r.comm_wall_share, 100 * r.comm_cpu_share, r.collectives,
-               static_cast<double>(r.bytes) / (1 << 20));
+               static_cast<double>(r.bytes) / (1 << 20), hidden);
   }
   std::fflush(stdout);
 }
@@ -220,9 +260,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-plain", no_plain, "leave out the plain one-rank row");
   app.add_flag("--json", json, "one JSON object per row instead of the table");
   app.add_flag("--overlap", o.train.overlap_grad_reduce,
-               "ddp rows: the gradient all_reduce started during the backward (nn::OverlappedGradientReduction)");
+               "ddp and zero1 rows: the gradients' all_reduce (reduce_scatter) started during the backward "
+               "(nn::OverlappedGradientReduction)");
   std::string link_text;
-  app.add_option("--link", link_text, "model a slower link on every row's ranks, e.g. 10us,5GB/s");
+  app.add_option("--link", link_text,
+                 "model a slower link on every row's ranks, e.g. 10us,5GB/s; each row also runs without it, for "
+                 "the hidden column");
   try {
     app.parse(argc, argv);
     if (!link_text.empty()) o.link = LinkModel::parse(link_text);
@@ -244,15 +287,22 @@ int main(int argc, char** argv) {
     // flags of ours.
     int launch_argc = 1;
     return launch(launch_argc, argv, [&](Communicator& world) {
-      if (o.link) world.model_link(*o.link);
       const bool lead = world.rank() == 0;
       if (lead && !json) print_header(o, "MPI");
       for (const Config& c : configs_for(world.size(), plans, two_d)) {
-        bench::CommClock clock;
-        bench::TimedCommunicator timed(world, clock);
+        auto measure = [&](std::optional<LinkModel> link) {
+          world.model_link(link);
+          bench::CommClock clock;
+          bench::TimedCommunicator timed(world, clock);
+          Row row;
+          train_rank(o, data, c, &timed, &clock, row);
+          return row;
+        };
         Row row;
         try {
-          train_rank(o, data, c, &timed, &clock, row);
+          const std::optional<Row> compute_only = o.link ? std::optional(measure(std::nullopt)) : std::nullopt;
+          row = measure(o.link);
+          if (compute_only) add_hidden_fraction(row, *compute_only);
         } catch (const ValueError& e) {  // a plan that does not fit: every rank throws it before any step
           if (lead) print_skip(c, e, json);
           continue;

@@ -267,6 +267,34 @@ BOOST_AUTO_TEST_CASE(bucket_count_follows_the_packing_rule) {
   });
 }
 
+// A first bucket of its own size, and buckets filled from the last tensor
+// (DDP's gradient buckets): five moves with a first bucket of one move and
+// buckets of two are the calls {4} {3,2} {1,0} from the last, {0} {1,2}
+// {3,4} as given; the values are redistribute's either way.
+BOOST_AUTO_TEST_CASE(first_bucket_and_order_cut_the_buckets) {
+  on_meshes({{4}, {2, 2}}, [&](const DeviceMesh& mesh, testing::FailureLog& log) {
+    const Batch b = batch(mesh, "P(sum)", "R", 5, {8, 5});
+    const double per_move = (mesh.ndim() == 1 ? 8 * 5 * 4 : 8 * 3 * 4) / (1024.0 * 1024.0);
+    using Calls = std::vector<std::vector<std::size_t>>;
+    for (const auto& [order, want] : {std::pair{BucketOrder::LastFirst, Calls{{4}, {3, 2}, {1, 0}}},
+                                      std::pair{BucketOrder::AsGiven, Calls{{0}, {1, 2}, {3, 4}}}}) {
+      const CoalesceOptions options{.bucket_mib = 2 * per_move, .first_bucket_mib = per_move, .order = order};
+      const Calls calls = coalesced_calls(b.tensors, b.targets, options);
+      const CommCounter counter(mesh);
+      const std::vector<DTensor> got = redistribute_all(b.tensors, b.targets, options);
+      const std::string where = fmt::format("mesh {} order {}", fmt::join(mesh.shape(), "x"),
+                                            order == BucketOrder::LastFirst ? "last first" : "as given");
+      if (calls != want) log.add(fmt::format("{}: calls {}, expected {}", where, calls, want));
+      if (counter.count(CollectiveKind::AllReduce) != want.size())
+        log.add(fmt::format("{}: {} all_reduce calls, expected {}", where, counter.count(CollectiveKind::AllReduce),
+                            want.size()));
+      for (std::size_t i = 0; i < got.size(); ++i)
+        if (!equal(got[i].to_local(), b.tensors[i].redistribute(b.targets[i]).to_local()))
+          log.add(fmt::format("{}: tensor {} differs from its redistribute", where, i));
+    }
+  });
+}
+
 // No-ops issue nothing and return the input; an all_to_all (S(0) -> S(1))
 // and a local slice (R -> S(0)) run as their own redistribute, beside a
 // packed pair.
@@ -399,6 +427,7 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_typed_errors) {
     expect([&] { redistribute_all(in, std::vector<Layout>{}); }, "1 tensors and 0 target layouts", "span sizes");
     for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
       expect([&] { redistribute_all(in, to, {.bucket_mib = bad}); }, fmt::format("bucket_mib = {}", bad), "bucket");
+    expect([&] { coalesced_calls(in, to, {.first_bucket_mib = 0.0}); }, "first_bucket_mib = 0", "first bucket");
     DeviceMesh other(mesh.comm(), {2, 2});
     const std::vector<DTensor> two{in[0], make(full, other, Layout::parse("R,R"), 1)};
     const std::vector<Layout> two_to{to[0], Layout::parse("R,R")};

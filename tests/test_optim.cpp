@@ -450,7 +450,7 @@ BOOST_AUTO_TEST_CASE(bucket_size_sets_the_number_of_calls) {
   on_every_mesh(1, [&](const DeviceMesh& mesh, std::size_t, testing::FailureLog& log) {
     std::mt19937_64 rng(5);
     Model m = dp_model(mesh, rng, 4, 50);
-    nn::SGD<DTensor> opt(m.sharded, {.lr = 0.1, .sharding = {.bucket_mib = 1e-9}});
+    nn::SGD<DTensor> opt(m.sharded, {.lr = 0.1, .sharding = {.buckets = {.bucket_mib = 1e-9}}});
     set_gradients(m, mesh, 60);
     const CommCounter counter(mesh);
     opt.step();
@@ -495,9 +495,9 @@ BOOST_AUTO_TEST_CASE(overlapped_ddp_equals_the_blocking_path) {
           const DTensor y = add(matmul(h, p[2]), p[3]);
           return sum(mul(y, y));
         };
-        nn::OverlappedGradientReduction overlap(params[0], {.bucket_mib = bucket_mib});
-        nn::SGD<DTensor> overlapped(params[0], {.lr = 0.05, .momentum = 0.9, .sharding = {.bucket_mib = bucket_mib}});
-        nn::SGD<DTensor> blocking(params[1], {.lr = 0.05, .momentum = 0.9, .sharding = {.bucket_mib = bucket_mib}});
+        nn::OverlappedGradientReduction overlap(params[0], {}, {.bucket_mib = bucket_mib});
+        nn::SGD<DTensor> overlapped(params[0], {.lr = 0.05, .momentum = 0.9, .sharding = {.buckets = {.bucket_mib = bucket_mib}}});
+        nn::SGD<DTensor> blocking(params[1], {.lr = 0.05, .momentum = 0.9, .sharding = {.buckets = {.bucket_mib = bucket_mib}}});
         const std::string where =
             fmt::format("mesh {} case {} ({}, bucket_mib {}, {} micro-batches)", fmt::join(mesh_shape, "x"), c, dtype,
                         bucket_mib, micro_batches);
@@ -559,7 +559,7 @@ BOOST_AUTO_TEST_CASE(bad_sharding_options_are_typed_errors) {
            "rank 0 would update rows it does not hold", "not nested");
     expect([&] { nn::AdamW<DTensor>(ps, {.sharding = {.state_layouts = {rows.with(0, Partial{})}}}); },
            "holds a Partial", "Partial");
-    expect([&] { nn::AdamW<DTensor>(ps, {.sharding = {.bucket_mib = 0}}); }, "bucket_mib = 0", "bucket");
+    expect([&] { nn::AdamW<DTensor>(ps, {.sharding = {.buckets = {.bucket_mib = 0}}}); }, "bucket_mib = 0", "bucket");
     expect([&] { nn::SGD<Tensor>({leaf(values({2}, 3))}, {.sharding = {.state_layouts = {rows}}}); },
            "layouts are for DTensors", "Tensor");
   });

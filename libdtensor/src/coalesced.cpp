@@ -24,8 +24,7 @@ void check_arguments(std::span<const DTensor> tensors, std::span<const Layout> t
   if (tensors.size() != targets.size())
     throw ValueError(fmt::format("[redistribute_all] {} tensors and {} target layouts: expected one layout per tensor",
                                  tensors.size(), targets.size()));
-  if (!std::isfinite(o.bucket_mib) || !(o.bucket_mib > 0))
-    throw ValueError(fmt::format("[redistribute_all] bucket_mib = {}; expected a finite number > 0", o.bucket_mib));
+  check_coalesce_options(o, "redistribute_all");
   for (std::size_t i = 1; i < tensors.size(); ++i)
     if (!(tensors[i].mesh() == tensors[0].mesh()))
       throw MeshError(fmt::format("[redistribute_all] tensor {} lives on mesh {}, tensor 0 on mesh {}: one call "
@@ -103,29 +102,38 @@ struct Bucket {
   CollectiveSignature signature;
   std::vector<std::size_t> moves;
   double bytes = 0;
+  double cap = 0;  // the most bytes it takes
   bool open = true;
 };
 
-// Greedy in the order given: a move joins the open bucket of its collective
-// while that stays within `cap`; otherwise that bucket closes and the move
+// Greedy in the options' order: a move joins the open bucket of its
+// collective while that stays within the bucket's cap (the first bucket of
+// a collective may have its own); otherwise that bucket closes and the move
 // opens a new one (alone, and closed at once, if it exceeds the cap itself).
 std::vector<Bucket> make_buckets(const std::vector<std::optional<CollectiveSignature>>& signatures,
-                                 const std::vector<Plan>& plans, double cap) {
+                                 const std::vector<Plan>& plans, const CoalesceOptions& options) {
+  const double cap = options.bucket_mib * kBytesPerMiB;
+  const double first_cap = options.first_bucket_mib.value_or(options.bucket_mib) * kBytesPerMiB;
   std::vector<Bucket> buckets;
-  for (std::size_t i = 0; i < plans.size(); ++i) {
+  for (std::size_t k = 0; k < plans.size(); ++k) {
+    const std::size_t i = options.order == BucketOrder::LastFirst ? plans.size() - 1 - k : k;
     if (!signatures[i]) continue;
     const double bytes = bucket_bytes(plans[i]);
     Bucket* open = nullptr;
+    bool first = true;  // no bucket of this collective yet
     for (Bucket& b : buckets)
-      if (b.open && b.signature == *signatures[i]) open = &b;
-    if (open && open->bytes + bytes > cap) {
+      if (b.signature == *signatures[i]) {
+        first = false;
+        if (b.open) open = &b;
+      }
+    if (open && open->bytes + bytes > open->cap) {
       open->open = false;
       open = nullptr;
     }
-    if (!open) open = &buckets.emplace_back(Bucket{*signatures[i], {}, 0, true});
+    if (!open) open = &buckets.emplace_back(Bucket{*signatures[i], {}, 0, first ? first_cap : cap, true});
     open->moves.push_back(i);
     open->bytes += bytes;
-    if (bytes > cap) open->open = false;
+    if (open->bytes > open->cap) open->open = false;
   }
   return buckets;
 }
@@ -216,7 +224,7 @@ Moves plan_moves(std::span<const DTensor> tensors, std::span<const Layout> targe
         }
     if (!signatures[i]) m.alone.push_back(i);
   }
-  m.buckets = make_buckets(signatures, m.plans, options.bucket_mib * kBytesPerMiB);
+  m.buckets = make_buckets(signatures, m.plans, options);
   return m;
 }
 
@@ -247,6 +255,15 @@ std::vector<DTensor> run_recorded(std::span<const DTensor> tensors, std::span<co
 }
 
 }  // namespace
+
+void check_coalesce_options(const CoalesceOptions& o, std::string_view caller) {
+  auto check = [&](std::string_view name, double mib) {
+    if (!std::isfinite(mib) || !(mib > 0))
+      throw ValueError(fmt::format("[{}] {} = {}; expected a finite number > 0", caller, name, mib));
+  };
+  check("bucket_mib", o.bucket_mib);
+  if (o.first_bucket_mib) check("first_bucket_mib", *o.first_bucket_mib);
+}
 
 std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                       CoalesceOptions options) {

@@ -172,8 +172,11 @@ Work BackendCommunicator::start(CollectiveKind kind, std::function<void()> call)
   if (!worker_) worker_ = mesh_detail::RankWorker::of(&stats_.rank_totals());
   auto state = std::make_shared<mesh_detail::WorkState>(
       fmt::format("[{}] started {} on rank {} of {}", backend(), collective_name(kind), rank(), size()), timeout());
-  state->apply = [this, alive = std::weak_ptr<char>(alive_)](const std::vector<mesh_detail::DeferredRecord>& records) {
-    if (!alive.expired()) stats_.apply(records);
+  // When the rank issued it: its trace event tells how long it queued on the worker.
+  const trace::Clock::time_point issued = trace::current != nullptr ? trace::Clock::now() : trace::Clock::time_point{};
+  state->apply = [this, alive = std::weak_ptr<char>(alive_),
+                  issued](const std::vector<mesh_detail::DeferredRecord>& records) {
+    if (!alive.expired()) stats_.apply(records, issued);
   };
   worker_->submit(state, std::move(call));
   return Work(std::move(state));

@@ -73,16 +73,17 @@ class StatsRecorder {
   }
   /// On the rank's thread, when it waits for a started call: counts what the
   /// call recorded on the worker, as record() and record_message() would have.
-  void apply(const std::vector<mesh_detail::DeferredRecord>& records) {
+  /// `issued`: when the rank started the call (the epoch if not recording).
+  void apply(const std::vector<mesh_detail::DeferredRecord>& records, trace::Clock::time_point issued) {
     for (const auto& r : records) {
       own_.record(r.kind, r.bytes);
       rank_totals_->record(r.kind, r.bytes);
       if (trace::current == nullptr) [[likely]]
         continue;
       if (r.message)
-        trace::record_message(&own_, r.end, r.bytes, r.start, r.finish);
+        trace::record_message(&own_, r.end, r.bytes, r.start, r.finish, issued);
       else
-        trace::record_collective(&own_, r.kind, r.bytes, r.start, r.finish);
+        trace::record_collective(&own_, r.kind, r.bytes, r.start, r.finish, issued);
     }
   }
   const CommStats& own() const { return own_; }

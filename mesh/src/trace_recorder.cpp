@@ -281,8 +281,16 @@ void Recorder::finish(const std::string& path) {
                             failure.empty() ? std::string() : ": " + failure));
 }
 
+namespace {
+// A started call's wait on the rank's worker before it began, as an arg.
+std::string queued_arg(Clock::time_point issued, Clock::time_point start) {
+  if (issued == Clock::time_point{}) return {};
+  return fmt::format(", \"queued_us\": {}", microseconds(std::max<std::int64_t>(nanoseconds(start) - nanoseconds(issued), 0)));
+}
+}  // namespace
+
 void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start,
-                       Clock::time_point finish) {
+                       Clock::time_point finish, Clock::time_point issued) {
   Recorder* r = current;
   const auto end = finish == Clock::time_point{} ? Clock::now() : finish;
   if (start == Clock::time_point{}) start = end;
@@ -293,11 +301,12 @@ void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_
   if (const auto& members = r->group_members(group); !members.empty())
     args += fmt::format(", \"ranks\": [{}]", fmt::join(members, ", "));
   if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
+  args += queued_arg(issued, start);
   r->add(Event{std::string(collective_name(kind)), Track::Collectives, start, end - start, std::move(args)});
 }
 
 void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start,
-                    Clock::time_point ended) {
+                    Clock::time_point ended, Clock::time_point issued) {
   Recorder* r = current;
   const auto finish = ended == Clock::time_point{} ? Clock::now() : ended;
   if (start == Clock::time_point{}) start = finish;
@@ -312,6 +321,7 @@ void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t
       fmt::format("\"bytes\": {}, \"group\": {}, \"direction\": \"{}\", \"{}\": {}, \"tag\": {}", bytes,
                   json_quote(label), end.sending ? "send" : "recv", known ? "peer" : "peer_in_group", peer, end.tag);
   if (!r->plan_step().empty()) args += fmt::format(", \"plan_step\": {}", json_quote(r->plan_step()));
+  args += queued_arg(issued, start);
   r->add(Event{std::string(collective_name(end.sending ? CollectiveKind::Send : CollectiveKind::Recv)),
                Track::Collectives, start, finish - start, std::move(args)});
   if (!known) return;

@@ -104,7 +104,7 @@ double local_norm_part(const Tensor& local, double p) {
 // redistribute_all over DTensors that may live on several meshes: one call
 // per mesh, the meshes in order of first appearance (the same on every rank).
 std::vector<DTensor> redistribute_by_mesh(const std::vector<DTensor>& xs, const std::vector<Layout>& to,
-                                          double bucket_mib) {
+                                          const CoalesceOptions& buckets) {
   std::vector<DTensor> out(xs);
   std::vector<bool> done(xs.size(), false);
   for (std::size_t first = 0; first < xs.size(); ++first) {
@@ -119,7 +119,7 @@ std::vector<DTensor> redistribute_by_mesh(const std::vector<DTensor>& xs, const 
         group.push_back(xs[j]);
         targets.push_back(to[j]);
       }
-    std::vector<DTensor> moved = redistribute_all(group, targets, {.bucket_mib = bucket_mib});
+    std::vector<DTensor> moved = redistribute_all(group, targets, buckets);
     for (std::size_t k = 0; k < which.size(); ++k) out[which[k]] = std::move(moved[k]);
   }
   return out;
@@ -187,9 +187,7 @@ Optimizer<X>::Optimizer(std::vector<X> params, double lr, const char* name, Shar
           fmt::format("[{}] parameter {} does not require a gradient: call requires_grad_() on it", name, i));
     visit_floating(params_[i].dtype(), name, [](auto, auto) {});
   }
-  if (!std::isfinite(sharding_.bucket_mib) || !(sharding_.bucket_mib > 0))
-    throw ValueError(
-        fmt::format("[{}] sharding.bucket_mib = {}; expected a finite number > 0", name, sharding_.bucket_mib));
+  check_coalesce_options(sharding_.buckets, fmt::format("{}: sharding.buckets", name));
   const std::vector<Layout>& given = sharding_.state_layouts;
   if constexpr (std::same_as<X, DTensor>) {
     if (!given.empty() && given.size() != params_.size())
@@ -230,7 +228,7 @@ std::vector<std::optional<X>> Optimizer<X>::gradients_for_update() const {
         moving.push_back(*grads[i]);
         to.push_back(state_layouts_[i]);
       }
-    std::vector<DTensor> moved = redistribute_by_mesh(moving, to, sharding_.bucket_mib);
+    std::vector<DTensor> moved = redistribute_by_mesh(moving, to, sharding_.buckets);
     for (std::size_t k = 0; k < which.size(); ++k) grads[which[k]] = std::move(moved[k]);
   }
   return grads;
@@ -265,7 +263,7 @@ void Optimizer<X>::write_back(const std::vector<Tensor>& shards) {
       parts.push_back(DTensor::from_local(shards[i], p.mesh(), state_layouts_[i], p.shape(), FromLocalCheck::Trust));
       to.push_back(p.placements());
     }
-    const std::vector<DTensor> whole = redistribute_by_mesh(parts, to, sharding_.bucket_mib);
+    const std::vector<DTensor> whole = redistribute_by_mesh(parts, to, sharding_.buckets);
     for (std::size_t k = 0; k < which.size(); ++k) {
       Tensor dst = params_[which[k]].to_local();  // shares the parameter's storage
       copy_into(whole[k].to_local(), dst);
@@ -480,7 +478,7 @@ std::vector<std::optional<X>> gradients_without_partial(std::span<const X> param
         partial.push_back(*grads[i]);
         to.push_back(params[i].placements());
       }
-    std::vector<DTensor> reduced = redistribute_by_mesh(partial, to, coalesce.bucket_mib);
+    std::vector<DTensor> reduced = redistribute_by_mesh(partial, to, coalesce);
     for (std::size_t k = 0; k < which.size(); ++k) grads[which[k]] = std::move(reduced[k]);
   }
   return grads;

@@ -6,13 +6,20 @@
 
 namespace dtensor::nn {
 
-OverlappedGradientReduction::OverlappedGradientReduction(std::span<DTensor> params, CoalesceOptions coalesce)
-    : coalesce_(coalesce) {
-  for (DTensor& p : params) {
+OverlappedGradientReduction::OverlappedGradientReduction(std::span<DTensor> params, std::vector<Layout> reduce_to,
+                                                         CoalesceOptions buckets)
+    : coalesce_(buckets) {
+  check_coalesce_options(coalesce_, "OverlappedGradientReduction");
+  if (!reduce_to.empty() && reduce_to.size() != params.size())
+    throw ValueError(fmt::format("[OverlappedGradientReduction] {} layouts to reduce to for {} parameters: expected "
+                                 "one each (or none)",
+                                 reduce_to.size(), params.size()));
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    DTensor& p = params[k];
     if (!p.requires_grad()) continue;
     const std::size_t i = params_.size();
     params_.push_back(&p);
-    targets_.push_back(p.placements());
+    targets_.push_back(reduce_to.empty() ? p.placements() : reduce_to[k]);
     hooks_.push_back(on_gradient_ready(p, [this, i] { ready(i); }));
   }
   bucket_of_.assign(params_.size(), std::nullopt);
@@ -43,7 +50,7 @@ void OverlappedGradientReduction::start(std::size_t bucket) {
     grads.push_back(*g);
     to.push_back(targets_[i]);
   }
-  started_[bucket] = start_redistribute_all(grads, to, coalesce_);
+  started_[bucket] = start_redistribute_all(grads, to, one_call());
   ++started_last_step_;
 }
 

@@ -251,7 +251,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   for (const auto& member : named) params.push_back(*member.second);
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
-                                  .sharding = {.state_layouts = env.state_layouts(named)}});
+                                  .sharding = {.buckets = o.gradient_buckets, .state_layouts = env.state_layouts(named)}});
   if (first_step > 0) load_stage_moments(o.resume_dir, named, optimizer, first_step, env);
   const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
   auto inputs_of = [&](Split part, std::int64_t first_draw, std::int64_t count) {
@@ -285,7 +285,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     pipe::sum_tied_gradients<X>(schedule, mine, pp);  // a tied weight's two copies: one gradient
     // The norm over every stage's gradients: each stage's part, summed over
     // pp, a tied weight's counted once.
-    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip, 2.0, {}, &pp, held.tied_copies);
+    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip, 2.0, o.gradient_buckets, &pp, held.tied_copies);
     optimizer.step();  // once per step: under ddp its gradients' reduction too
     step_peak = memory->peak_bytes();
     optimizer.zero_grad();

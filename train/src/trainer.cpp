@@ -304,18 +304,22 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
-                                  .sharding = {.state_layouts = env.state_layouts(model.named_parameters())}});
+                                  .sharding = {.buckets = o.gradient_buckets,
+                                               .state_layouts = env.state_layouts(model.named_parameters())}});
   if (first_step > 0) load_moments(o.resume_dir, model, optimizer, first_step, env);
   std::optional<nn::OverlappedGradientReduction> overlap;
   if (o.overlap_grad_reduce) {
     for (const std::string& plan : o.plans)
-      if (plan != "ddp" && plan != "tp" && plan != "tp_sp")
-        throw ValueError(fmt::format("[train] overlap_grad_reduce with plan '{}': DDP's overlap runs on meshes whose "
-                                     "plans are ddp, tp or tp_sp",
+      if (plan != "ddp" && plan != "zero1" && plan != "tp" && plan != "tp_sp")
+        throw ValueError(fmt::format("[train] overlap_grad_reduce with plan '{}': the gradient reduction overlaps on "
+                                     "meshes whose plans are ddp, zero1, tp or tp_sp (fsdp reduces its units in "
+                                     "the backward already)",
                                      plan));
-    if constexpr (std::same_as<X, DTensor>)
-      overlap.emplace(params);
-    else
+    if constexpr (std::same_as<X, DTensor>) {
+      std::vector<Layout> update_layouts;  // ZeRO's reduce_scatter: straight into the optimizer's part
+      for (std::size_t i = 0; i < params.size(); ++i) update_layouts.push_back(optimizer.state_layout(i));
+      overlap.emplace(params, std::move(update_layouts), o.gradient_buckets);
+    } else
       throw ValueError("[train] overlap_grad_reduce on plain tensors: it needs a mesh with a ddp dim");
   }
   const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
@@ -349,7 +353,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     const Passes passes = forward_backward(model, env, o, step, batch_of, overlap ? &*overlap : nullptr);
     const DimsStats before_update = env.stats();
     if (overlap) overlap->finish();  // its waits count as the update's, where the blocking path reduces
-    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip);
+    if (o.clip > 0) nn::clip_grad_norm<X>(params, o.clip, 2.0, o.gradient_buckets);
     optimizer.step();
     if (step == o.steps - 1) record_routing(result, model);
     model.end_moe_step();  // Balance::Bias: the bias from this step's load

@@ -16,13 +16,17 @@
 // the exchange alone where few ranks hold data) joins that all_gather's
 // bucket when other moves run it anyway: the same bytes, one call fewer.
 #include <memory>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "dtensor/api/dtensor_tensor.h"
 #include "dtensor/core/placement.h"
 
 namespace dtensor {
+
+enum class BucketOrder { AsGiven, LastFirst };
 
 struct CoalesceOptions {
   /// The most bytes (MiB of 2^20 bytes) one bucket holds: moves join a
@@ -33,7 +37,18 @@ struct CoalesceOptions {
   /// at the same places and no rank's staging exceeds the bound. 25 MiB is
   /// DDP's default bucket_cap_mb.
   double bucket_mib = 25;
+  /// The bound of each collective's first bucket, where it differs: a small
+  /// first bucket starts its call sooner (PyTorch DDP's is 1 MiB).
+  std::optional<double> first_bucket_mib{};
+  /// The order moves fill buckets: as given, or from the last tensor to the
+  /// first, the order a backward completes a model's gradients (PyTorch DDP
+  /// fills its buckets from the last parameter).
+  BucketOrder order = BucketOrder::AsGiven;
 };
+
+/// ValueError, naming `caller` and the bad bound, unless bucket_mib and
+/// first_bucket_mib (where given) are finite numbers > 0.
+void check_coalesce_options(const CoalesceOptions& options, std::string_view caller);
 
 /// Returns, for every i, the value of tensors[i].redistribute(targets[i]):
 /// the same local values and the same layout (and cost model); a packed
@@ -41,9 +56,10 @@ struct CoalesceOptions {
 /// moves with the packing, so where a float sum rounds its last bits may
 /// differ (as in DDP's buckets); exact sums, and every other kind, are
 /// identical bit for bit. Moves that
-/// share a collective (above) are packed into buckets in the order given:
-/// a move joins the open bucket of its collective unless that would exceed
-/// bucket_mib, which then closes and a new one opens. Buckets run in the
+/// share a collective (above) are packed into buckets in the options'
+/// order: a move joins the open bucket of its collective unless that would
+/// exceed bucket_mib (first_bucket_mib for that collective's first bucket),
+/// which then closes and a new one opens. Buckets run in the
 /// order of their first move, after the moves that run alone (in the order
 /// given); a bucket of one move is an ordinary redistribute. The
 /// communicator counts the bytes each packed call moves (CommStats): for
@@ -60,22 +76,27 @@ struct CoalesceOptions {
 /// has arrived. FSDP's gather of many parameters is one all_gather forward
 /// and one reduce_scatter backward.
 ///
-/// Errors: ValueError if the spans differ in length or bucket_mib is not a
-/// finite number > 0; MeshError if the tensors are not all on tensor 0's
+/// Errors: ValueError if the spans differ in length or bucket_mib (or
+/// first_bucket_mib) is not a finite number > 0; MeshError if the tensors are not all on tensor 0's
 /// mesh (naming the index); LayoutError for a target redistribute rejects.
 std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                       CoalesceOptions options = {});
 
 /// How redistribute_all(tensors, targets, options) splits its moves into
 /// calls: each move that runs alone as a list of its index, then each
-/// bucket's indices, in the order it runs them; moves that change nothing
-/// are in none. Where no move is an exchange riding along an all_gather
-/// (as with DDP's all_reduces and ZeRO's reduce_scatters), a group of these
-/// passed to redistribute_all (or start_redistribute_all) on its own runs as
-/// exactly that one call: how DDP's overlap starts the same buckets one by
-/// one.
+/// bucket's indices, in the order it runs them (a bucket's in the order it
+/// packs them); moves that change nothing are in none. Where no move is an
+/// exchange riding along an all_gather (as with DDP's all_reduces and ZeRO's
+/// reduce_scatters), a group of these passed in its order to
+/// redistribute_all (or start_redistribute_all) with one_call() runs as
+/// exactly that one call, packed alike: how DDP's overlap starts the same
+/// buckets one by one.
 std::vector<std::vector<std::size_t>> coalesced_calls(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                                       CoalesceOptions options = {});
+
+/// Options that make a group of coalesced_calls() one call: no bound, the
+/// order given.
+inline CoalesceOptions one_call() { return {.bucket_mib = 1e18}; }  // an exabyte: no bound
 
 /// redistribute_all, started: the moves are planned and bucketed as
 /// redistribute_all does, the moves that run alone run now, and each

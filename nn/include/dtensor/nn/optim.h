@@ -44,11 +44,21 @@ namespace dtensor::nn {
 template <class X>
 concept Parameter = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
 
+/// The buckets gradients are reduced in (DDP's all_reduce, ZeRO's
+/// reduce_scatter), by a step, a clip and nn::OverlappedGradientReduction
+/// alike: PyTorch DDP's, 25 MiB with a 1 MiB first bucket, filled from the
+/// last parameter, so that the first bucket is complete early in a backward
+/// and each later one soon after its predecessor.
+inline CoalesceOptions gradient_buckets() {
+  return {.bucket_mib = 25, .first_bucket_mib = 1, .order = BucketOrder::LastFirst};
+}
+
 /// How a step moves the gradients and where the states live. For DTensor
 /// parameters; a Tensor optimizer accepts only the defaults (ValueError).
 struct ShardingOptions {
-  /// Bucket size of the step's redistribute_all (CoalesceOptions).
-  double bucket_mib = CoalesceOptions{}.bucket_mib;
+  /// The buckets of the step's redistribute_all, of gradients to their
+  /// update's layouts and of updated parts back to their parameters'.
+  CoalesceOptions buckets = gradient_buckets();
   /// Empty, or one layout per parameter for its states and for the
   /// gradient its update reads. Each must hold no Partial and give every
   /// rank a part of the box the parameter's layout gives it (a finer
@@ -189,7 +199,8 @@ class AdamW : public Optimizer<X> {
 /// Replicate mesh dims), so that every element counts once whatever the
 /// layout. Gradients still Partial are first reduced to their parameters'
 /// layouts, as a step would: one redistribute_all per mesh (one all_reduce
-/// per bucket for DDP's P(sum) -> R), in buckets of `coalesce.bucket_mib`.
+/// per bucket for DDP's P(sum) -> R), in the buckets of `coalesce`, by
+/// default a step's.
 /// All parameters must live on meshes of one world communicator (MeshError
 /// otherwise).
 ///
@@ -201,7 +212,8 @@ class AdamW : public Optimizer<X> {
 /// rank of `across` counts an equal gradient (a tied weight's copy on a
 /// pipeline's last stage; the first stage's copy counts).
 template <Parameter X>
-double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0, CoalesceOptions coalesce = {},
+double clip_grad_norm(std::span<const X> params, double max_norm, double norm_type = 2.0,
+                      CoalesceOptions coalesce = gradient_buckets(),
                       Communicator* across = nullptr, std::span<const std::size_t> counted_elsewhere = {});
 
 /// Linear warmup from 0 over `warmup_steps`, then a cosine from max_lr down

@@ -1,9 +1,12 @@
 #pragma once
-// DDP's gradient all_reduce started during the backward (PyTorch DDP's
-// overlap, Megatron's --overlap-grad-reduce): each bucket's collective
-// starts as soon as the backward has completed the last gradient in it, on
-// the rank's communication worker, while the backward goes on; finish()
-// waits for them and leaves every gradient in its parameter's layout.
+// DDP's gradient all_reduce, or ZeRO's reduce_scatter, started during the
+// backward (PyTorch DDP's overlap, Megatron's --overlap-grad-reduce): each
+// bucket's collective starts as soon as the backward has completed the last
+// gradient in it, on the rank's communication worker, while the backward
+// goes on; finish() waits for them and leaves every gradient in the layout
+// its update reads: its parameter's (DDP), or the optimizer's state layout
+// (ZeRO-1 and 2: Shard where the parameter is Replicate, so each rank
+// receives only its part of the sum).
 //
 //   nn::OverlappedGradientReduction overlap(params);   // hooks the parameters
 //   loss.backward();                                   // buckets start here
@@ -23,6 +26,7 @@
 
 #include "dtensor/api/autograd.h"
 #include "dtensor/api/coalesced.h"
+#include "dtensor/nn/optim.h"
 
 namespace dtensor::nn {
 
@@ -30,7 +34,11 @@ class OverlappedGradientReduction {
  public:
   /// Hooks every parameter that requires a gradient (on_gradient_ready).
   /// The parameters must outlive this object and keep their addresses.
-  explicit OverlappedGradientReduction(std::span<DTensor> params, CoalesceOptions coalesce = {});
+  /// `reduce_to`: empty (each parameter's own layout), or one layout per
+  /// parameter (an optimizer's state_layout(i), for ZeRO). `buckets`: those
+  /// of the optimizer's step, which the first step reduces as.
+  explicit OverlappedGradientReduction(std::span<DTensor> params, std::vector<Layout> reduce_to = {},
+                                       CoalesceOptions buckets = gradient_buckets());
   OverlappedGradientReduction(const OverlappedGradientReduction&) = delete;
   OverlappedGradientReduction& operator=(const OverlappedGradientReduction&) = delete;
   /// Destroyed, it unhooks the parameters first (hooks_ is the last member)
@@ -55,7 +63,7 @@ class OverlappedGradientReduction {
   void start(std::size_t bucket);
 
   std::vector<DTensor*> params_;
-  std::vector<Layout> targets_;  // each parameter's layout
+  std::vector<Layout> targets_;  // per parameter: the layout its gradient is reduced to
   CoalesceOptions coalesce_;
   bool enabled_ = true;
   // Learnt in the first finish(): each bucket's parameters and the layouts

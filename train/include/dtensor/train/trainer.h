@@ -10,6 +10,7 @@
 
 #include <dtensor/dtensor.h>
 #include <dtensor/nn/modules.h>
+#include <dtensor/nn/optim.h>
 #include <dtensor/nn/pipeline.h>
 
 #include "dtensor/train/text_data.h"
@@ -40,10 +41,14 @@ struct TrainOptions {
   std::int64_t eval_every = 0;  // validation loss every this many steps (0: at the end only)
   std::int64_t generate = 0;    // bytes to sample greedily after training
   bool explain = false;         // print rank 0's dispatch decisions during the last step
-  /// DDP's gradient all_reduce started during the backward
-  /// (nn::OverlappedGradientReduction); on meshes whose plans are ddp, tp
-  /// or tp_sp only.
+  /// The gradients' reduction (DDP's all_reduce, ZeRO-1's reduce_scatter)
+  /// started bucket by bucket during the backward
+  /// (nn::OverlappedGradientReduction); on meshes whose plans are ddp,
+  /// zero1, tp or tp_sp only.
   bool overlap_grad_reduce = false;
+  /// The buckets the gradients are reduced in, overlapped or not (DDP's
+  /// bucket_cap_mb and first bucket, nn::gradient_buckets()).
+  CoalesceOptions gradient_buckets = nn::gradient_buckets();
   /// Records the last step as a Chrome trace in this file (every rank's ops
   /// and collectives; runs on a mesh only).
   std::string trace;

@@ -138,9 +138,12 @@ std::string json_quote(std::string_view text);
 /// one event on the collectives track. `start` is the epoch when the
 /// backend did not note the start (the event then has zero duration);
 /// `finish`, now when it is the epoch (a started call's record, applied when
-/// the rank waits for it, gives the time it really ended).
+/// the rank waits for it, gives the time it really ended). `issued`, for a
+/// started call: when the rank started it; the event's args then hold
+/// "queued_us", how long it waited on the rank's worker behind earlier calls
+/// before it began (the event itself spans the call's run).
 void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start,
-                       Clock::time_point finish = {});
+                       Clock::time_point finish = {}, Clock::time_point issued = {});
 
 /// Called by a backend's StatsRecorder when a send or recv ends while
 /// recording: one event on the collectives track, named as its kind (send
@@ -148,7 +151,7 @@ void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_
 /// peer and the tag in its args; and, where the group's members are known,
 /// one end of the flow arrow from the send to its recv.
 void record_message(const CommStats* group, const MessageEnd& end, std::uint64_t bytes, Clock::time_point start,
-                    Clock::time_point finish = {});
+                    Clock::time_point finish = {}, Clock::time_point issued = {});
 
 /// One op on the ops track, from construction to destruction.
 class OpSpan {
