@@ -19,16 +19,17 @@
 // (CommStats). The `plain` row is one rank on plain Tensors (no mesh); `vs
 // plain` is a row's tokens/s over it, measured in the same run.
 //
-// With --link each row runs twice: first at the machine's own speed (the
-// step's compute, since a copy between thread ranks is a memcpy), then on
-// the modelled link; `hidden` is the share of the link's communication time
-// that the step hid under computation,
+// With --link each row runs twice: first at the machine's own speed with
+// every collective blocking, for the step's compute (t_compute: the median
+// step less its time inside collectives), then on the modelled link;
+// `hidden` is the share of the link's communication time the step hid
+// under computation,
 //   1 - (t_step - t_compute) / t_comm,
-// with t_comm the link's time for rank 0's calls of the step alone
-// (latency per call plus bytes over bandwidth, LinkModel::time_for). Without
-// --overlap it is near 0 (blocking calls add their whole time); 1 is all of
-// it hidden. Single runs on a shared VM vary by several percent of the step,
-// so rows whose t_comm is a small part of the step read noisily.
+// with t_step that run's median step and t_comm the link's time for rank
+// 0's calls of the step alone (a latency per call plus the bytes over the
+// bandwidth, LinkModel::time_for). Blocking calls hide nothing (about 0);
+// 1 is all of it hidden. Steps on a shared VM vary by several percent, so
+// rows whose t_comm is a small part of the step read noisily.
 //
 // Run (OPENBLAS_CORETYPE unset for figures you quote):
 //   env -u OPENBLAS_CORETYPE build/bench/train                 # thread ranks 1,2,4,8, every plan
@@ -41,6 +42,7 @@
 #include <dtensor/nn/parallel_plan.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -70,8 +72,9 @@ struct Row {
   double comm_wall_share = 0, comm_cpu_share = 0;
   double gemm_share = 0;  // rank 0's time inside the CPU GEMM backend over its step time
   std::uint64_t collectives = 0, bytes = 0;  // rank 0's, the last step's
-  double link_seconds = 0;                   // --link: the modelled time of those calls alone
-  std::optional<double> hidden_fraction;     // --link: 1 - (step - compute only) / link_seconds
+  double median_step = 0, median_compute = 0;  // seconds; compute: a step less its time in collectives
+  double link_seconds = 0;                     // --link: the modelled time of those calls alone
+  std::optional<double> hidden_fraction;       // --link: 1 - (step - compute) / link_seconds
 };
 
 struct Options {
@@ -88,7 +91,14 @@ std::string mesh_text(const Config& c) { return c.mesh.empty() ? "-" : fmt::form
 struct Totals {
   double wall = 0, cpu = 0, comm_wall = 0, comm_cpu = 0, gemm = 0;
   std::int64_t steps = 0;
+  std::vector<double> step_walls, step_computes;  // per timed step: its wall time, less its time in collectives
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 // One rank's part of a row; `clock` is null on plain tensors. Fills `row`
 // on rank 0.
@@ -120,6 +130,8 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
       totals.comm_cpu += comm_now.cpu - comm_mark.cpu;
       totals.gemm += gemm_now - gemm_mark;
       ++totals.steps;
+      totals.step_walls.push_back(seconds);
+      totals.step_computes.push_back(seconds - (comm_now.wall - comm_mark.wall));
     }
     cpu_mark = cpu_now;
     gemm_mark = gemm_now;
@@ -132,6 +144,8 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
   row.comm_wall_share = totals.comm_wall / totals.wall;
   row.comm_cpu_share = totals.cpu > 0 ? totals.comm_cpu / totals.cpu : 0;
   row.gemm_share = totals.gemm / totals.wall;
+  row.median_step = median(totals.step_walls);
+  row.median_compute = median(totals.step_computes);
   const std::optional<LinkModel> link = world ? world->link_model() : std::nullopt;
   for (const train::PhaseComm& p : r.comm) {
     row.collectives += p.count;
@@ -142,11 +156,17 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
   }
 }
 
-// The row's hidden fraction, from its run on the link and its run at the
-// machine's speed (the compute).
-void add_hidden_fraction(Row& on_link, const Row& compute_only) {
+// The row's hidden fraction, from its run on the link and its blocking run
+// at the machine's speed (the compute).
+void add_hidden_fraction(Row& on_link, const Row& blocking) {
   if (on_link.link_seconds > 0)
-    on_link.hidden_fraction = 1 - (on_link.step_seconds - compute_only.step_seconds) / on_link.link_seconds;
+    on_link.hidden_fraction = 1 - (on_link.median_step - blocking.median_compute) / on_link.link_seconds;
+}
+
+// The options of a row's compute run: no overlap (its link is off too).
+Options blocking(Options o) {
+  o.train.overlap_grad_reduce = false;
+  return o;
 }
 
 // A row on thread ranks (or plain tensors for an empty mesh); with a link,
@@ -157,20 +177,20 @@ Row measure_threads(const Options& o, const train::TextData& data, const Config&
     train_rank(o, data, c, nullptr, nullptr, row);
     return row;
   }
-  auto measure = [&](std::optional<LinkModel> link) {
+  auto measure = [&](const Options& run, std::optional<LinkModel> link) {
     Row out;
     run_threads(static_cast<int>(ranks_of(c)), [&](Communicator& world) {
       if (link) world.model_link(*link);
       bench::CommClock clock;
       bench::TimedCommunicator timed(world, clock);
-      train_rank(o, data, c, &timed, &clock, out);
+      train_rank(run, data, c, &timed, &clock, out);
     });
     return out;
   };
-  if (!o.link) return measure(std::nullopt);
-  const Row compute_only = measure(std::nullopt);
-  row = measure(o.link);
-  add_hidden_fraction(row, compute_only);
+  if (!o.link) return measure(o, std::nullopt);
+  const Row compute = measure(blocking(o), std::nullopt);
+  row = measure(o, o.link);
+  add_hidden_fraction(row, compute);
   return row;
 }
 
@@ -194,7 +214,8 @@ void print_header(const Options& o, std::string_view backend) {
       m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
       o.train.warmup, o.timed_steps, backend);
   if (o.link || o.train.overlap_grad_reduce)
-    fmt::print("link {}; the gradients' reduction (ddp, zero1) {}\n", o.link ? o.link->str() : "as the machine is",
+    fmt::print("link {}; the gradients' reduction (ddp, zero1) in buckets of {} MiB, {}\n",
+               o.link ? o.link->str() : "as the machine is", o.train.gradient_buckets.bucket_mib,
                o.train.overlap_grad_reduce ? "started during the backward (--overlap)" : "after the backward");
   fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>6} {:>8}{}\n", "plan", "mesh", "ranks",
              "step ms", "tokens/s", "vs plain", "gemm", "comm wall", "comm cpu", "colls", "MiB",
@@ -262,6 +283,9 @@ int main(int argc, char** argv) {
   app.add_flag("--overlap", o.train.overlap_grad_reduce,
                "ddp and zero1 rows: the gradients' all_reduce (reduce_scatter) started during the backward "
                "(nn::OverlappedGradientReduction)");
+  app.add_option("--bucket-mib", o.train.gradient_buckets.bucket_mib,
+                 "the gradients' buckets (nn::gradient_buckets: 25, with a 1 MiB first one)")
+      ->check(CLI::PositiveNumber);
   std::string link_text;
   app.add_option("--link", link_text,
                  "model a slower link on every row's ranks, e.g. 10us,5GB/s; each row also runs without it, for "
@@ -290,19 +314,19 @@ int main(int argc, char** argv) {
       const bool lead = world.rank() == 0;
       if (lead && !json) print_header(o, "MPI");
       for (const Config& c : configs_for(world.size(), plans, two_d)) {
-        auto measure = [&](std::optional<LinkModel> link) {
+        auto measure = [&](const Options& run, std::optional<LinkModel> link) {
           world.model_link(link);
           bench::CommClock clock;
           bench::TimedCommunicator timed(world, clock);
           Row row;
-          train_rank(o, data, c, &timed, &clock, row);
+          train_rank(run, data, c, &timed, &clock, row);
           return row;
         };
         Row row;
         try {
-          const std::optional<Row> compute_only = o.link ? std::optional(measure(std::nullopt)) : std::nullopt;
-          row = measure(o.link);
-          if (compute_only) add_hidden_fraction(row, *compute_only);
+          const std::optional<Row> compute = o.link ? std::optional(measure(blocking(o), std::nullopt)) : std::nullopt;
+          row = measure(o, o.link);
+          if (compute) add_hidden_fraction(row, *compute);
         } catch (const ValueError& e) {  // a plan that does not fit: every rank throws it before any step
           if (lead) print_skip(c, e, json);
           continue;
