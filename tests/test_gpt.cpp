@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -469,6 +470,69 @@ BOOST_AUTO_TEST_CASE(overlapped_buckets_are_issued_inside_the_backward) {
                                                     << " us, after the backward ended at " << *backward_end);
         BOOST_TEST(issued[b] < *optimizer_start, what << ": bucket " << b);
       }
+    }
+  }
+}
+
+// FSDP's forward prefetch changes when, never what: losses bit for bit
+// those without it in f32, the same collectives, counts and bytes, phase by
+// phase. Its trace: each block's unit gathered by a started call, the next
+// one issued before this block's ops (ops run between each issue and the
+// next), all within the forward.
+BOOST_AUTO_TEST_CASE(fsdp_prefetch_changes_when_not_what) {
+  auto o = small_model(DType::Float32, 3, 4);
+  const auto prefetched = run(o, {2}, {"dp"}, {"fsdp"});
+  o.prefetch_units = false;
+  const auto unprefetched = run(o, {2}, {"dp"}, {"fsdp"});
+  BOOST_TEST_REQUIRE(prefetched.losses.size() == unprefetched.losses.size());
+  for (std::size_t i = 0; i < prefetched.losses.size(); ++i)
+    BOOST_TEST(prefetched.losses[i] == unprefetched.losses[i], "step " << i);
+  BOOST_TEST(prefetched.val_loss == unprefetched.val_loss);
+  auto rows = [](const train::TrainResult& r) {
+    std::vector<std::string> out;
+    for (const auto& c : r.comm)
+      out.push_back(fmt::format("{} {} over {}: x{} {} bytes", c.phase, c.kind, fmt::join(c.mesh_dims, ","), c.count,
+                                c.bytes));
+    return out;
+  };
+  // At most two units gathered: the peak grows by at most one block's
+  // gathered unit (12 d^2 + 13 d parameters of 4 bytes).
+  const std::uint64_t d = static_cast<std::uint64_t>(o.model.d_model), one_unit = (12 * d * d + 13 * d) * 4;
+  BOOST_TEST(prefetched.peak_bytes <= unprefetched.peak_bytes + one_unit,
+             "peak " << prefetched.peak_bytes << " bytes with prefetch, " << unprefetched.peak_bytes << " without");
+  BOOST_TEST(rows(prefetched) == rows(unprefetched), fmt::format("with prefetch:\n{}\nwithout:\n{}",
+                                                                 fmt::join(rows(prefetched), "\n"),
+                                                                 fmt::join(rows(unprefetched), "\n")));
+
+  o.prefetch_units = true;
+  const fs::path path = fs::temp_directory_path() / fmt::format("dtensor_gpt_prefetch_{}.json", ::getpid());
+  o.trace = path.string();
+  run(o, {2}, {"dp"}, {"fsdp"});
+  std::ifstream in(path);
+  BOOST_TEST_REQUIRE(in.good(), "no trace at " << path);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  fs::remove(path);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::optional<std::pair<double, double>> forward;
+    std::vector<double> issued, ops;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || e["pid"] != rank) continue;
+      const double ts = e["ts"].get<double>();
+      if (e["cat"] == "scope" && e["name"] == "forward") forward = {ts, ts + e["dur"].get<double>()};
+      if (e["cat"] == "op") ops.push_back(ts);
+      if (e["cat"] == "collective" && e["name"] == "all_gather" && e["args"].contains("queued_us"))
+        issued.push_back(ts - e["args"]["queued_us"].get<double>());
+    }
+    BOOST_TEST_REQUIRE(forward.has_value(), "rank " << rank << ": no forward scope");
+    std::sort(issued.begin(), issued.end());
+    BOOST_TEST(issued.size() == 4u, "rank " << rank << ": " << issued.size() << " prefetched gathers for 4 blocks");
+    for (std::size_t k = 0; k < issued.size(); ++k) {
+      BOOST_TEST((issued[k] >= forward->first && issued[k] <= forward->second),
+                 "rank " << rank << ": gather " << k << " issued outside the forward");
+      const double next = k + 1 < issued.size() ? issued[k + 1] : forward->second;
+      const auto between =
+          std::count_if(ops.begin(), ops.end(), [&](double t) { return t > issued[k] && t < next; });
+      BOOST_TEST(between > 0, "rank " << rank << ": no op ran between gather " << k << "'s issue and the next");
     }
   }
 }

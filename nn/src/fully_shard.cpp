@@ -4,6 +4,10 @@
 // backward.
 #include <fmt/format.h>
 
+#include <memory>
+#include <optional>
+#include <utility>
+
 #include "dtensor/api/autograd.h"
 #include "dtensor/api/coalesced.h"
 #include "dtensor/api/shape_ops.h"
@@ -89,24 +93,67 @@ void fully_shard(GPT<DTensor>& model, const Layout& flat_layout) {
 
 namespace detail {
 
+namespace {
+
+// The forward's gather of block units ahead of their use: unit u + 1's
+// all_gather starts on the rank's worker before block u computes, and
+// block u + 1 takes it when it runs. At most one gather is in flight, so at
+// most two units are gathered at once (the one in use and the next).
+class UnitPrefetch {
+ public:
+  UnitPrefetch(const GPT<DTensor>& model) : model_(model) {}
+  /// Starts unit u's gather, where it moves data and prefetch is on.
+  void start(std::size_t u) {
+    if (!model_.prefetch_units || u >= model_.units.size()) return;
+    const FlatUnit<DTensor>& unit = model_.units[u];
+    if (gathers_locally(unit.flat.mesh(), unit.flat.placements(), unit.gathered)) return;
+    unit_ = u;
+    started_ = start_redistribute_all(std::span<const DTensor>(&unit.flat, 1), std::span<const Layout>(&unit.gathered, 1));
+  }
+  /// Unit u gathered, if it was started (unrecorded: for the forward's
+  /// pass, which recompute runs without grad).
+  std::optional<DTensor> take(std::size_t u) {
+    if (!started_ || unit_ != u) return std::nullopt;
+    std::vector<DTensor> out = started_->wait();
+    started_.reset();
+    return std::move(out.front());
+  }
+
+ private:
+  const GPT<DTensor>& model_;
+  std::size_t unit_ = 0;
+  std::optional<StartedRedistribution> started_;
+};
+
+}  // namespace
+
 DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache) {
   // The root stays gathered from the embedding to the lm_head and through
   // the backward: one all_gather, and one reduce_scatter of its gradient.
   const FlatUnit<DTensor>& root = model.units.front();
   const std::vector<DTensor> r = root.unflatten(root.flat.redistribute(root.gathered));
+  UnitPrefetch prefetch(model);
+  prefetch.start(1);  // block 0's unit, under the embedding
   const Embedding<DTensor> wte{r[0]}, wpe{r[1]};
   const LayerNorm<DTensor> ln_f{r[2], r[3]};
   // Tied, the unit has no lm_head member (4 views, not 5) and head() reads wte's.
   const Linear<DTensor> head = model.head(wte, {r.size() > 4 ? r[4] : r[0], std::nullopt});
   return model.forward_with(tokens, cache, wte, wpe, ln_f, head, [&](const DTensor& x, std::size_t l) {
     const FlatUnit<DTensor>& unit = model.units[l + 1];
+    // The first run takes the prefetched gather: the forward's, which
+    // recompute runs unrecorded (or, when no input needs a gradient, the
+    // only one). The backward's second run, recording, gathers again.
+    auto prefetched = std::make_shared<std::optional<DTensor>>(prefetch.take(l + 1));
+    prefetch.start(l + 2);  // the next block's unit, under this block
     // Gathers the block's unit, runs the block on views of it; run again
     // by the backward (recompute), which gathers again.
-    auto run_block = [&model, &unit, l, cache](std::span<const DTensor> in) {
+    auto run_block = [&model, &unit, l, cache, prefetched](std::span<const DTensor> in) {
       Block<DTensor> block = model.blocks[l];
       NamedParameters<DTensor> members;
       block.named_parameters("", members);
-      const std::vector<DTensor> views = unit.unflatten(in[1].redistribute(unit.gathered));
+      const DTensor whole =
+          *prefetched ? *std::exchange(*prefetched, std::nullopt) : in[1].redistribute(unit.gathered);
+      const std::vector<DTensor> views = unit.unflatten(whole);
       for (std::size_t i = 0; i < members.size(); ++i) *members[i].second = views[i];
       return block(in[0], model.layouts, cache, l);
     };

@@ -249,6 +249,7 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
              std::move(lm_head),
              std::move(layouts),
              {},
+             true,
              {},
              {}};
 }

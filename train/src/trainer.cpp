@@ -301,6 +301,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     throw ValueError(
         fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step, o.steps));
   env.prepare(model);
+  model.prefetch_units = o.prefetch_units;
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,

@@ -189,6 +189,11 @@ struct GPT {
   /// norm and lm_head; unit l + 1 block l), and the members above only give
   /// the structure (each holds its unit's flat as a placeholder).
   std::vector<FlatUnit<X>> units;
+  /// FSDP's forward prefetch (FSDP2's, on by default): the next block's
+  /// unit is gathered on the rank's communication worker while this block
+  /// computes, so at most two units are gathered at once. Off: each unit is
+  /// gathered when its block runs. The same values and collectives either way.
+  bool prefetch_units = true;
   /// FSDP over tensor parallelism (FSDP2's per-parameter sharding): when
   /// not empty, block l's parameters (named_parameters() order) are shards
   /// of the fsdp dims, gathered to `gathered_layouts[l]` for the block by

@@ -46,6 +46,9 @@ struct TrainOptions {
   /// (nn::OverlappedGradientReduction); on meshes whose plans are ddp,
   /// zero1, tp or tp_sp only.
   bool overlap_grad_reduce = false;
+  /// fsdp: the next block's unit gathered while this block computes
+  /// (nn::GPT::prefetch_units).
+  bool prefetch_units = true;
   /// The buckets the gradients are reduced in, overlapped or not (DDP's
   /// bucket_cap_mb and first bucket, nn::gradient_buckets()).
   CoalesceOptions gradient_buckets = nn::gradient_buckets();
