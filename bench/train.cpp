@@ -287,8 +287,9 @@ int main(int argc, char** argv) {
                "(nn::OverlappedGradientReduction)");
   app.add_flag("!--no-prefetch", o.train.prefetch_units,
                "fsdp rows: gather each unit when its block runs, not during the block before");
-  app.add_option("--bucket-mib", o.train.gradient_buckets.bucket_mib,
-                 "the gradients' buckets (nn::gradient_buckets: 25, with a 1 MiB first one)")
+  app.add_option_function<double>(
+         "--bucket-mib", [&o](double mib) { o.train.gradient_buckets = nn::gradient_buckets(mib); },
+         "the gradients' buckets (nn::gradient_buckets: 25, with a 1 MiB first one)")
       ->check(CLI::PositiveNumber);
   std::string link_text;
   app.add_option("--link", link_text,

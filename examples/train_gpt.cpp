@@ -141,6 +141,8 @@ struct CommandLine {
   int ranks = 1;
   std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
   std::string trace_svg_path;
+  bool trace_measured = false;
+  std::string link_text;
   std::string drop_policy = "probs", balance = "aux";
 };
 
@@ -256,12 +258,24 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
                  "write config, losses, collectives and memory as one JSON object (default: none)");
   app.add_option("--plot", cl.plot_path, "draw the training and validation loss as an SVG (default: none)");
   app.add_flag("--overlap", o.overlap_grad_reduce,
-               "start DDP's gradient all_reduce during the backward, bucket by bucket; plans ddp, tp, tp_sp only "
-               "(default: off)");
+               "start the gradients' all_reduce (ddp) or reduce_scatter (zero1) during the backward, bucket by "
+               "bucket; plans ddp, zero1, tp, tp_sp only (default: off)");
   app.add_flag("--explain", o.explain,
                "print rank 0's layout decisions and collectives during the last step (default: off)");
   app.add_option("--trace", o.trace,
                  "record the last step as a Chrome trace (open in ui.perfetto.dev) (default: none)");
+  app.add_option_function<double>(
+         "--bucket-mib", [&o](double mib) { o.gradient_buckets = nn::gradient_buckets(mib); },
+         "the gradients' buckets, in MiB; the first holds at most 1 (default: 25)")
+      ->check(CLI::PositiveNumber);
+  // launch() applies it to every rank's communicators; named here so that
+  // --help lists it and a bad value exits 2 before any rank starts.
+  app.add_option("--link", cl.link_text,
+                 "model a slower link on every rank's calls, LATENCY,BANDWIDTH such as 10us,5GB/s (default: the "
+                 "machine's own speed)");
+  app.add_flag("--trace-measured", cl.trace_measured,
+               "draw --trace-svg on the times the trace recorded, where overlap shows, not in logical time "
+               "(default: off)");
   app.add_option("--trace-svg", cl.trace_svg_path,
                  "draw the --trace file's timeline as an SVG (logical time) (default: none)");
   app.add_option("--generate", o.generate,
@@ -387,6 +401,7 @@ void write_output_files(const CommandLine& cl, const train::TrainOptions& mine, 
     std::ifstream in(mine.trace);
     const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     pictures::TimelineOptions options;
+    if (cl.trace_measured) options.clock = pictures::TimelineClock::Measured;
     options.title = fmt::format("one step of GPT {}L d{} | mesh {} | plan {}", mine.model.layers, mine.model.d_model,
                                 mesh_desc, cl.plan_text);
     std::ofstream out(cl.trace_svg_path);
@@ -438,6 +453,7 @@ int main(int argc, char** argv) {
   std::optional<train::TextData> data;
   try {
     check_command_line(cl);
+    if (!cl.link_text.empty()) (void)LinkModel::parse(cl.link_text);
     data.emplace(cl.options.text);
   } catch (const Error& e) {
     fmt::print(stderr, "train_gpt: {}\n", e.what());

@@ -29,6 +29,7 @@
 // all_reduce, with the states 1/dp the size. The update math is PyTorch's
 // (torch.optim.SGD, torch.optim.AdamW), computed in f64 for f64 parameters
 // and in f32 otherwise, the same elementwise whatever the layouts.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -48,9 +49,10 @@ concept Parameter = std::same_as<X, Tensor> || std::same_as<X, DTensor>;
 /// reduce_scatter), by a step, a clip and nn::OverlappedGradientReduction
 /// alike: PyTorch DDP's, 25 MiB with a 1 MiB first bucket, filled from the
 /// last parameter, so that the first bucket is complete early in a backward
-/// and each later one soon after its predecessor.
-inline CoalesceOptions gradient_buckets() {
-  return {.bucket_mib = 25, .first_bucket_mib = 1, .order = BucketOrder::LastFirst};
+/// and each later one soon after its predecessor. Other sizes keep the
+/// first bucket at most 1 MiB.
+inline CoalesceOptions gradient_buckets(double bucket_mib = 25) {
+  return {.bucket_mib = bucket_mib, .first_bucket_mib = std::min(1.0, bucket_mib), .order = BucketOrder::LastFirst};
 }
 
 /// How a step moves the gradients and where the states live. For DTensor
