@@ -277,7 +277,7 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
                "draw --trace-svg on the times the trace recorded, where overlap shows, not in logical time "
                "(default: off)");
   app.add_option("--trace-svg", cl.trace_svg_path,
-                 "draw the --trace file's timeline as an SVG (logical time) (default: none)");
+                 "draw the --trace file's timeline as an SVG (logical time unless --trace-measured) (default: none)");
   app.add_option("--generate", o.generate,
                  fmt::format("bytes to sample greedily after training (default: {})", o.generate))
       ->check(CLI::NonNegativeNumber);

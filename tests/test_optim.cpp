@@ -496,8 +496,9 @@ BOOST_AUTO_TEST_CASE(overlapped_ddp_equals_the_blocking_path) {
           return sum(mul(y, y));
         };
         nn::OverlappedGradientReduction overlap(params[0], {}, {.bucket_mib = bucket_mib});
-        nn::SGD<DTensor> overlapped(params[0], {.lr = 0.05, .momentum = 0.9, .sharding = {.buckets = {.bucket_mib = bucket_mib}}});
-        nn::SGD<DTensor> blocking(params[1], {.lr = 0.05, .momentum = 0.9, .sharding = {.buckets = {.bucket_mib = bucket_mib}}});
+        const nn::SGDOptions sgd{.lr = 0.05, .momentum = 0.9, .sharding = {.buckets = {.bucket_mib = bucket_mib}}};
+        nn::SGD<DTensor> overlapped(params[0], sgd);
+        nn::SGD<DTensor> blocking(params[1], sgd);
         const std::string where =
             fmt::format("mesh {} case {} ({}, bucket_mib {}, {} micro-batches)", fmt::join(mesh_shape, "x"), c, dtype,
                         bucket_mib, micro_batches);

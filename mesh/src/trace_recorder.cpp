@@ -285,7 +285,8 @@ namespace {
 // A started call's wait on the rank's worker before it began, as an arg.
 std::string queued_arg(Clock::time_point issued, Clock::time_point start) {
   if (issued == Clock::time_point{}) return {};
-  return fmt::format(", \"queued_us\": {}", microseconds(std::max<std::int64_t>(nanoseconds(start) - nanoseconds(issued), 0)));
+  const std::int64_t waited_ns = std::max<std::int64_t>(nanoseconds(start) - nanoseconds(issued), 0);
+  return fmt::format(", \"queued_us\": {}", microseconds(waited_ns));
 }
 }  // namespace
 

@@ -101,14 +101,15 @@ namespace {
 // most two units are gathered at once (the one in use and the next).
 class UnitPrefetch {
  public:
-  UnitPrefetch(const GPT<DTensor>& model) : model_(model) {}
+  explicit UnitPrefetch(const GPT<DTensor>& model) : model_(model) {}
   /// Starts unit u's gather, where it moves data and prefetch is on.
   void start(std::size_t u) {
     if (!model_.prefetch_units || u >= model_.units.size()) return;
     const FlatUnit<DTensor>& unit = model_.units[u];
     if (gathers_locally(unit.flat.mesh(), unit.flat.placements(), unit.gathered)) return;
     unit_ = u;
-    started_ = start_redistribute_all(std::span<const DTensor>(&unit.flat, 1), std::span<const Layout>(&unit.gathered, 1));
+    started_ =
+        start_redistribute_all(std::span<const DTensor>(&unit.flat, 1), std::span<const Layout>(&unit.gathered, 1));
   }
   /// Unit u gathered, if it was started (unrecorded: for the forward's
   /// pass, which recompute runs without grad).

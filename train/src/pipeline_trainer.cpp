@@ -251,7 +251,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
   for (const auto& member : named) params.push_back(*member.second);
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
-                                  .sharding = {.buckets = o.gradient_buckets, .state_layouts = env.state_layouts(named)}});
+                                  .sharding = {.buckets = o.gradient_buckets,
+                                               .state_layouts = env.state_layouts(named)}});
   if (first_step > 0) load_stage_moments(o.resume_dir, named, optimizer, first_step, env);
   const std::int64_t schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
   auto inputs_of = [&](Split part, std::int64_t first_draw, std::int64_t count) {

@@ -77,8 +77,9 @@ void check_coalesce_options(const CoalesceOptions& options, std::string_view cal
 /// and one reduce_scatter backward.
 ///
 /// Errors: ValueError if the spans differ in length or bucket_mib (or
-/// first_bucket_mib) is not a finite number > 0; MeshError if the tensors are not all on tensor 0's
-/// mesh (naming the index); LayoutError for a target redistribute rejects.
+/// first_bucket_mib) is not a finite number > 0; MeshError if the tensors
+/// are not all on tensor 0's mesh (naming the index); LayoutError for a
+/// target redistribute rejects.
 std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                       CoalesceOptions options = {});
 
