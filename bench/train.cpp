@@ -167,6 +167,7 @@ void add_hidden_fraction(Row& on_link, const Row& blocking) {
 Options blocking(Options o) {
   o.train.overlap_grad_reduce = false;
   o.train.prefetch_units = false;
+  o.train.overlap_unit_reduce = false;
   return o;
 }
 
@@ -215,10 +216,12 @@ void print_header(const Options& o, std::string_view backend) {
       m.layers, D, m.heads, m.seq, o.train.batch, static_cast<double>(params) / 1e6, dtype_name(m.dtype),
       o.train.warmup, o.timed_steps, backend);
   if (o.link || o.train.overlap_grad_reduce)
-    fmt::print("link {}; the gradients' reduction (ddp, zero1) in buckets of {} MiB, {}; fsdp's units {}\n",
+    fmt::print("link {}; the gradients' reduction (ddp, zero1) in buckets of {} MiB, {}; fsdp's units {} and {}\n",
                o.link ? o.link->str() : "as the machine is", o.train.gradient_buckets.bucket_mib,
                o.train.overlap_grad_reduce ? "started during the backward (--overlap)" : "after the backward",
-               o.train.prefetch_units ? "prefetched in the forward" : "gathered when used (--no-prefetch)");
+               o.train.prefetch_units ? "prefetched" : "gathered when used (--no-prefetch)",
+               o.train.overlap_unit_reduce ? "reduced under the block before's backward"
+                                           : "reduced when their backward ends (--no-reduce-overlap)");
   fmt::print("{:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>6} {:>8}{}\n", "plan", "mesh", "ranks",
              "step ms", "tokens/s", "vs plain", "gemm", "comm wall", "comm cpu", "colls", "MiB",
              o.link ? fmt::format(" {:>8} {:>7}", "link ms", "hidden") : "");
@@ -287,6 +290,8 @@ int main(int argc, char** argv) {
                "(nn::OverlappedGradientReduction)");
   app.add_flag("!--no-prefetch", o.train.prefetch_units,
                "fsdp rows: gather each unit when its block runs, not during the block before");
+  app.add_flag("!--no-reduce-overlap", o.train.overlap_unit_reduce,
+               "fsdp rows: reduce each unit's gradient when its block's backward ends, not under the next block's");
   app.add_option_function<double>(
          "--bucket-mib", [&o](double mib) { o.train.gradient_buckets = nn::gradient_buckets(mib); },
          "the gradients' buckets (nn::gradient_buckets: 25, with a 1 MiB first one)")

@@ -260,6 +260,11 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
   app.add_flag("--overlap", o.overlap_grad_reduce,
                "start the gradients' all_reduce (ddp) or reduce_scatter (zero1) during the backward, bucket by "
                "bucket; plans ddp, zero1, tp, tp_sp only (default: off)");
+  app.add_flag("!--no-prefetch", o.prefetch_units,
+               "fsdp: gather each unit when its block runs, not under the block before (default: prefetch)");
+  app.add_flag("!--no-reduce-overlap", o.overlap_unit_reduce,
+               "fsdp: reduce each unit's gradient when its block's backward ends, not under the next block's "
+               "(default: overlapped)");
   app.add_flag("--explain", o.explain,
                "print rank 0's layout decisions and collectives during the last step (default: off)");
   app.add_option("--trace", o.trace,

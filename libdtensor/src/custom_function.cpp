@@ -8,14 +8,18 @@
 namespace dtensor {
 namespace {
 
+template <class X>
+using BackwardOf = std::function<std::vector<std::optional<X>>(const X& grad)>;
+
+template <class X>
 class CustomNode final : public Node {
  public:
-  CustomNode(std::string name, CustomBackward backward, std::vector<Shape> shapes)
+  CustomNode(std::string name, BackwardOf<X> backward, std::vector<Shape> shapes)
       : name_(std::move(name)), backward_(std::move(backward)), shapes_(std::move(shapes)) {}
   std::string name() const override { return name_; }
   std::vector<std::optional<AnyTensor>> apply(const AnyTensor& grad) override {
     if (released) throw_freed_graph(*this);
-    std::vector<std::optional<Tensor>> grads = backward_(std::get<Tensor>(grad));
+    std::vector<std::optional<X>> grads = backward_(std::get<X>(grad));
     if (grads.size() != shapes_.size())
       throw AutogradError(fmt::format("[{}] the backward returned {} gradients for {} inputs; expected one each",
                                       name_, grads.size(), shapes_.size()));
@@ -36,23 +40,33 @@ class CustomNode final : public Node {
 
  private:
   std::string name_;
-  CustomBackward backward_;
+  BackwardOf<X> backward_;
   std::vector<Shape> shapes_;
 };
+
+template <class X>
+X record_custom_impl(std::string name, std::span<const X> inputs, X output, BackwardOf<X> backward) {
+  bool any = false;
+  for (const X& x : inputs) any = any || in_graph(x.autograd_meta());
+  if (!grad_enabled() || !any) return output;
+  std::vector<Shape> shapes;
+  for (const X& x : inputs) shapes.push_back(x.shape());
+  auto node = std::make_shared<CustomNode<X>>(std::move(name), std::move(backward), std::move(shapes));
+  for (const X& x : inputs) node->edges.push_back(edge_of(x.autograd_meta()));
+  X out = detached(output);
+  attach(out, std::move(node));
+  return out;
+}
 
 }  // namespace
 
 Tensor record_custom(std::string name, std::span<const Tensor> inputs, Tensor output, CustomBackward backward) {
-  bool any = false;
-  for (const Tensor& x : inputs) any = any || in_graph(x.autograd_meta());
-  if (!grad_enabled() || !any) return output;
-  std::vector<Shape> shapes;
-  for (const Tensor& x : inputs) shapes.push_back(x.shape());
-  auto node = std::make_shared<CustomNode>(std::move(name), std::move(backward), std::move(shapes));
-  for (const Tensor& x : inputs) node->edges.push_back(edge_of(x.autograd_meta()));
-  Tensor out = detached(output);
-  attach(out, std::move(node));
-  return out;
+  return record_custom_impl<Tensor>(std::move(name), inputs, std::move(output), std::move(backward));
+}
+
+DTensor record_custom(std::string name, std::span<const DTensor> inputs, DTensor output,
+                      CustomDTensorBackward backward) {
+  return record_custom_impl<DTensor>(std::move(name), inputs, std::move(output), std::move(backward));
 }
 
 }  // namespace dtensor

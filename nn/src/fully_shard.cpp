@@ -10,6 +10,7 @@
 
 #include "dtensor/api/autograd.h"
 #include "dtensor/api/coalesced.h"
+#include "dtensor/api/pointwise.h"
 #include "dtensor/api/shape_ops.h"
 #include "dtensor/core/error.h"
 #include "dtensor/nn/modules.h"
@@ -95,24 +96,24 @@ namespace detail {
 
 namespace {
 
-// The forward's gather of block units ahead of their use: unit u + 1's
-// all_gather starts on the rank's worker before block u computes, and
-// block u + 1 takes it when it runs. At most one gather is in flight, so at
-// most two units are gathered at once (the one in use and the next).
+// Gathers of block units ahead of their use: unit u's all_gather starts on
+// the rank's worker while the block before it computes (in the forward)
+// or the block after it (in the backward), and the block takes it when it
+// runs. At most one gather is in flight, so at most two units are gathered
+// at once (the one in use and the next).
 class UnitPrefetch {
  public:
   explicit UnitPrefetch(const GPT<DTensor>& model) : model_(model) {}
   /// Starts unit u's gather, where it moves data and prefetch is on.
   void start(std::size_t u) {
-    if (!model_.prefetch_units || u >= model_.units.size()) return;
+    if (!model_.prefetch_units || u == 0 || u >= model_.units.size()) return;
     const FlatUnit<DTensor>& unit = model_.units[u];
     if (gathers_locally(unit.flat.mesh(), unit.flat.placements(), unit.gathered)) return;
     unit_ = u;
-    started_ =
-        start_redistribute_all(std::span<const DTensor>(&unit.flat, 1), std::span<const Layout>(&unit.gathered, 1));
+    const DTensor flat = unit.flat.detach();
+    started_ = start_redistribute_all(std::span<const DTensor>(&flat, 1), std::span<const Layout>(&unit.gathered, 1));
   }
-  /// Unit u gathered, if it was started (unrecorded: for the forward's
-  /// pass, which recompute runs without grad).
+  /// Unit u gathered (unrecorded), if it was started.
   std::optional<DTensor> take(std::size_t u) {
     if (!started_ || unit_ != u) return std::nullopt;
     std::vector<DTensor> out = started_->wait();
@@ -126,13 +127,97 @@ class UnitPrefetch {
   std::optional<StartedRedistribution> started_;
 };
 
+// The backward's side of one forward's graph. Block l's recompute takes
+// its unit's gather if the block after it started one, and starts the
+// gather of the block before it (FSDP2's backward prefetch). With
+// overlap_unit_reduce, a unit's gradient leaves by a reduce_scatter
+// started when its block's backward ends and waited for when the next
+// unit's starts (at most one in flight, as in FSDP2), the last one by the
+// root's gather's backward, which runs after every block's (it is the
+// graph's oldest node): when backward() returns, every flat holds its
+// gradient, added as the engine adds it.
+class UnitBackward {
+ public:
+  UnitBackward(const GPT<DTensor>& model, bool defer) : model_(model), prefetch_(model), defer_(defer) {}
+  UnitBackward(const UnitBackward&) = delete;
+  UnitBackward& operator=(const UnitBackward&) = delete;
+
+  /// Unit u gathered for its block's backward from `flat` (the
+  /// recomputation's leaf for the unit), recorded so that its gradient
+  /// goes back to the flat's layout: returned to `flat` at once, or (with
+  /// overlap_unit_reduce) started and added to the unit's flat later.
+  DTensor gathered(const std::shared_ptr<UnitBackward>& self, std::size_t u, const DTensor& flat) {
+    const FlatUnit<DTensor>& unit = model_.units[u];
+    std::optional<DTensor> value = prefetch_.take(u);
+    if (!value) {
+      NoGradGuard unrecorded;
+      value = flat.redistribute(unit.gathered);
+    }
+    prefetch_.start(u - 1);  // the block before's unit, under this block's backward
+    const Layout back = flat.placements().without_partial();
+    return record_custom("fsdp unit gather", std::span<const DTensor>(&flat, 1), std::move(*value),
+                         [self, u, back](const DTensor& grad) { return self->reduce(u, grad, back); });
+  }
+
+  /// The root gathered, recorded: its backward first completes the last
+  /// block's reduction, then sends the root's gradient back as a
+  /// redistribute does.
+  DTensor gathered_root(const std::shared_ptr<UnitBackward>& self) {
+    const FlatUnit<DTensor>& root = model_.units.front();
+    DTensor value = [&] {
+      NoGradGuard unrecorded;
+      return root.flat.redistribute(root.gathered);
+    }();
+    const Layout back = root.flat.placements().without_partial();
+    return record_custom("fsdp root gather", std::span<const DTensor>(&root.flat, 1), std::move(value),
+                         [self, back](const DTensor& grad) -> std::vector<std::optional<DTensor>> {
+                           self->drain();
+                           return {grad.redistribute(back)};
+                         });
+  }
+
+ private:
+  std::vector<std::optional<DTensor>> reduce(std::size_t u, const DTensor& grad, const Layout& back) {
+    if (!defer_) return {grad.redistribute(back)};
+    drain();
+    reduce_ = start_redistribute_all(std::span<const DTensor>(&grad, 1), std::span<const Layout>(&back, 1));
+    reduce_unit_ = u;
+    return {std::nullopt};
+  }
+  /// Waits for the reduction in flight and adds it to its unit's gradient.
+  void drain() {
+    if (!reduce_) return;
+    std::vector<DTensor> reduced = reduce_->wait();
+    reduce_.reset();
+    DTensor flat = model_.units[reduce_unit_].flat;  // shares the parameter's gradient
+    const std::optional<DTensor> held = flat.grad();
+    flat.set_grad(held ? add(*held, reduced.front()) : reduced.front());
+  }
+
+  const GPT<DTensor>& model_;
+  UnitPrefetch prefetch_;
+  bool defer_;
+  std::optional<StartedRedistribution> reduce_;
+  std::size_t reduce_unit_ = 0;
+};
+
+// Whether a block's run is the recording one: the backward's recomputation
+// (the forward's runs without grad, or with no input needing one).
+bool recording(std::span<const DTensor> in) {
+  return grad_enabled() && (in[0].requires_grad() || in[1].requires_grad());
+}
+
 }  // namespace
 
 DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache) {
   // The root stays gathered from the embedding to the lm_head and through
   // the backward: one all_gather, and one reduce_scatter of its gradient.
   const FlatUnit<DTensor>& root = model.units.front();
-  const std::vector<DTensor> r = root.unflatten(root.flat.redistribute(root.gathered));
+  // Deferred reductions need the root's node, which completes them.
+  const bool defer = model.overlap_unit_reduce && grad_enabled() && root.flat.requires_grad();
+  const auto backward = std::make_shared<UnitBackward>(model, defer);
+  const std::vector<DTensor> r =
+      root.unflatten(defer ? backward->gathered_root(backward) : root.flat.redistribute(root.gathered));
   UnitPrefetch prefetch(model);
   prefetch.start(1);  // block 0's unit, under the embedding
   const Embedding<DTensor> wte{r[0]}, wpe{r[1]};
@@ -141,26 +226,27 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
   const Linear<DTensor> head = model.head(wte, {r.size() > 4 ? r[4] : r[0], std::nullopt});
   return model.forward_with(tokens, cache, wte, wpe, ln_f, head, [&](const DTensor& x, std::size_t l) {
     const FlatUnit<DTensor>& unit = model.units[l + 1];
-    // The first run takes the prefetched gather: the forward's, which
-    // recompute runs unrecorded (or, when no input needs a gradient, the
-    // only one). The backward's second run, recording, gathers again.
+    const bool local = gathers_locally(unit.flat.mesh(), unit.flat.placements(), unit.gathered);
+    // The forward's run takes the prefetched gather (recompute runs it
+    // unrecorded; where no input needs a gradient it is the only run). The
+    // backward's run, recording, takes the backward's prefetch.
     auto prefetched = std::make_shared<std::optional<DTensor>>(prefetch.take(l + 1));
     prefetch.start(l + 2);  // the next block's unit, under this block
     // Gathers the block's unit, runs the block on views of it; run again
     // by the backward (recompute), which gathers again.
-    auto run_block = [&model, &unit, l, cache, prefetched](std::span<const DTensor> in) {
+    auto run_block = [&model, &unit, l, cache, prefetched, backward, local](std::span<const DTensor> in) {
       Block<DTensor> block = model.blocks[l];
       NamedParameters<DTensor> members;
       block.named_parameters("", members);
-      const DTensor whole =
-          *prefetched ? *std::exchange(*prefetched, std::nullopt) : in[1].redistribute(unit.gathered);
+      const DTensor whole = !local && recording(in) ? backward->gathered(backward, l + 1, in[1])
+                            : *prefetched           ? *std::exchange(*prefetched, std::nullopt)
+                                                    : in[1].redistribute(unit.gathered);
       const std::vector<DTensor> views = unit.unflatten(whole);
       for (std::size_t i = 0; i < members.size(); ++i) *members[i].second = views[i];
       return block(in[0], model.layouts, cache, l);
     };
     const DTensor inputs[] = {x, unit.flat};
-    if (gathers_locally(unit.flat.mesh(), unit.flat.placements(), unit.gathered))
-      return run_block(std::span<const DTensor>(inputs));
+    if (local) return run_block(std::span<const DTensor>(inputs));
     return recompute(run_block, std::span<const DTensor>(inputs));
   });
 }

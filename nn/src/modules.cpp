@@ -250,6 +250,7 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
              std::move(layouts),
              {},
              true,
+             true,
              {},
              {}};
 }

@@ -37,6 +37,23 @@ std::vector<Box> group_boxes(const Member& m, const Layout& layout, int n) {
   return boxes;
 }
 
+// Whether one tensor's pieces, in group rank order, are consecutive row
+// ranges covering `whole` (the tensor's box): then its rows are already the
+// packed buffer, and the call reads (or writes) the tensor's own bytes with
+// no copy (FSDP's flat units, S(0) over the group).
+bool rows_in_rank_order(const std::vector<Box>& pieces, const Box& whole) {
+  if (whole.ndim() == 0) return false;
+  std::int64_t row = whole.offset[0];
+  for (const Box& b : pieces) {
+    if (b.empty()) continue;
+    if (b.offset[0] != row) return false;
+    for (int d = 1; d < whole.ndim(); ++d)
+      if (b.offset[d] != whole.offset[d] || b.size[d] != whole.size[d]) return false;
+    row += b.size[0];
+  }
+  return row == whole.offset[0] + whole.size[0];
+}
+
 // The packed call: its buffers and what unpacking needs afterwards. Built
 // before the call, read after it (at once, or when a started call is
 // waited for).
@@ -89,6 +106,12 @@ Packed pack_reduce_scatter(std::span<const Member> ms, int n) {
     for (int i = 0; i < n; ++i) p.counts[i] += static_cast<std::size_t>(p.pieces.back()[i].numel());
   }
   for (std::size_t c : p.counts) p.total += c;
+  p.me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
+  p.recv = scratch(p.counts[p.me] * isz, like);
+  if (ms.size() == 1 && rows_in_rank_order(p.pieces.front(), ms.front().cx.box(ms.front().step.from))) {
+    p.send = like;  // read, never written: the call sends the tensor's rows as they are
+    return p;
+  }
   p.send = scratch(p.total * isz, like);
   std::size_t at = 0;
   for (int i = 0; i < n; ++i)
@@ -98,8 +121,6 @@ Packed pack_reduce_scatter(std::span<const Member> ms, int n) {
       pack_box(ms[t].local, relative(piece, ms[t].cx.box(ms[t].step.from)), p.send.bytes() + at);
       at += bytes_of(piece, isz);
     }
-  p.me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
-  p.recv = scratch(p.counts[p.me] * isz, like);
   return p;
 }
 
@@ -124,15 +145,19 @@ Packed pack_all_gather(std::span<const Member> ms, int n) {
     for (int i = 0; i < n; ++i) p.counts[i] += bytes_of(p.pieces.back()[i], isz);
   }
   p.me = static_cast<int>(ms.front().cx.group_rank(ms.front().step.mesh_dims));
+  std::size_t total = 0;
+  for (std::size_t c : p.counts) total += c;
+  p.recv = scratch(total, like);
+  if (ms.size() == 1) {
+    p.send = like;  // one tensor is its own packed piece (read, never written)
+    return p;
+  }
   p.send = scratch(p.counts[p.me], like);
   std::size_t at = 0;
   for (const Member& m : ms) {
     if (m.local.numel()) pack_box(m.local, full_box(m.local.shape()), p.send.bytes() + at);
     at += static_cast<std::size_t>(m.local.numel()) * isz;
   }
-  std::size_t total = 0;
-  for (std::size_t c : p.counts) total += c;
-  p.recv = scratch(total, like);
   return p;
 }
 
@@ -140,6 +165,10 @@ std::vector<Tensor> unpack_all_gather(const Packed& p, std::span<const Member> m
   const Tensor& like = ms.front().local;
   const std::size_t isz = ms.front().cx.isz;
   const int n = static_cast<int>(p.counts.size());
+  // One tensor whose pieces are rows in rank order: the received buffer is
+  // the gathered tensor.
+  if (ms.size() == 1 && rows_in_rank_order(p.pieces.front(), ms.front().cx.box(ms.front().step.to)))
+    return {p.recv.view(ms.front().cx.box(ms.front().step.to).size, 0)};
   std::vector<Tensor> outs;
   std::vector<Box> out_boxes;
   for (const Member& m : ms) {

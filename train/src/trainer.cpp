@@ -302,6 +302,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
         fmt::format("[train] {} was saved after step {}, past --steps {}", o.resume_dir, first_step, o.steps));
   env.prepare(model);
   model.prefetch_units = o.prefetch_units;
+  model.overlap_unit_reduce = o.overlap_unit_reduce;
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
@@ -313,8 +314,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
     for (const std::string& plan : o.plans)
       if (plan != "ddp" && plan != "zero1" && plan != "tp" && plan != "tp_sp")
         throw ValueError(fmt::format("[train] overlap_grad_reduce with plan '{}': the gradient reduction overlaps on "
-                                     "meshes whose plans are ddp, zero1, tp or tp_sp (fsdp reduces its units in "
-                                     "the backward already)",
+                                     "meshes whose plans are ddp, zero1, tp or tp_sp (fsdp overlaps its units' "
+                                     "reductions with the backward already: overlap_unit_reduce)",
                                      plan));
     if constexpr (std::same_as<X, DTensor>) {
       std::vector<Layout> update_layouts;  // ZeRO's reduce_scatter: straight into the optimizer's part

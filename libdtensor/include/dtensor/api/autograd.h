@@ -159,6 +159,13 @@ DTensor recompute_gathered(
 /// number of gradients or a gradient of the wrong shape.
 using CustomBackward = std::function<std::vector<std::optional<Tensor>>(const Tensor& grad)>;
 Tensor record_custom(std::string name, std::span<const Tensor> inputs, Tensor output, CustomBackward backward);
+/// The same on DTensors: `backward(grad)` gets the output's gradient in the
+/// layout it arrived and returns one per input on its mesh with its global
+/// shape, in any layout (FSDP's unit gather, whose backward may start its
+/// reduce_scatter and deliver the gradient later, returning none).
+using CustomDTensorBackward = std::function<std::vector<std::optional<DTensor>>(const DTensor& grad)>;
+DTensor record_custom(std::string name, std::span<const DTensor> inputs, DTensor output,
+                      CustomDTensorBackward backward);
 
 /// What a backward rule is given. Saved tensors are detached copies (same
 /// storage).

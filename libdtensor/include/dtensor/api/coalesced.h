@@ -108,7 +108,10 @@ inline CoalesceOptions one_call() { return {.bucket_mib = 1e18}; }  // an exabyt
 /// where the calls are counted and their errors thrown; each is waited for
 /// once (ValueError on a second wait). Not recorded by autograd: the
 /// tensors are taken detached (a started redistribution is for values such
-/// as gradients, not for a graph). The mesh must outlive wait(). Every rank
+/// as gradients, not for a graph). The call may read the inputs' bytes
+/// until wait() (a lone tensor whose shards are row ranges in rank order is
+/// sent without a packing copy): do not change them in place before it. The
+/// mesh must outlive wait(). Every rank
 /// starts the same calls in the same order, and may start several before
 /// waiting for any.
 class StartedRedistribution {

@@ -189,11 +189,20 @@ struct GPT {
   /// norm and lm_head; unit l + 1 block l), and the members above only give
   /// the structure (each holds its unit's flat as a placeholder).
   std::vector<FlatUnit<X>> units;
-  /// FSDP's forward prefetch (FSDP2's, on by default): the next block's
-  /// unit is gathered on the rank's communication worker while this block
-  /// computes, so at most two units are gathered at once. Off: each unit is
-  /// gathered when its block runs. The same values and collectives either way.
+  /// FSDP's prefetch (FSDP2's, on by default): the next block's unit is
+  /// gathered on the rank's communication worker while this block computes,
+  /// in the forward and, in reverse order, in the backward, so at most two
+  /// units are gathered at once. Off: each unit is gathered when its block
+  /// runs. The same values and collectives either way.
   bool prefetch_units = true;
+  /// FSDP's gradient reduction under the backward (FSDP2's, on by default):
+  /// a block's reduce_scatter starts when its backward ends and is waited
+  /// for when the next block's starts, so it runs under the block before's
+  /// backward; the root's, last, completes the step's. When backward()
+  /// returns, every unit's flat holds its gradient either way (the same
+  /// values and collectives), but the units' on_gradient_ready hooks do not
+  /// run. Off: each reduce_scatter blocks the backward.
+  bool overlap_unit_reduce = true;
   /// FSDP over tensor parallelism (FSDP2's per-parameter sharding): when
   /// not empty, block l's parameters (named_parameters() order) are shards
   /// of the fsdp dims, gathered to `gathered_layouts[l]` for the block by

@@ -46,9 +46,12 @@ struct TrainOptions {
   /// (nn::OverlappedGradientReduction); on meshes whose plans are ddp,
   /// zero1, tp or tp_sp only.
   bool overlap_grad_reduce = false;
-  /// fsdp: the next block's unit gathered while this block computes
-  /// (nn::GPT::prefetch_units).
+  /// fsdp: the next block's unit gathered while this block computes, in
+  /// the forward and the backward (nn::GPT::prefetch_units).
   bool prefetch_units = true;
+  /// fsdp: each block's reduce_scatter run under the block before's
+  /// backward (nn::GPT::overlap_unit_reduce).
+  bool overlap_unit_reduce = true;
   /// The buckets the gradients are reduced in, overlapped or not (DDP's
   /// bucket_cap_mb and first bucket, nn::gradient_buckets()).
   CoalesceOptions gradient_buckets = nn::gradient_buckets();
