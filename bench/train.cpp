@@ -116,6 +116,7 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
     start = end + 1;
   }
   t.overlap_grad_reduce = o.train.overlap_grad_reduce && (c.plan == "ddp" || c.plan == "zero1" || c.plan == "ddp,tp");
+  t.overlap_param_gather = o.train.overlap_param_gather && c.plan == "zero1";
   const bool lead = world == nullptr || world->rank() == 0;
   Totals totals;
   double cpu_mark = bench::thread_seconds(), gemm_mark = cpu::gemm_seconds_this_thread();
@@ -166,6 +167,7 @@ void add_hidden_fraction(Row& on_link, const Row& blocking) {
 // The options of a row's compute run: no overlap (its link is off too).
 Options blocking(Options o) {
   o.train.overlap_grad_reduce = false;
+  o.train.overlap_param_gather = false;
   o.train.prefetch_units = false;
   o.train.overlap_unit_reduce = false;
   return o;
@@ -287,7 +289,11 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "one JSON object per row instead of the table");
   app.add_flag("--overlap", o.train.overlap_grad_reduce,
                "ddp and zero1 rows: the gradients' all_reduce (reduce_scatter) started during the backward "
-               "(nn::OverlappedGradientReduction)");
+               "(nn::OverlappedGradientReduction); zero1's all_gather of the updated parameters under the next "
+               "forward");
+  bool no_param_overlap = false;
+  app.add_flag("--no-param-overlap", no_param_overlap,
+               "zero1 rows with --overlap: gather the updated parameters in the step, not under the next forward");
   app.add_flag("!--no-prefetch", o.train.prefetch_units,
                "fsdp rows: gather each unit when its block runs, not during the block before");
   app.add_flag("!--no-reduce-overlap", o.train.overlap_unit_reduce,
@@ -302,6 +308,7 @@ int main(int argc, char** argv) {
                  "the hidden column");
   try {
     app.parse(argc, argv);
+    o.train.overlap_param_gather = o.train.overlap_grad_reduce && !no_param_overlap;
     if (!link_text.empty()) o.link = LinkModel::parse(link_text);
     o.train.model.check();
     for (const std::string& p : plans) (void)nn::plan_named(p);

@@ -142,6 +142,7 @@ struct CommandLine {
   std::string mesh_text, dims_text, plan_text = "ddp", dtype_text = "f32", json_path, plot_path, device = "cpu";
   std::string trace_svg_path;
   bool trace_measured = false;
+  bool no_param_overlap = false;  // with --overlap: zero1's parameter gather in the step
   std::string link_text;
   std::string drop_policy = "probs", balance = "aux";
 };
@@ -259,7 +260,11 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--plot", cl.plot_path, "draw the training and validation loss as an SVG (default: none)");
   app.add_flag("--overlap", o.overlap_grad_reduce,
                "start the gradients' all_reduce (ddp) or reduce_scatter (zero1) during the backward, bucket by "
-               "bucket; plans ddp, zero1, tp, tp_sp only (default: off)");
+               "bucket; plans ddp, zero1, tp, tp_sp only; zero1's all_gather of the updated parameters runs "
+               "under the next forward (default: off)");
+  app.add_flag("--no-param-overlap", cl.no_param_overlap,
+               "with --overlap: zero1 gathers the updated parameters in the step, not under the next forward "
+               "(default: under the next forward)");
   app.add_flag("!--no-prefetch", o.prefetch_units,
                "fsdp: gather each unit when its block runs, not under the block before (default: prefetch)");
   app.add_flag("!--no-reduce-overlap", o.overlap_unit_reduce,
@@ -448,6 +453,7 @@ int main(int argc, char** argv) {
   add_output_options(app, cl);
   try {
     app.parse(argc, argv);
+    cl.options.overlap_param_gather = cl.options.overlap_grad_reduce && !cl.no_param_overlap;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include "support.h"
 
@@ -424,6 +425,59 @@ BOOST_AUTO_TEST_CASE(gradient_ready_hooks_on_dtensors) {
     });
     testing::check_no_failures(log.failures);
   }
+}
+
+// on_next_read: the hook runs once, before the first op (or redistribute)
+// that reads the leaf, on the reading thread, and not for a bare
+// to_local(); a second hook replaces the first, an empty one clears it;
+// only leaves that require a gradient take one.
+BOOST_AUTO_TEST_CASE(next_read_hooks_run_once_before_a_read) {
+  const Shape mesh_shape = testing::backend_meshes({{2}}).front();
+  testing::FailureLog log;
+  testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape);
+    const Layout replicated = Layout::replicated(mesh.ndim());
+    std::vector<Placement> split = replicated.placements();
+    split[0] = Shard(0);
+    const Layout rows(split);
+    DTensor weight = distribute_tensor(uniform({4, 4}, 5), mesh, replicated).requires_grad_();
+    const DTensor x = distribute_tensor(uniform({8, 4}, 6), mesh, rows);
+    int runs = 0;
+    // The hook writes the value the op must see (as ZeRO's gather does).
+    on_next_read(weight, [&] {
+      ++runs;
+      Tensor local = weight.to_local();
+      copy_into(Tensor::full({4, 4}, 2.0, DType::Float64), local);
+    });
+    (void)weight.to_local();
+    const int after_to_local = runs;
+    const DTensor y = matmul(x, weight);  // reads it: the hook first
+    const Tensor twos = Tensor::full({4, 4}, 2.0, DType::Float64);
+    const bool saw_written = allclose(y.full_tensor(), matmul(x.full_tensor(), twos), 1e-12, 1e-12);
+    (void)matmul(x, weight);
+    const int after_two_ops = runs;
+    on_next_read(weight, [&] { runs += 10; });
+    on_next_read(weight, [&] { runs += 100; });  // replaces
+    (void)weight.redistribute(rows);
+    const int after_redistribute = runs;
+    on_next_read(weight, [&] { runs += 1000; });
+    on_next_read(weight, {});  // clears
+    (void)matmul(x, weight);
+    if (after_to_local != 0 || !saw_written || after_two_ops != 1 || after_redistribute != 101 || runs != 101)
+      log.add(fmt::format("rank {}: runs {} after to_local, saw the written value {}, {} after two ops, {} after "
+                          "a redistribute, {} at the end (expected 0, true, 1, 101, 101)",
+                          comm.rank(), after_to_local, saw_written, after_two_ops, after_redistribute, runs));
+    for (const auto& [what, t, message] : {std::tuple{"a plain DTensor", &x, "requires_grad() is false"},
+                                           std::tuple{"an op's output", &y, "an op made it"}})
+      try {
+        on_next_read(*t, [] {});
+        log.add(fmt::format("rank {}: {} took a read hook", comm.rank(), what));
+      } catch (const AutogradError& e) {
+        if (std::string(e.what()).find(message) == std::string::npos)
+          log.add(fmt::format("rank {}: {}: {}", comm.rank(), what, e.what()));
+      }
+  });
+  testing::check_no_failures(log.failures);
 }
 
 BOOST_AUTO_TEST_CASE(no_grad_and_detach_stop_recording) {

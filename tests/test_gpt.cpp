@@ -432,8 +432,56 @@ BOOST_AUTO_TEST_CASE(overlapped_gradient_reduction_changes_when_not_what) {
   auto o = small_model(DType::Float64, 1);
   o.overlap_grad_reduce = true;
   testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"fsdp"}); }, "overlap_grad_reduce with plan 'fsdp'");
+  o.micro_batches = 2;
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"pp"}, {"pp"}); }, "overlap_param_gather with plan 'pp'");
+  o.micro_batches = 1;
   testing::check_throws<ValueError>([&] { train::train(o, slice(), nullptr); },
                                     "overlap_grad_reduce on plain tensors");
+}
+
+// ZeRO's all_gather of the updated parameters under the next forward
+// (overlap_param_gather) changes when, never what: losses bit for bit
+// those of the step's own gather in f32, and one rank's to 1e-9 in f64; the
+// same collectives, each all_gather counted in the forward, where the
+// first op that reads one of its parameters waits for it, not in the
+// optimizer. Where a parameter is next read by the step itself (micro-batch
+// accumulation reads nothing in between), the step waits first.
+BOOST_AUTO_TEST_CASE(zero_parameter_gather_runs_under_the_next_forward) {
+  struct Overlap {
+    DType dtype;
+    Shape mesh;
+    std::vector<std::string> dims, plans;
+    std::int64_t micro_batches;
+  };
+  for (const Overlap& c : {Overlap{DType::Float32, {2}, {"dp"}, {"zero1"}, 1},
+                           Overlap{DType::Float64, {4}, {"dp"}, {"zero1"}, 2},
+                           Overlap{DType::Float64, {2, 2}, {"dp", "tp"}, {"zero1", "tp"}, 1}}) {
+    auto o = small_model(c.dtype, 3);
+    o.micro_batches = c.micro_batches;
+    const std::string what = fmt::format("{} {} on {} with {} micro-batches", c.dtype, fmt::join(c.plans, ","),
+                                         fmt::join(c.mesh, "x"), c.micro_batches);
+    o.overlap_grad_reduce = true;
+    const auto in_step = run(o, c.mesh, c.dims, c.plans);
+    o.overlap_param_gather = true;
+    const auto overlapped = run(o, c.mesh, c.dims, c.plans);
+    BOOST_TEST_REQUIRE(overlapped.losses.size() == in_step.losses.size(), what);
+    for (std::size_t i = 0; i < in_step.losses.size(); ++i)
+      BOOST_TEST(overlapped.losses[i] == in_step.losses[i], what << ": step " << i);
+    BOOST_TEST(overlapped.val_loss == in_step.val_loss, what);
+    const std::uint64_t gathers = count(in_step, "optimizer", "all_gather");
+    BOOST_TEST(gathers > 0u, what);
+    BOOST_TEST(count(overlapped, "optimizer", "all_gather") == 0u, what);
+    BOOST_TEST(count(overlapped, "forward", "all_gather") == count(in_step, "forward", "all_gather") + gathers, what);
+    BOOST_TEST(total(overlapped, "forward") + total(overlapped, "optimizer") ==
+                   total(in_step, "forward") + total(in_step, "optimizer"),
+               what);
+    BOOST_TEST(total(overlapped, "backward") == total(in_step, "backward"), what);
+    if (c.dtype == DType::Float64) {
+      auto one_rank = o;
+      one_rank.overlap_grad_reduce = one_rank.overlap_param_gather = false;
+      check_same_losses(train::train(one_rank, slice(), nullptr), overlapped, 1e-9, what);
+    }
+  }
 }
 
 // The trace of an overlapped step shows when each bucket started: every

@@ -472,6 +472,15 @@ GradientReadyHook on_gradient_ready(const DTensor& leaf, std::function<void()> h
   return add_hook(leaf.autograd_meta(), "DTensor", std::move(hook));
 }
 
+void on_next_read(const DTensor& leaf, std::function<void()> hook) {
+  const std::shared_ptr<AutogradMeta>& meta = leaf.autograd_meta();
+  if (!meta || !meta->requires_grad || meta->grad_fn)
+    throw AutogradError(fmt::format(
+        "[on_next_read] this DTensor is not a leaf that requires a gradient ({}): read hooks go on parameters",
+        meta && meta->grad_fn ? "an op made it" : "requires_grad() is false"));
+  meta->before_read = std::move(hook);
+}
+
 GradientReadyHook::GradientReadyHook(std::weak_ptr<AutogradMeta> leaf, std::uint64_t id)
     : leaf_(std::move(leaf)), id_(id) {}
 GradientReadyHook::GradientReadyHook(GradientReadyHook&& other) noexcept

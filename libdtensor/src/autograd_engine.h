@@ -27,6 +27,8 @@ struct AutogradMeta {
   // A leaf's on_gradient_ready hooks, run when a backward has added its
   // last contribution to `grad`.
   std::vector<std::pair<std::uint64_t, std::function<void()>>> grad_ready_hooks;  // (id, hook)
+  // A leaf's on_next_read hook: run (and forgotten) before the next read.
+  std::function<void()> before_read;
   bool in_graph() const { return requires_grad || grad_fn; }
 };
 
@@ -39,6 +41,15 @@ struct Edge {
   std::shared_ptr<AutogradMeta> leaf;
 };
 Edge edge_of(const std::shared_ptr<AutogradMeta>& meta);
+
+/// Runs and forgets x's on_next_read hook, if it has one: called by what
+/// reads a DTensor's values (call_op, redistribute, redistribute_all and
+/// its started form) before it reads them.
+inline void before_reading(const std::shared_ptr<AutogradMeta>& meta) {
+  if (!meta || !meta->before_read) return;
+  const std::function<void()> hook = std::exchange(meta->before_read, nullptr);
+  hook();
+}
 
 /// A node's edges and saved inputs: most ops take one to three tensors, so
 /// the first N live inside the node (recording allocates no vector for

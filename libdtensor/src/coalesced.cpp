@@ -268,6 +268,7 @@ void check_coalesce_options(const CoalesceOptions& o, std::string_view caller) {
 std::vector<DTensor> redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                       CoalesceOptions options) {
   check_arguments(tensors, targets, options);
+  for (const DTensor& t : tensors) before_reading(t.autograd_meta());
   std::vector<std::size_t> recorded;
   if (grad_enabled())
     for (std::size_t i = 0; i < tensors.size(); ++i)
@@ -300,6 +301,7 @@ StartedRedistribution::~StartedRedistribution() = default;
 StartedRedistribution start_redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                              CoalesceOptions options) {
   check_arguments(tensors, targets, options);
+  for (const DTensor& t : tensors) before_reading(t.autograd_meta());
   auto st = std::make_unique<StartedRedistribution::State>();
   NoGradGuard unrecorded;
   for (const DTensor& t : tensors) st->inputs.push_back(detached(t));

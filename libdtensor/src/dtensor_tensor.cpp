@@ -266,6 +266,7 @@ const Plan& DTensor::plan_to(const Layout& placements) const {
 
 DTensor DTensor::redistribute(const Layout& placements) const {
   if (placements == this->placements()) return *this;
+  before_reading(autograd_);
   const Plan& plan = plan_to(placements);
   Tensor out = execute_plan(plan, mesh_, local_);
   DTensor result(std::move(out), mesh_, plan.to, shape(), cost_);

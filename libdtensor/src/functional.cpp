@@ -72,6 +72,7 @@ DTensor call_op(Op handle, std::span<const DTensor* const> inputs, const OpAttrs
   InlineVector<ShardedInput, kInline> args(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const DTensor& x = *inputs[i];
+    before_reading(x.autograd_meta());
     if (i > 0 && !(x.mesh() == mesh))
       throw MeshError(fmt::format("[{}] input {} is on mesh {}, input 0 on mesh {}: expected one mesh", op.name, i,
                                   x.mesh(), mesh));

@@ -199,6 +199,10 @@ Optimizer<X>::Optimizer(std::vector<X> params, double lr, const char* name, Shar
   } else if (!given.empty()) {
     throw ValueError(
         fmt::format("[{}] {} state layouts for Tensor parameters: layouts are for DTensors", name, given.size()));
+  } else if (sharding_.overlap_parameter_gather) {
+    throw ValueError(fmt::format("[{}] overlap_parameter_gather on Tensor parameters: it overlaps ZeRO's all_gather "
+                                 "of DTensor parameters",
+                                 name));
   }
 }
 
@@ -249,6 +253,54 @@ Tensor Optimizer<X>::update_shard(std::size_t i) const {
   return local_of(p);
 }
 
+namespace detail {
+
+// The buckets of a step's write-back, started in the order the next forward
+// reads their parameters, each waited for (with every bucket started before
+// it, so that every rank waits in one order) by the first read of one of its
+// parameters.
+struct ParameterGathers {
+  struct Call {
+    std::optional<StartedRedistribution> started;
+    std::vector<DTensor> params;  // where its results go, in its order
+  };
+  std::vector<Call> calls;  // in issue order
+  std::size_t waited = 0;
+
+  ParameterGathers() = default;
+  ParameterGathers(const ParameterGathers&) = delete;
+  ParameterGathers& operator=(const ParameterGathers&) = delete;
+  ~ParameterGathers() {
+    try {
+      wait_through(calls.size());
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the error surfaced at the wait
+    }
+  }
+
+  /// Waits for the calls up to and including call k and writes them.
+  void wait_through(std::size_t k) {
+    for (; waited < calls.size() && waited <= k; ++waited) {
+      Call& c = calls[waited];
+      const std::vector<DTensor> whole = c.started->wait();
+      for (std::size_t m = 0; m < c.params.size(); ++m) {
+        on_next_read(c.params[m], nullptr);
+        Tensor dst = c.params[m].to_local();  // shares the parameter's storage
+        copy_into(whole[m].to_local(), dst);
+      }
+    }
+  }
+};
+
+}  // namespace detail
+
+template <Parameter X>
+void Optimizer<X>::wait_parameters() {
+  if (!gathers_) return;
+  const std::shared_ptr<detail::ParameterGathers> gathers = std::move(gathers_);
+  NoGradGuard no_grad;
+  gathers->wait_through(gathers->calls.size());
+}
+
 template <Parameter X>
 void Optimizer<X>::write_back(const std::vector<Tensor>& shards) {
   if constexpr (std::same_as<X, DTensor>) {
@@ -263,11 +315,66 @@ void Optimizer<X>::write_back(const std::vector<Tensor>& shards) {
       parts.push_back(DTensor::from_local(shards[i], p.mesh(), state_layouts_[i], p.shape(), FromLocalCheck::Trust));
       to.push_back(p.placements());
     }
+    if (sharding_.overlap_parameter_gather) {
+      start_parameter_gathers(which, parts, to);
+      return;
+    }
     const std::vector<DTensor> whole = redistribute_by_mesh(parts, to, sharding_.buckets);
     for (std::size_t k = 0; k < which.size(); ++k) {
       Tensor dst = params_[which[k]].to_local();  // shares the parameter's storage
       copy_into(whole[k].to_local(), dst);
     }
+  }
+}
+
+template <Parameter X>
+void Optimizer<X>::start_parameter_gathers(const std::vector<std::size_t>& which, const std::vector<DTensor>& parts,
+                                           const std::vector<Layout>& to) {
+  if constexpr (std::same_as<X, DTensor>) {
+    auto gathers = std::make_shared<detail::ParameterGathers>();
+    // The calls redistribute_by_mesh makes (per mesh, in its buckets), each
+    // started alone, the last first: the gradients' buckets run from the
+    // last parameter, the forward reads from the first.
+    std::vector<bool> done(parts.size(), false);
+    std::vector<std::vector<std::size_t>> calls;  // indices into parts
+    for (std::size_t first = 0; first < parts.size(); ++first) {
+      if (done[first]) continue;
+      std::vector<std::size_t> group;
+      for (std::size_t j = first; j < parts.size(); ++j)
+        if (!done[j] && parts[j].mesh() == parts[first].mesh()) {
+          done[j] = true;
+          group.push_back(j);
+        }
+      std::vector<DTensor> xs;
+      std::vector<Layout> ts;
+      for (std::size_t j : group) {
+        xs.push_back(parts[j]);
+        ts.push_back(to[j]);
+      }
+      for (std::vector<std::size_t>& call : coalesced_calls(xs, ts, sharding_.buckets)) {
+        for (std::size_t& k : call) k = group[k];
+        calls.push_back(std::move(call));
+      }
+    }
+    const std::weak_ptr<detail::ParameterGathers> weak = gathers;
+    for (auto call = calls.rbegin(); call != calls.rend(); ++call) {
+      std::vector<DTensor> xs;
+      std::vector<Layout> ts;
+      detail::ParameterGathers::Call started;
+      for (std::size_t k : *call) {
+        xs.push_back(parts[k]);
+        ts.push_back(to[k]);
+        started.params.push_back(params_[which[k]]);
+      }
+      started.started.emplace(start_redistribute_all(xs, ts, one_call()));
+      const std::size_t index = gathers->calls.size();
+      for (const DTensor& p : started.params)
+        on_next_read(p, [weak, index] {
+          if (const auto g = weak.lock()) g->wait_through(index);
+        });
+      gathers->calls.push_back(std::move(started));
+    }
+    gathers_ = std::move(gathers);
   }
 }
 
@@ -306,6 +413,7 @@ template <Parameter X>
 void SGD<X>::step() {
   NoGradGuard no_grad;
   CommScope phase("optimizer");
+  this->wait_parameters();  // the last step's gathers not yet read
   const SGDOptions& o = options_;
   const std::vector<std::optional<X>> grads = this->gradients_for_update();
   std::vector<Tensor> shards(this->params_.size());
@@ -415,6 +523,7 @@ template <Parameter X>
 void AdamW<X>::step() {
   NoGradGuard no_grad;
   CommScope phase("optimizer");
+  this->wait_parameters();  // the last step's gathers not yet read
   const AdamWOptions& o = options_;
   const std::vector<std::optional<X>> grads = this->gradients_for_update();
   std::vector<Tensor> shards(this->params_.size());

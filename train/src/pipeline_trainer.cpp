@@ -329,6 +329,10 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
 
 TrainResult train_pipelined(const TrainOptions& o, const TextData& data, Communicator& world,
                             const StepCallback& on_step) {
+  if (o.overlap_grad_reduce || o.overlap_param_gather)
+    throw ValueError(
+        "[train] overlap_grad_reduce / overlap_param_gather with plan 'pp': a pipeline's stages reduce their "
+        "gradients after the schedule, not overlapped yet");
   const pipe::Schedule schedule = *pipeline_schedule(o, o.mesh);
   DeviceMesh mesh(world, o.mesh, o.dims);
   const int pp_dim = *pipeline_dim(o.plans);

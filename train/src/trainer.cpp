@@ -307,7 +307,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
                                   .sharding = {.buckets = o.gradient_buckets,
-                                               .state_layouts = env.state_layouts(model.named_parameters())}});
+                                               .state_layouts = env.state_layouts(model.named_parameters()),
+                                               .overlap_parameter_gather = o.overlap_param_gather}});
   if (first_step > 0) load_moments(o.resume_dir, model, optimizer, first_step, env);
   std::optional<nn::OverlappedGradientReduction> overlap;
   if (o.overlap_grad_reduce) {
@@ -381,6 +382,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
       result.val_points.emplace_back(step, validation_loss());
   }
   result.tokens_per_second = detail::tokens_per_second(o, o.steps - first_step, seconds);
+  optimizer.wait_parameters();  // the last step's gathers, before a save reads the parameters
 
   if (!o.save_dir.empty()) env.save(o.save_dir, training_state(model, optimizer, o.steps, env));
   result.val_loss = validation_loss();

@@ -81,6 +81,17 @@ class GradientReadyHook {
 [[nodiscard]] GradientReadyHook on_gradient_ready(const Tensor& leaf, std::function<void()> hook);
 [[nodiscard]] GradientReadyHook on_gradient_ready(const DTensor& leaf, std::function<void()> hook);
 
+/// Runs `hook` once, on this thread, before the next read of `leaf`'s values
+/// by an op, a redistribute, or redistribute_all or its started form (not
+/// by a bare to_local()), then forgets it. This is how ZeRO's overlapped
+/// parameter gather (ShardingOptions::overlap_parameter_gather) makes a
+/// parameter's first use in the next forward wait for the bucket that
+/// brings its value (Megatron's forward pre-hooks, per tensor rather than
+/// per module). One hook per leaf: a second replaces the first, and an
+/// empty one clears it. AutogradError unless `leaf` is a leaf that
+/// requires a gradient.
+void on_next_read(const DTensor& leaf, std::function<void()> hook);
+
 /// Whether this thread records ops (true unless a NoGradGuard is alive).
 bool grad_enabled();
 

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -69,7 +70,19 @@ struct ShardingOptions {
   /// Where it differs from the parameter's layout, a step updates that part
   /// and redistributes the updated parts back to the parameter's layout.
   std::vector<Layout> state_layouts{};
+  /// ZeRO's all_gather of the updated parts overlapped with the next
+  /// forward (Megatron's --overlap-param-gather): a step starts the
+  /// buckets, in the reverse of the gradients' order (the forward's), and
+  /// each is waited for and written into its parameters when the next read
+  /// of one of them (an op of the next forward, on_next_read) comes, or by
+  /// wait_parameters() and the next step. The same calls and values; they
+  /// are counted where they are waited for (in the next forward).
+  bool overlap_parameter_gather = false;
 };
+
+namespace detail {
+struct ParameterGathers;  // optim.cpp: the started buckets of a step's write-back
+}
 
 struct SGDOptions {
   double lr = 1e-2;
@@ -112,6 +125,12 @@ class Optimizer {
   /// The layout parameter i's states live in and its update reads its
   /// gradient in (DTensor optimizers): its own unless ShardingOptions gave one.
   const Layout& state_layout(std::size_t i) const requires std::same_as<X, DTensor> { return state_layouts_.at(i); }
+  /// With overlap_parameter_gather: waits for every bucket the last step
+  /// started and not yet waited for, and writes it into its parameters (a
+  /// step and the first read of a parameter do it themselves; call it
+  /// before reading parameters by to_local(), as a checkpoint's save does).
+  /// Every rank calls it alike. Otherwise nothing.
+  void wait_parameters();
 
  protected:
   Optimizer(std::vector<X> params, double lr, const char* name, ShardingOptions sharding);
@@ -128,6 +147,10 @@ class Optimizer {
   /// per mesh from the state layouts to the parameters' (ZeRO: the
   /// all_gather).
   void write_back(const std::vector<Tensor>& shards);
+  /// write_back's all_gathers started (overlap_parameter_gather): `parts`
+  /// are the updated parts of parameters `which`, going to layouts `to`.
+  void start_parameter_gathers(const std::vector<std::size_t>& which, const std::vector<DTensor>& parts,
+                               const std::vector<Layout>& to);
   /// A zero state in parameter i's state layout.
   X zeros_like_state(std::size_t i) const;
 
@@ -137,6 +160,7 @@ class Optimizer {
   const char* name_;
   ShardingOptions sharding_;
   std::vector<Layout> state_layouts_;  // DTensor: one per parameter; Tensor: empty
+  std::shared_ptr<detail::ParameterGathers> gathers_;  // overlap_parameter_gather: the last step's
 };
 
 template <Parameter X>

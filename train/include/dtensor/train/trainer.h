@@ -46,6 +46,11 @@ struct TrainOptions {
   /// (nn::OverlappedGradientReduction); on meshes whose plans are ddp,
   /// zero1, tp or tp_sp only.
   bool overlap_grad_reduce = false;
+  /// zero1: the all_gather of the updated parameters overlapped with the
+  /// next forward, each bucket waited for by the first op that reads one of
+  /// its parameters (ShardingOptions::overlap_parameter_gather; Megatron's
+  /// --overlap-param-gather). Its calls then count in the next forward.
+  bool overlap_param_gather = false;
   /// fsdp: the next block's unit gathered while this block computes, in
   /// the forward and the backward (nn::GPT::prefetch_units).
   bool prefetch_units = true;
