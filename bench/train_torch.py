@@ -5,6 +5,7 @@ Usage:
   env -u OPENBLAS_CORETYPE python3 bench/train_torch.py [--compare=build/bench/train]
       [--ranks=1,2,4,8] [--plans=ddp,zero1,fsdp2,tp] [--layers=6] [--d-model=384]
       [--heads=8] [--seq=64] [--batch=8] [--warmup=1] [--steps=5] [--rounds=1]
+      [--overlap=0]
 
 The model is bench/train's (train/, nn::GPT): token and learned position
 embeddings, pre-LN blocks with separate q, k, v and proj linears (biases),
@@ -36,7 +37,8 @@ With --compare=BINARY the script runs bench/train (--json, the same sizes)
 for each rank count just before PyTorch's rows for that count, and prints
 dtensor / PyTorch tokens/s per plan and rank count (> 1: dtensor is faster);
 with --rounds=N it alternates the two N times per rank count and keeps each
-row's best round:
+row's best round; --overlap=1 runs bench/train with --overlap (PyTorch's
+DDP and FSDP2 overlap by default):
 ddp against DDP, zero1 against ZeroRedundancyOptimizer and against FSDP2,
 fsdp against FSDP2, tp against tp. Without torch the script says so and exits 0.
 """
@@ -62,7 +64,8 @@ OUR_ORDER = ["ddp", "zero1", "fsdp", "tp"]
 
 def parse_args(argv):
     opts = {"ranks": "1,2,4,8", "plans": "ddp,zero1,fsdp2,tp", "layers": "6", "d-model": "384", "heads": "8",
-            "seq": "64", "batch": "8", "warmup": "1", "steps": "5", "rounds": "1", "compare": ""}
+            "seq": "64", "batch": "8", "warmup": "1", "steps": "5", "rounds": "1", "compare": "",
+            "overlap": "0"}
     for a in argv:
         if not a.startswith("--") or "=" not in a:
             sys.exit(f"train_torch: '{a}': expected --name=value")
@@ -70,7 +73,12 @@ def parse_args(argv):
         if k not in opts:
             sys.exit(f"train_torch: unknown option --{k}; expected one of {', '.join(opts)}")
         opts[k] = v
-    cfg = {k: int(opts[k]) for k in ("layers", "d-model", "heads", "seq", "batch", "warmup", "steps", "rounds")}
+    cfg = {}
+    for k in ("layers", "d-model", "heads", "seq", "batch", "warmup", "steps", "rounds", "overlap"):
+        try:
+            cfg[k] = int(opts[k])
+        except ValueError:
+            sys.exit(f"train_torch: --{k}={opts[k]}: expected an integer")
     cfg["ranks"] = [int(r) for r in opts["ranks"].split(",")]
     cfg["plans"] = opts["plans"].split(",")
     for p in cfg["plans"]:
@@ -246,6 +254,8 @@ def run_ours(binary, world, cfg, with_plain):
            f"--seq={cfg['seq']}", f"--batch={cfg['batch']}", f"--warmup={cfg['warmup']}", f"--steps={cfg['steps']}"]
     if not with_plain:
         cmd.append("--no-plain")
+    if cfg["overlap"]:
+        cmd.append("--overlap")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return {(r["plan"], r["ranks"]): r for r in rows if not r.get("skipped")}

@@ -128,6 +128,14 @@ std::uint64_t count_over(const train::TrainResult& r, std::string_view phase, st
     if (c.phase == phase && c.kind == kind && c.mesh_dims == dims) n += c.count;
   return n;
 }
+// A run of the overlap tests.
+struct Overlap {
+  DType dtype;
+  Shape mesh;
+  std::vector<std::string> dims, plans;
+  std::int64_t micro_batches;
+};
+
 std::uint64_t total(const train::TrainResult& r, std::string_view phase) {
   std::uint64_t n = 0;
   for (const auto& c : r.comm)
@@ -397,12 +405,6 @@ BOOST_AUTO_TEST_CASE(accumulated_micro_batches_reduce_once) {
 // the same collectives in the same phases; with micro-batches and on
 // dp x tp; other plans refuse it.
 BOOST_AUTO_TEST_CASE(overlapped_gradient_reduction_changes_when_not_what) {
-  struct Overlap {
-    DType dtype;
-    Shape mesh;
-    std::vector<std::string> dims, plans;
-    std::int64_t micro_batches;
-  };
   for (const Overlap& c : {Overlap{DType::Float32, {2}, {"dp"}, {"ddp"}, 1},
                            Overlap{DType::Float64, {4}, {"dp"}, {"ddp"}, 2},
                            Overlap{DType::Float32, {2, 2}, {"dp", "tp"}, {"ddp", "tp"}, 1},
@@ -444,15 +446,8 @@ BOOST_AUTO_TEST_CASE(overlapped_gradient_reduction_changes_when_not_what) {
 // those of the step's own gather in f32, and one rank's to 1e-9 in f64; the
 // same collectives, each all_gather counted in the forward, where the
 // first op that reads one of its parameters waits for it, not in the
-// optimizer. Where a parameter is next read by the step itself (micro-batch
-// accumulation reads nothing in between), the step waits first.
+// optimizer.
 BOOST_AUTO_TEST_CASE(zero_parameter_gather_runs_under_the_next_forward) {
-  struct Overlap {
-    DType dtype;
-    Shape mesh;
-    std::vector<std::string> dims, plans;
-    std::int64_t micro_batches;
-  };
   for (const Overlap& c : {Overlap{DType::Float32, {2}, {"dp"}, {"zero1"}, 1},
                            Overlap{DType::Float64, {4}, {"dp"}, {"zero1"}, 2},
                            Overlap{DType::Float64, {2, 2}, {"dp", "tp"}, {"zero1", "tp"}, 1}}) {
