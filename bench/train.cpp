@@ -298,6 +298,8 @@ int main(int argc, char** argv) {
                "fsdp rows: gather each unit when its block runs, not during the block before");
   app.add_flag("!--no-reduce-overlap", o.train.overlap_unit_reduce,
                "fsdp rows: reduce each unit's gradient when its block's backward ends, not under the next block's");
+  app.add_flag("!--no-reshard-after-forward", o.train.reshard_after_forward,
+               "fsdp rows: keep each block's gathered unit for its backward (no second gather, no recomputation)");
   app.add_option_function<double>(
          "--bucket-mib", [&o](double mib) { o.train.gradient_buckets = nn::gradient_buckets(mib); },
          "the gradients' buckets (nn::gradient_buckets: 25, with a 1 MiB first one)")

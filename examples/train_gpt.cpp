@@ -270,6 +270,9 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
   app.add_flag("!--no-reduce-overlap", o.overlap_unit_reduce,
                "fsdp: reduce each unit's gradient when its block's backward ends, not under the next block's "
                "(default: overlapped)");
+  app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
+               "fsdp: keep each block's gathered unit from its forward to its backward: no second gather, no "
+               "recomputation, more memory (default: reshard, as FSDP2)");
   app.add_flag("--explain", o.explain,
                "print rank 0's layout decisions and collectives during the last step (default: off)");
   app.add_option("--trace", o.trace,

@@ -617,6 +617,40 @@ BOOST_AUTO_TEST_CASE(fsdp_overlap_changes_when_not_what) {
   }
 }
 
+// FSDP2's reshard_after_forward off: each block's gathered unit is kept for
+// its backward, so the backward gathers nothing and recomputes nothing,
+// with the same values (bit for bit in f32, one rank's in f64 with
+// micro-batches), the same forward gathers and backward reduce_scatters,
+// overlapped or not.
+BOOST_AUTO_TEST_CASE(fsdp_kept_for_the_backward_gathers_once) {
+  for (const Overlap& c : {Overlap{DType::Float32, {2}, {"dp"}, {"fsdp"}, 1},
+                           Overlap{DType::Float64, {4}, {"dp"}, {"fsdp"}, 2}}) {
+    for (const bool overlapped : {true, false}) {
+      auto o = small_model(c.dtype, 3);
+      o.micro_batches = c.micro_batches;
+      o.overlap_unit_reduce = o.prefetch_units = overlapped;
+      const std::string what = fmt::format("{} fsdp on {} with {} micro-batches, overlap {}", c.dtype,
+                                           fmt::join(c.mesh, "x"), c.micro_batches, overlapped);
+      const auto resharded = run(o, c.mesh, c.dims, c.plans);
+      o.reshard_after_forward = false;
+      const auto kept = run(o, c.mesh, c.dims, c.plans);
+      BOOST_TEST_REQUIRE(kept.losses.size() == resharded.losses.size(), what);
+      if (c.dtype == DType::Float32)
+        for (std::size_t i = 0; i < kept.losses.size(); ++i)
+          BOOST_TEST(kept.losses[i] == resharded.losses[i], what << ": step " << i);
+      else
+        check_same_losses(train::train(o, slice(), nullptr), kept, 1e-9, what);
+      // Per micro-batch: the root's and every block's gather and reduce_scatter.
+      const std::uint64_t L = static_cast<std::uint64_t>(o.model.layers), m = static_cast<std::uint64_t>(c.micro_batches);
+      BOOST_TEST(count(resharded, "backward", "all_gather") == m * L, what);
+      BOOST_TEST(count(kept, "backward", "all_gather") == 0u, what);
+      BOOST_TEST(count(kept, "forward", "all_gather") == m * (L + 1), what);
+      BOOST_TEST(count(kept, "backward", "reduce_scatter") == m * (L + 1), what);
+      BOOST_TEST(total(kept, "optimizer") == total(resharded, "optimizer"), what);
+    }
+  }
+}
+
 // Clipping adds exactly one all_reduce (of one f64) to a step, whether it
 // scales the gradients or not: the gradients' own coalesced reduction moves
 // from the step into the clip (ddp, tp), or there is none (fsdp).

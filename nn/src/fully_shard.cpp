@@ -154,8 +154,15 @@ class UnitBackward {
       value = flat.redistribute(unit.gathered);
     }
     prefetch_.start(u - 1);  // the block before's unit, under this block's backward
+    return attach(self, u, flat, std::move(*value));
+  }
+
+  /// `value`, unit u gathered from `flat`, recorded so that its gradient
+  /// goes back to the flat's layout (the forward's gather of a unit kept
+  /// for the backward, or the recomputation's).
+  DTensor attach(const std::shared_ptr<UnitBackward>& self, std::size_t u, const DTensor& flat, DTensor value) {
     const Layout back = flat.placements().without_partial();
-    return record_custom("fsdp unit gather", std::span<const DTensor>(&flat, 1), std::move(*value),
+    return record_custom("fsdp unit gather", std::span<const DTensor>(&flat, 1), std::move(value),
                          [self, u, back](const DTensor& grad) { return self->reduce(u, grad, back); });
   }
 
@@ -234,19 +241,28 @@ DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, K
     prefetch.start(l + 2);  // the next block's unit, under this block
     // Gathers the block's unit, runs the block on views of it; run again
     // by the backward (recompute), which gathers again.
-    auto run_block = [&model, &unit, l, cache, prefetched, backward, local](std::span<const DTensor> in) {
+    const bool kept = !local && !model.reshard_after_forward;
+    auto run_block = [&model, &unit, l, cache, prefetched, backward, local, kept](std::span<const DTensor> in) {
       Block<DTensor> block = model.blocks[l];
       NamedParameters<DTensor> members;
       block.named_parameters("", members);
-      const DTensor whole = !local && recording(in) ? backward->gathered(backward, l + 1, in[1])
-                            : *prefetched           ? *std::exchange(*prefetched, std::nullopt)
-                                                    : in[1].redistribute(unit.gathered);
+      // Recorded where it runs with grad (a local gather); kept, attach()
+      // records it instead.
+      auto forward_gather = [&] {
+        if (*prefetched) return *std::exchange(*prefetched, std::nullopt);
+        std::optional<NoGradGuard> unrecorded;
+        if (kept) unrecorded.emplace();
+        return in[1].redistribute(unit.gathered);
+      };
+      const DTensor whole = local || !recording(in) ? forward_gather()
+                            : kept                  ? backward->attach(backward, l + 1, in[1], forward_gather())
+                                                    : backward->gathered(backward, l + 1, in[1]);
       const std::vector<DTensor> views = unit.unflatten(whole);
       for (std::size_t i = 0; i < members.size(); ++i) *members[i].second = views[i];
       return block(in[0], model.layouts, cache, l);
     };
     const DTensor inputs[] = {x, unit.flat};
-    if (local) return run_block(std::span<const DTensor>(inputs));
+    if (local || kept) return run_block(std::span<const DTensor>(inputs));
     return recompute(run_block, std::span<const DTensor>(inputs));
   });
 }

@@ -251,6 +251,7 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
              {},
              true,
              true,
+             true,
              {},
              {}};
 }

@@ -303,6 +303,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   env.prepare(model);
   model.prefetch_units = o.prefetch_units;
   model.overlap_unit_reduce = o.overlap_unit_reduce;
+  model.reshard_after_forward = o.reshard_after_forward;
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,

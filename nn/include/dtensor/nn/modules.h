@@ -203,6 +203,13 @@ struct GPT {
   /// values and collectives), but the units' on_gradient_ready hooks do not
   /// run. Off: each reduce_scatter blocks the backward.
   bool overlap_unit_reduce = true;
+  /// FSDP2's reshard_after_forward (on by default): a block's gathered unit
+  /// is freed after its forward, and the block is recomputed in the
+  /// backward, which gathers the unit again. Off: the forward's gather is
+  /// kept for the backward (no second gather, no recomputation; every
+  /// block's unit stays gathered from its forward to its backward, as
+  /// ZeRO-2's parameters are whole).
+  bool reshard_after_forward = true;
   /// FSDP over tensor parallelism (FSDP2's per-parameter sharding): when
   /// not empty, block l's parameters (named_parameters() order) are shards
   /// of the fsdp dims, gathered to `gathered_layouts[l]` for the block by

@@ -57,6 +57,10 @@ struct TrainOptions {
   /// fsdp: each block's reduce_scatter run under the block before's
   /// backward (nn::GPT::overlap_unit_reduce).
   bool overlap_unit_reduce = true;
+  /// fsdp: each block's unit freed after its forward and gathered again
+  /// for its recomputed backward (nn::GPT::reshard_after_forward); off,
+  /// kept gathered from the forward to the backward.
+  bool reshard_after_forward = true;
   /// The buckets the gradients are reduced in, overlapped or not (DDP's
   /// bucket_cap_mb and first bucket, nn::gradient_buckets()).
   CoalesceOptions gradient_buckets = nn::gradient_buckets();
