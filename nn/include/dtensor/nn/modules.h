@@ -255,8 +255,9 @@ struct GPT {
 /// norm, lm_head), becomes one flat unit laid out as `flat_layout` (S(0) on
 /// the sharding mesh dims, Replicate on the others). A forward gathers the
 /// root once (kept for the backward) and each block's unit before the block
-/// (one all_gather each), and frees a block's gathered parameters after it:
-/// the block is recomputed, so its backward gathers them again, and its
+/// (one all_gather each), and frees a block's gathered parameters after it
+/// (unless GPT::reshard_after_forward is off): the block is recomputed, so
+/// its backward gathers them again, and its
 /// gradient leaves as one reduce_scatter into the flat's shard. Values are
 /// the unsharded model's. LayoutError unless every parameter is replicated
 /// (fully sharding a tensor-parallel model is not supported).
