@@ -129,7 +129,8 @@ class UnitPrefetch {
 
 // The backward's side of one forward's graph. Block l's recompute takes
 // its unit's gather if the block after it started one, and starts the
-// gather of the block before it (FSDP2's backward prefetch). With
+// gather of the block before it (FSDP2's backward prefetch); without
+// resharding, the forward's gather is recorded instead (attach). With
 // overlap_unit_reduce, a unit's gradient leaves by a reduce_scatter
 // started when its block's backward ends and waited for when the next
 // unit's starts (at most one in flight, as in FSDP2), the last one by the
@@ -208,8 +209,9 @@ class UnitBackward {
   std::size_t reduce_unit_ = 0;
 };
 
-// Whether a block's run is the recording one: the backward's recomputation
-// (the forward's runs without grad, or with no input needing one).
+// Whether a block's run records: the backward's recomputation, or the
+// forward where the block is not recomputed (a recomputed block's forward
+// runs without grad; nothing records where no input needs a gradient).
 bool recording(std::span<const DTensor> in) {
   return grad_enabled() && (in[0].requires_grad() || in[1].requires_grad());
 }
