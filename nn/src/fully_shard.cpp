@@ -110,8 +110,8 @@ class UnitPrefetch {
     const FlatUnit<DTensor>& unit = model_.units[u];
     if (gathers_locally(unit.flat.mesh(), unit.flat.placements(), unit.gathered)) return;
     unit_ = u;
-    const DTensor flat = unit.flat.detach();
-    started_ = start_redistribute_all(std::span<const DTensor>(&flat, 1), std::span<const Layout>(&unit.gathered, 1));
+    started_ =
+        start_redistribute_all(std::span<const DTensor>(&unit.flat, 1), std::span<const Layout>(&unit.gathered, 1));
   }
   /// Unit u gathered (unrecorded), if it was started.
   std::optional<DTensor> take(std::size_t u) {

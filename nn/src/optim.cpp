@@ -101,26 +101,38 @@ double local_norm_part(const Tensor& local, double p) {
   return acc;
 }
 
-// redistribute_all over DTensors that may live on several meshes: one call
-// per mesh, the meshes in order of first appearance (the same on every rank).
-std::vector<DTensor> redistribute_by_mesh(const std::vector<DTensor>& xs, const std::vector<Layout>& to,
-                                          const CoalesceOptions& buckets) {
-  std::vector<DTensor> out(xs);
+// The tensors of each mesh, as indices into xs and with their targets: the
+// meshes in order of first appearance (the same on every rank).
+struct MeshGroup {
+  std::vector<std::size_t> which;
+  std::vector<DTensor> tensors;
+  std::vector<Layout> targets;
+};
+std::vector<MeshGroup> groups_by_mesh(const std::vector<DTensor>& xs, const std::vector<Layout>& to) {
+  std::vector<MeshGroup> groups;
   std::vector<bool> done(xs.size(), false);
   for (std::size_t first = 0; first < xs.size(); ++first) {
     if (done[first]) continue;
-    std::vector<std::size_t> which;
-    std::vector<DTensor> group;
-    std::vector<Layout> targets;
+    MeshGroup& g = groups.emplace_back();
     for (std::size_t j = first; j < xs.size(); ++j)
       if (!done[j] && xs[j].mesh() == xs[first].mesh()) {
         done[j] = true;
-        which.push_back(j);
-        group.push_back(xs[j]);
-        targets.push_back(to[j]);
+        g.which.push_back(j);
+        g.tensors.push_back(xs[j]);
+        g.targets.push_back(to[j]);
       }
-    std::vector<DTensor> moved = redistribute_all(group, targets, buckets);
-    for (std::size_t k = 0; k < which.size(); ++k) out[which[k]] = std::move(moved[k]);
+  }
+  return groups;
+}
+
+// redistribute_all over DTensors that may live on several meshes: one call
+// per mesh (groups_by_mesh's order).
+std::vector<DTensor> redistribute_by_mesh(const std::vector<DTensor>& xs, const std::vector<Layout>& to,
+                                          const CoalesceOptions& buckets) {
+  std::vector<DTensor> out(xs);
+  for (const MeshGroup& g : groups_by_mesh(xs, to)) {
+    std::vector<DTensor> moved = redistribute_all(g.tensors, g.targets, buckets);
+    for (std::size_t k = 0; k < g.which.size(); ++k) out[g.which[k]] = std::move(moved[k]);
   }
   return out;
 }
@@ -335,27 +347,12 @@ void Optimizer<X>::start_parameter_gathers(const std::vector<std::size_t>& which
     // The calls redistribute_by_mesh makes (per mesh, in its buckets), each
     // started alone, the last first: the gradients' buckets run from the
     // last parameter, the forward reads from the first.
-    std::vector<bool> done(parts.size(), false);
     std::vector<std::vector<std::size_t>> calls;  // indices into parts
-    for (std::size_t first = 0; first < parts.size(); ++first) {
-      if (done[first]) continue;
-      std::vector<std::size_t> group;
-      for (std::size_t j = first; j < parts.size(); ++j)
-        if (!done[j] && parts[j].mesh() == parts[first].mesh()) {
-          done[j] = true;
-          group.push_back(j);
-        }
-      std::vector<DTensor> xs;
-      std::vector<Layout> ts;
-      for (std::size_t j : group) {
-        xs.push_back(parts[j]);
-        ts.push_back(to[j]);
-      }
-      for (std::vector<std::size_t>& call : coalesced_calls(xs, ts, sharding_.buckets)) {
-        for (std::size_t& k : call) k = group[k];
+    for (const MeshGroup& g : groups_by_mesh(parts, to))
+      for (std::vector<std::size_t>& call : coalesced_calls(g.tensors, g.targets, sharding_.buckets)) {
+        for (std::size_t& k : call) k = g.which[k];
         calls.push_back(std::move(call));
       }
-    }
     const std::weak_ptr<detail::ParameterGathers> weak = gathers;
     for (auto call = calls.rbegin(); call != calls.rend(); ++call) {
       std::vector<DTensor> xs;
