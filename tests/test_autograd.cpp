@@ -480,6 +480,106 @@ BOOST_AUTO_TEST_CASE(next_read_hooks_run_once_before_a_read) {
   testing::check_no_failures(log.failures);
 }
 
+// start_redistribute() on Megatron's tensor-parallel pair, each started
+// and waited for around other work: the identity before a column-parallel
+// linear (nothing moves forward; its gradient arrives Partial and is
+// all_reduced) and the all_reduce of a row-parallel sum. Values and
+// gradients are the unstarted path's (f64), and bit for bit those of
+// started = false; every collective is counted in its pass, the same
+// either way. Where each runs: the forward's all_reduce is counted at
+// wait(), after the work recorded between; in the backward, the nodes
+// recorded between start and wait run after the input gradient's
+// all_reduce starts and before it is waited for (so they see it
+// uncounted), and the nodes recorded before start run after it.
+BOOST_AUTO_TEST_CASE(started_redistribute_runs_what_was_recorded_between_under_both_collectives) {
+  const Tensor x = uniform({6, 4}, 41), w1 = uniform({8, 4}, 42), w2 = uniform({4, 8}, 43), z = uniform({6, 4}, 44);
+  const Shape mesh_shape = testing::backend_meshes({{2}}).front();
+  testing::FailureLog log;
+  testing::run_ranks(static_cast<int>(numel(mesh_shape)), [&](Communicator& comm) {
+    DeviceMesh mesh(comm, mesh_shape, {"tp"});
+    const Layout R = Layout::parse("R"), rows = Layout::parse("S(0)"), columns = Layout::parse("S(1)");
+    struct Run {
+      Tensor loss, dx, dw1, dw2, dz;
+      CommStats forward, backward;
+      std::uint64_t forward_between = 0, backward_between = 0, backward_before = 0;
+    };
+    // mode 0: unstarted (plain redistribute where a layout changes); 1:
+    // started; 2: started = false.
+    auto run = [&](int mode) {
+      DTensor X = distribute_tensor(x, mesh, R).requires_grad_();
+      DTensor W1 = distribute_tensor(w1, mesh, rows).requires_grad_();     // column-parallel
+      DTensor W2 = distribute_tensor(w2, mesh, columns).requires_grad_();  // row-parallel
+      DTensor Z = distribute_tensor(z, mesh, R).requires_grad_();
+      Run out;
+      std::optional<CommCounter> forward(std::in_place, mesh), backward;
+      // Each note's backward reads the all_reduces the backward has counted
+      // when it runs.
+      auto note = [&](const DTensor& t, std::uint64_t* seen) {
+        return record_custom("note", std::span(&t, 1), t.detach(), [seen, &backward](const DTensor& g) {
+          *seen = backward->count(CollectiveKind::AllReduce);
+          return std::vector<std::optional<DTensor>>{g};
+        });
+      };
+      const DTensor input = note(X, &out.backward_before);
+      std::optional<DTensor> y;
+      if (mode == 0) {
+        const DTensor other = mul(tanh(Z), 2.0);
+        y = add(linear(tanh(linear(input, W1)), W2).redistribute(R), other);
+      } else {
+        StartedRedistribute identity = start_redistribute(input, R, mode == 1);
+        const DTensor between = note(tanh(Z), &out.backward_between);
+        const DTensor h = tanh(linear(identity.wait(), W1));
+        StartedRedistribute reduce = start_redistribute(linear(h, W2), R, mode == 1);
+        const DTensor other = mul(between, 2.0);
+        out.forward_between = forward->count(CollectiveKind::AllReduce);
+        y = add(reduce.wait(), other);
+      }
+      const DTensor loss = sum(mul(*y, *y));
+      out.forward = forward->counts();
+      backward.emplace(mesh);
+      loss.backward();
+      out.backward = backward->counts();
+      out.loss = loss.full_tensor();
+      out.dx = X.grad()->full_tensor();
+      out.dw1 = W1.grad()->full_tensor();
+      out.dw2 = W2.grad()->full_tensor();
+      out.dz = Z.grad()->full_tensor();
+      return out;
+    };
+    const Run plain = run(0), started = run(1), blocking = run(2);
+    std::string why;
+    for (const auto& [name, a, b] :
+         {std::tuple{"loss", &plain.loss, &started.loss}, std::tuple{"dx", &plain.dx, &started.dx},
+          std::tuple{"dw1", &plain.dw1, &started.dw1}, std::tuple{"dw2", &plain.dw2, &started.dw2},
+          std::tuple{"dz", &plain.dz, &started.dz}})
+      if (!allclose(*a, *b, 1e-12, 1e-12)) why += fmt::format(" {} differs from the unstarted path's;", name);
+    for (const auto& [name, a, b] :
+         {std::tuple{"loss", &started.loss, &blocking.loss}, std::tuple{"dx", &started.dx, &blocking.dx},
+          std::tuple{"dw1", &started.dw1, &blocking.dw1}, std::tuple{"dw2", &started.dw2, &blocking.dw2},
+          std::tuple{"dz", &started.dz, &blocking.dz}})
+      if (!equal(*a, *b)) why += fmt::format(" {} of started differs from started = false's in bits;", name);
+    for (const Run* r : {&started, &blocking}) {
+      const char* which = r == &started ? "started" : "started = false";
+      if (r->forward.count(CollectiveKind::AllReduce) != 1 || r->forward.data_collectives() != 1)
+        why += fmt::format(" {}: forward {} (expected one all_reduce);", which, r->forward);
+      if (r->backward.count(CollectiveKind::AllReduce) != 1 || r->backward.data_collectives() != 1)
+        why += fmt::format(" {}: backward {} (expected one all_reduce);", which, r->backward);
+      if (r->backward_before != 1)
+        why += fmt::format(" {}: {} backward all_reduces counted before start's node ran (expected 1);", which,
+                           r->backward_before);
+    }
+    if (started.forward_between != 0 || started.backward_between != 0)
+      why += fmt::format(" started: {} all_reduces counted under the forward's work between, {} under the backward's "
+                         "(expected 0 and 0: waited for after it);",
+                         started.forward_between, started.backward_between);
+    if (blocking.forward_between != 1 || blocking.backward_between != 1)
+      why += fmt::format(" started = false: {} and {} all_reduces counted under the work between (expected 1 and 1);",
+                         blocking.forward_between, blocking.backward_between);
+    if (!why.empty()) log.add(fmt::format("rank {}:{}", comm.rank(), why));
+  });
+  log.report("start_redistribute");
+}
+
 BOOST_AUTO_TEST_CASE(no_grad_and_detach_stop_recording) {
   Tensor x = uniform({4}, 1).requires_grad_();
   BOOST_TEST(x.requires_grad());

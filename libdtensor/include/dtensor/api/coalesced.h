@@ -131,4 +131,42 @@ class StartedRedistribution {
 StartedRedistribution start_redistribute_all(std::span<const DTensor> tensors, std::span<const Layout> targets,
                                              CoalesceOptions options = {});
 
+/// One DTensor's redistribute, started now and finished by wait(), and
+/// recorded by autograd (unlike start_redistribute_all) when x needs a
+/// gradient: the tool of Domino's tensor-parallel overlap, where one half
+/// batch's collective runs under the other half's computation.
+///
+///   StartedRedistribute pending = start_redistribute(partial_sum, Layout::parse("R"));
+///   DTensor other = compute(other_half);        // runs while the all_reduce moves
+///   DTensor reduced = pending.wait();           // x.redistribute(R)'s value
+///
+/// The backward mirrors the forward: the gradient's layout change (to x's
+/// layout with Partial replaced by Replicate, as redistribute()'s backward
+/// sends it) starts where the forward waited, and is waited for where the
+/// forward started. The backward runs nodes newest first, so whatever the
+/// forward recorded between start and wait runs between them in the
+/// backward too, under the gradient's collective. That holds even where the
+/// forward moves nothing (x already in `target`: Megatron's identity before
+/// a column-parallel linear, whose gradient arrives Partial and is
+/// all_reduced).
+///
+/// wait() returns the value of start_redistribute_all({x}, {target}).wait()
+/// (the forward and the backward each plan and run the same calls as that),
+/// and is where the forward's calls are counted and their errors thrown;
+/// the backward's are counted where it waits. With started = false both
+/// wait at once: the same values, calls and order of calls, unoverlapped
+/// (the reference an overlapped run is compared with, bit for bit).
+/// ValueError on a second wait(). Errors as redistribute's, thrown by
+/// start_redistribute before anything starts.
+class StartedRedistribute {
+ public:
+  struct State;
+  explicit StartedRedistribute(std::shared_ptr<State> state);
+  DTensor wait();
+
+ private:
+  std::shared_ptr<State> state_;
+};
+StartedRedistribute start_redistribute(const DTensor& x, const Layout& target, bool started = true);
+
 }  // namespace dtensor
