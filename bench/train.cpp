@@ -117,6 +117,7 @@ void train_rank(const Options& o, const train::TextData& data, const Config& c, 
   }
   t.overlap_grad_reduce = o.train.overlap_grad_reduce && (c.plan == "ddp" || c.plan == "zero1" || c.plan == "ddp,tp");
   t.overlap_param_gather = o.train.overlap_param_gather && c.plan == "zero1";
+  t.domino = o.train.domino && c.plan.find("tp") != std::string::npos;
   const bool lead = world == nullptr || world->rank() == 0;
   Totals totals;
   double cpu_mark = bench::thread_seconds(), gemm_mark = cpu::gemm_seconds_this_thread();
@@ -170,6 +171,7 @@ Options blocking(Options o) {
   o.train.overlap_param_gather = false;
   o.train.prefetch_units = false;
   o.train.overlap_unit_reduce = false;
+  o.train.domino = false;  // the unsplit step: Domino's smaller GEMMs count against its hidden fraction
   return o;
 }
 
@@ -294,6 +296,9 @@ int main(int argc, char** argv) {
   bool no_param_overlap = false;
   app.add_flag("--no-param-overlap", no_param_overlap,
                "zero1 rows with --overlap: gather the updated parameters in the step, not under the next forward");
+  app.add_flag("--domino", o.train.domino,
+               "tp and tp_sp rows: each rank's batch rows in two halves whose tensor-parallel collectives run "
+               "under each other's computation (nn::GPT::domino)");
   app.add_flag("!--no-prefetch", o.train.prefetch_units,
                "fsdp rows: gather each unit when its block runs, not during the block before");
   app.add_flag("!--no-reduce-overlap", o.train.overlap_unit_reduce,

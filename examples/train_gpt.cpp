@@ -265,6 +265,9 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
   app.add_flag("--no-param-overlap", cl.no_param_overlap,
                "with --overlap: zero1 gathers the updated parameters in the step, not under the next forward "
                "(default: under the next forward)");
+  app.add_flag("--domino", o.domino,
+               "tp, tp_sp: split each rank's batch rows into two halves whose tensor-parallel collectives run "
+               "under each other's computation, forward and backward (Domino; default: off)");
   app.add_flag("!--no-prefetch", o.prefetch_units,
                "fsdp: gather each unit when its block runs, not under the block before (default: prefetch)");
   app.add_flag("!--no-reduce-overlap", o.overlap_unit_reduce,

@@ -617,6 +617,112 @@ BOOST_AUTO_TEST_CASE(fsdp_overlap_changes_when_not_what) {
   }
 }
 
+// Domino (GPT::domino): each rank's batch rows in two halves whose
+// tensor-parallel collectives run under each other's computation. It
+// changes when, never what: losses bit for bit those of the same halves
+// waited for at once in f32 (and one rank's to 1e-9 in f64, micro-batches
+// and a dp x tp mesh included); the same collectives, counts and bytes; the
+// same bytes as the unsplit step's, each block point's call made once per
+// half. The trace shows computation after each started call before the next
+// is issued, in both passes. Refused where it cannot split.
+BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
+  auto rows = [](const train::TrainResult& r) {
+    std::vector<std::string> out;
+    for (const auto& c : r.comm)
+      out.push_back(fmt::format("{} {} over {}: x{} {} bytes", c.phase, c.kind, fmt::join(c.mesh_dims, ","), c.count,
+                                c.bytes));
+    return out;
+  };
+  auto bytes = [](const train::TrainResult& r, std::string_view phase) {
+    std::uint64_t n = 0;
+    for (const auto& c : r.comm)
+      if (c.phase == phase) n += c.bytes;
+    return n;
+  };
+  for (const Overlap& c : {Overlap{DType::Float32, {2}, {"tp"}, {"tp"}, 1},
+                           Overlap{DType::Float32, {2}, {"tp"}, {"tp_sp"}, 1},
+                           Overlap{DType::Float64, {4}, {"tp"}, {"tp"}, 1},
+                           Overlap{DType::Float64, {2, 2}, {"dp", "tp"}, {"ddp", "tp_sp"}, 2}}) {
+    auto o = small_model(c.dtype, 3);
+    o.micro_batches = c.micro_batches;
+    const std::string what = fmt::format("{} {} on {} with {} micro-batches", c.dtype, fmt::join(c.plans, ","),
+                                         fmt::join(c.mesh, "x"), c.micro_batches);
+    const auto unsplit = run(o, c.mesh, c.dims, c.plans);
+    o.domino = true;
+    const auto overlapped = run(o, c.mesh, c.dims, c.plans);
+    o.domino_started = false;
+    const auto reference = run(o, c.mesh, c.dims, c.plans);
+    BOOST_TEST_REQUIRE(overlapped.losses.size() == reference.losses.size(), what);
+    for (std::size_t i = 0; i < reference.losses.size(); ++i)
+      BOOST_TEST(overlapped.losses[i] == reference.losses[i], what << ": step " << i);
+    BOOST_TEST(overlapped.val_loss == reference.val_loss, what);
+    BOOST_TEST(rows(overlapped) == rows(reference), fmt::format("{}:\n{}\nwaited for at once:\n{}", what,
+                                                                fmt::join(rows(overlapped), "\n"),
+                                                                fmt::join(rows(reference), "\n")));
+    // Per block and micro-batch, tp's two points move in each pass (the
+    // input points' layout is the residual's), tp_sp's four.
+    const std::uint64_t points = c.plans.back() == "tp" ? 2 : 4;
+    const std::uint64_t extra = points * static_cast<std::uint64_t>(o.model.layers * c.micro_batches);
+    for (const char* phase : {"forward", "backward"}) {
+      BOOST_TEST(bytes(overlapped, phase) == bytes(unsplit, phase), what << " " << phase);
+      BOOST_TEST(total(overlapped, phase) == total(unsplit, phase) + extra, what << " " << phase);
+    }
+    BOOST_TEST(rows(overlapped).back() == rows(unsplit).back(), what << ": the optimizer's calls");
+    if (c.dtype == DType::Float64) {
+      auto one_rank = o;
+      one_rank.domino = false;
+      check_same_losses(train::train(one_rank, slice(), nullptr), overlapped, 1e-9, what);
+    }
+  }
+
+  // The trace: an op begins while many started calls run (or queue) on the
+  // rank's worker; none while any call of the reference does, whose rank
+  // waits at once.
+  auto o = small_model(DType::Float32, 1);
+  o.domino = true;
+  for (const bool started : {true, false}) {
+    o.domino_started = started;
+    const fs::path path = fs::temp_directory_path() / fmt::format("dtensor_gpt_domino_{}.json", ::getpid());
+    o.trace = path.string();
+    run(o, {2}, {"tp"}, {"tp_sp"});
+    std::ifstream in(path);
+    BOOST_TEST_REQUIRE(in.good(), "no trace at " << path);
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    fs::remove(path);
+    for (int rank = 0; rank < 2; ++rank) {
+      std::vector<double> ops;
+      std::vector<std::pair<double, double>> calls;  // issued, ended
+      for (const auto& e : trace["traceEvents"]) {
+        if (e["ph"] != "X" || e["pid"] != rank) continue;
+        const double ts = e["ts"].get<double>();
+        if (e["cat"] == "op") ops.push_back(ts);
+        if (e["cat"] == "collective" && e["args"].contains("queued_us"))
+          calls.emplace_back(ts - e["args"]["queued_us"].get<double>(), ts + e["dur"].get<double>());
+      }
+      // Four points per block and half, in each pass.
+      const std::size_t expected = 2 * 4 * 2 * static_cast<std::size_t>(o.model.layers);
+      const std::string what = fmt::format("rank {}, started {}", rank, started);
+      BOOST_TEST(calls.size() == expected, what << ": " << calls.size() << " started calls, expected " << expected);
+      const auto under = std::count_if(calls.begin(), calls.end(), [&](const auto& call) {
+        return std::any_of(ops.begin(), ops.end(), [&](double t) { return t > call.first && t < call.second; });
+      });
+      if (started)
+        BOOST_TEST(4 * static_cast<std::size_t>(under) >= calls.size(),
+                   what << ": an op ran under " << under << " of " << calls.size() << " calls");
+      else
+        BOOST_TEST(under == 0, what << ": an op ran under " << under << " calls waited for at once");
+    }
+  }
+
+  o.trace.clear();
+  o.batch = 2;  // one row per rank on a 2 x 2 dp x tp mesh: nothing to split
+  testing::check_throws<RankFailed>([&] { run(o, {2, 2}, {"dp", "tp"}, {"ddp", "tp"}); },
+                                    "domino splits each rank's batch rows into two halves");
+  o.batch = 4;
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"fsdp"}); }, "domino with plan 'fsdp'");
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"ddp"}); }, "expected a tp or tp_sp dim");
+}
+
 // FSDP2's reshard_after_forward off: each block's gathered unit is kept for
 // its backward, so the backward gathers nothing and recomputes nothing,
 // with the same values (bit for bit in f32, one rank's in f64 with

@@ -110,6 +110,10 @@ void LayerNorm<X>::named_parameters(const std::string& prefix, NamedParameters<X
 template <TensorOrDTensor X>
 X CausalSelfAttention<X>::operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache,
                                      std::size_t layer) const {
+  return proj(attend(x, cache, layer), &layouts, Point::AttentionOutput);
+}
+template <TensorOrDTensor X>
+X CausalSelfAttention<X>::attend(const X& x, KVCache<X>* cache, std::size_t layer) const {
   const std::int64_t batch = x.shape()[0], len = x.shape()[1], dim = x.shape()[2], head_dim = dim / heads;
   // [B, T, D] -> [B, H, T, hd]: with the projections' output features
   // sharded over tp, whole heads stay on their rank.
@@ -135,8 +139,7 @@ X CausalSelfAttention<X>::operator()(const X& x, const ActivationLayouts& layout
   X scores = einsum("bhqd,bhkd->bhqk", {scaled_query, key});
   if (len > 1) scores = add(scores, like(scores, causal_mask(len, past)));
   const X heads_out = matmul(softmax(scores, -1), value);                   // [B, H, T, hd]
-  const X merged = reshape(transpose(heads_out, 1, 2), {batch, len, dim});  // [B, T, D]
-  return proj(merged, &layouts, Point::AttentionOutput);
+  return reshape(transpose(heads_out, 1, 2), {batch, len, dim});  // [B, T, D]
 }
 template <TensorOrDTensor X>
 void CausalSelfAttention<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
@@ -145,7 +148,11 @@ void CausalSelfAttention<X>::named_parameters(const std::string& prefix, NamedPa
 
 template <TensorOrDTensor X>
 X MLP<X>::operator()(const X& x, const ActivationLayouts& layouts) const {
-  return proj(gelu(fc(x)), &layouts, Point::MlpOutput);
+  return proj(hidden(x), &layouts, Point::MlpOutput);
+}
+template <TensorOrDTensor X>
+X MLP<X>::hidden(const X& x) const {
+  return gelu(fc(x));
 }
 template <TensorOrDTensor X>
 void MLP<X>::named_parameters(const std::string& prefix, NamedParameters<X>& out) {
@@ -253,12 +260,16 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
              true,
              true,
              {},
-             {}};
+             {},
+             false,
+             true};
 }
 
 template <TensorOrDTensor X>
 X GPT<X>::logits(const X& tokens, KVCache<X>* cache) const {
   if constexpr (std::same_as<X, DTensor>) {
+    // Domino overlaps a training step; a generation step (cache) runs whole.
+    if (domino && !cache) return detail::domino_logits(*this, tokens);
     if (!units.empty()) return detail::fully_sharded_logits(*this, tokens, cache);
     if (!gathered_layouts.empty()) return detail::gathered_blocks_logits(*this, tokens, cache);
   }

@@ -304,6 +304,8 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   model.prefetch_units = o.prefetch_units;
   model.overlap_unit_reduce = o.overlap_unit_reduce;
   model.reshard_after_forward = o.reshard_after_forward;
+  model.domino = o.domino;
+  model.domino_started = o.domino_started;
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,
@@ -311,6 +313,20 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
                                                .state_layouts = env.state_layouts(model.named_parameters()),
                                                .overlap_parameter_gather = o.overlap_param_gather}});
   if (first_step > 0) load_moments(o.resume_dir, model, optimizer, first_step, env);
+  if (o.domino) {
+    bool tensor_parallel = false;
+    for (const std::string& plan : o.plans) {
+      tensor_parallel = tensor_parallel || plan == "tp" || plan == "tp_sp";
+      if (plan != "ddp" && plan != "zero1" && plan != "tp" && plan != "tp_sp")
+        throw ValueError(fmt::format("[train] domino with plan '{}': Domino splits the blocks of meshes whose plans "
+                                     "are ddp, zero1, tp or tp_sp",
+                                     plan));
+    }
+    if (!tensor_parallel)
+      throw ValueError(fmt::format("[train] domino with plans '{}': it overlaps tensor-parallel collectives; "
+                                   "expected a tp or tp_sp dim",
+                                   fmt::join(o.plans, ",")));
+  }
   std::optional<nn::OverlappedGradientReduction> overlap;
   if (o.overlap_grad_reduce) {
     for (const std::string& plan : o.plans)

@@ -114,6 +114,8 @@ struct CausalSelfAttention {
   /// x [B, T, D]; with a cache, x holds the positions after the cached ones,
   /// whose keys and values are appended to it (`layer` picks the cache's).
   X operator()(const X& x, const ActivationLayouts& layouts, KVCache<X>* cache = nullptr, std::size_t layer = 0) const;
+  /// The heads' outputs merged, [B, T, D], before the output projection.
+  X attend(const X& x, KVCache<X>* cache = nullptr, std::size_t layer = 0) const;
   void named_parameters(const std::string& prefix, NamedParameters<X>& out);
 };
 
@@ -121,6 +123,8 @@ template <TensorOrDTensor X>
 struct MLP {
   Linear<X> fc, proj;  // D -> 4D -> D, GELU between
   X operator()(const X& x, const ActivationLayouts& layouts) const;
+  /// GELU(fc(x)), the output projection's input.
+  X hidden(const X& x) const;
   void named_parameters(const std::string& prefix, NamedParameters<X>& out);
 };
 
@@ -221,6 +225,21 @@ struct GPT {
   /// before the embedding and kept through the backward, which sends their
   /// gradients back in one call. Empty: the root is used as it is laid out.
   std::vector<Layout> root_gathered_layouts;
+  /// Domino's tensor-parallel overlap (Wang et al. 2024; off by default):
+  /// a training forward splits each rank's batch rows into two halves and
+  /// runs the blocks on both in turn, starting each half's collective at
+  /// the plan's block points (the all_reduce or reduce_scatter after a
+  /// row-parallel projection, the all_gather, or the gradient's all_reduce,
+  /// before a column-parallel one) and waiting for it only when that half
+  /// needs the result, so one half's collectives run under the other's
+  /// computation, in the forward and, mirrored, in the backward
+  /// (start_redistribute). The same collectives per half as an unsplit
+  /// step's, twice as many at half the bytes. ValueError for MoE blocks,
+  /// fully sharded models, or a batch whose rows per rank are odd.
+  bool domino = false;
+  /// Off: the same halves, the same calls in the same order, each waited
+  /// for at once (the reference Domino's values equal bit for bit).
+  bool domino_started = true;
 
   /// Parameters made by `make` in named_parameters() order, with GPT-2's
   /// initialisation (normal(0, 0.02), projections into the residual stream
@@ -267,6 +286,8 @@ namespace detail {
 /// units, or per-parameter shards gathered per block.
 DTensor fully_sharded_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
 DTensor gathered_blocks_logits(const GPT<DTensor>& model, const DTensor& tokens, KVCache<DTensor>* cache);
+/// GPT<DTensor>::logits with GPT::domino on (domino.cpp).
+DTensor domino_logits(const GPT<DTensor>& model, const DTensor& tokens);
 /// FSDP2's per-parameter sharding, piece by piece (a whole model's forward
 /// or a pipeline stage's): `members` replaced by their gathered values
 /// (one recorded redistribute_all, so their gradients leave together), and
