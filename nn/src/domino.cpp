@@ -13,10 +13,11 @@
 //   1  attention, then the output projection's GEMM    -> AttentionOutput
 //   2  + its bias + the residual, then ln2             -> MlpInput
 //   3  the MLP up to its output projection's GEMM      -> MlpOutput
-// and the two halves alternate stage by stage: half 0's stage k, half 1's
-// stage k, half 0's stage k+1 (which waits for half 0's collective of stage
-// k, in flight while half 1 computed), ... The expressions are the unsplit
-// Block's, so a half computes what the unsplit block computes on its rows.
+// A half runs its stages until one of them starts a collective; then the
+// other half runs until it starts one, and so on: half 0's next stage
+// waits for its collective, which moved while half 1 computed. The
+// expressions are the unsplit Block's, so a half computes what the unsplit
+// block computes on its rows.
 #include <fmt/format.h>
 
 #include "dtensor/api/coalesced.h"
@@ -43,6 +44,8 @@ class AtPoint {
       ready_.emplace(x);
   }
   DTensor wait() { return moving_ ? moving_->wait() : *ready_; }
+  /// Whether a collective was started (else the value is where it belongs).
+  bool moving() const { return moving_.has_value(); }
 
  private:
   std::optional<StartedRedistribute> moving_;
@@ -54,6 +57,7 @@ DTensor plus_bias(const DTensor& y, const Linear<DTensor>& linear) { return line
 struct Half {
   DTensor residual;                // the block's input, then its attention residual
   std::optional<AtPoint> pending;  // the last stage's output, moving to its point
+  std::size_t next_stage = 0;      // over all blocks: block next_stage / 4, its stage next_stage % 4
 };
 
 // Each rank's rows of x [B, T, D] in two halves, as [B/2, T, D] tensors of
@@ -115,11 +119,22 @@ DTensor domino_logits(const GPT<DTensor>& model, const DTensor& tokens) {
   const DTensor x = embed_tokens(model.wte, model.wpe, tokens, 0, model.layouts);
   const std::array<DTensor, 2> rows = split_rows(x);
   std::array<Half, 2> halves{Half{rows[0], {}}, Half{rows[1], {}}};
-  for (std::size_t l = 0; l < model.blocks.size(); ++l)
-    for (int stage = 0; stage < 4; ++stage)
-      for (Half& half : halves)
-        run_stage(model.blocks[l], l > 0 ? &model.blocks[l - 1] : nullptr, stage, half, model.layouts,
-                  model.domino_started);
+  // A half runs stages until one starts a collective, then the other half
+  // runs: each started collective moves under the other half's stages up
+  // to its own next one. Under tp the block inputs move nothing, so each
+  // all_reduce lies under the other half's attention or MLP.
+  const std::size_t stages = 4 * model.blocks.size();
+  auto advance = [&](Half& half) {
+    while (half.next_stage < stages) {
+      const std::size_t l = half.next_stage / 4;
+      run_stage(model.blocks[l], l > 0 ? &model.blocks[l - 1] : nullptr, static_cast<int>(half.next_stage % 4), half,
+                model.layouts, model.domino_started);
+      ++half.next_stage;
+      if (half.pending->moving()) return;
+    }
+  };
+  while (halves[0].next_stage < stages || halves[1].next_stage < stages)
+    for (Half& half : halves) advance(half);
   std::array<DTensor, 2> out = rows;
   for (std::size_t h = 0; h < 2; ++h)
     out[h] = model.blocks.empty()
