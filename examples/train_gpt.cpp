@@ -266,8 +266,12 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
                "with --overlap: zero1 gathers the updated parameters in the step, not under the next forward "
                "(default: under the next forward)");
   app.add_flag("--domino", o.domino,
-               "tp, tp_sp: split each rank's batch rows into two halves whose tensor-parallel collectives run "
-               "under each other's computation, forward and backward (Domino; default: off)");
+               "tp, tp_sp: split each rank's batch rows into chunks whose tensor-parallel collectives run under "
+               "each other's computation, forward and backward (Domino, default: off)");
+  app.add_option("--domino-chunks", o.domino_chunks,
+                 "with --domino: the chunks of each rank's rows (more hide a collective after a short stage, "
+                 "as tp_sp's all_gathers, under more computation, at smaller GEMMs; default: 2)")
+      ->check(CLI::Range(2, 64));
   app.add_flag("!--no-prefetch", o.prefetch_units,
                "fsdp: gather each unit when its block runs, not under the block before (default: prefetch)");
   app.add_flag("!--no-reduce-overlap", o.overlap_unit_reduce,

@@ -639,14 +639,16 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
       if (c.phase == phase) n += c.bytes;
     return n;
   };
-  for (const Overlap& c : {Overlap{DType::Float32, {2}, {"tp"}, {"tp"}, 1},
-                           Overlap{DType::Float32, {2}, {"tp"}, {"tp_sp"}, 1},
-                           Overlap{DType::Float64, {4}, {"tp"}, {"tp"}, 1},
-                           Overlap{DType::Float64, {2, 2}, {"dp", "tp"}, {"ddp", "tp_sp"}, 2}}) {
+  for (const auto& [c, chunks] : {std::pair{Overlap{DType::Float32, {2}, {"tp"}, {"tp"}, 1}, 2},
+                                  std::pair{Overlap{DType::Float32, {2}, {"tp"}, {"tp_sp"}, 1}, 2},
+                                  std::pair{Overlap{DType::Float32, {2}, {"tp"}, {"tp_sp"}, 1}, 4},
+                                  std::pair{Overlap{DType::Float64, {4}, {"tp"}, {"tp"}, 1}, 2},
+                                  std::pair{Overlap{DType::Float64, {2, 2}, {"dp", "tp"}, {"ddp", "tp_sp"}, 2}, 2}}) {
     auto o = small_model(c.dtype, 3);
     o.micro_batches = c.micro_batches;
-    const std::string what = fmt::format("{} {} on {} with {} micro-batches", c.dtype, fmt::join(c.plans, ","),
-                                         fmt::join(c.mesh, "x"), c.micro_batches);
+    o.domino_chunks = chunks;
+    const std::string what = fmt::format("{} {} on {} with {} micro-batches, {} chunks", c.dtype,
+                                         fmt::join(c.plans, ","), fmt::join(c.mesh, "x"), c.micro_batches, chunks);
     const auto unsplit = run(o, c.mesh, c.dims, c.plans);
     o.domino = true;
     const auto overlapped = run(o, c.mesh, c.dims, c.plans);
@@ -662,7 +664,7 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
     // Per block and micro-batch, tp's two points move in each pass (the
     // input points' layout is the residual's), tp_sp's four.
     const std::uint64_t points = c.plans.back() == "tp" ? 2 : 4;
-    const std::uint64_t extra = points * static_cast<std::uint64_t>(o.model.layers * c.micro_batches);
+    const std::uint64_t extra = points * static_cast<std::uint64_t>(o.model.layers * c.micro_batches * (chunks - 1));
     for (const char* phase : {"forward", "backward"}) {
       BOOST_TEST(bytes(overlapped, phase) == bytes(unsplit, phase), what << " " << phase);
       BOOST_TEST(total(overlapped, phase) == total(unsplit, phase) + extra, what << " " << phase);
@@ -717,8 +719,11 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
   o.trace.clear();
   o.batch = 2;  // one row per rank on a 2 x 2 dp x tp mesh: nothing to split
   testing::check_throws<RankFailed>([&] { run(o, {2, 2}, {"dp", "tp"}, {"ddp", "tp"}); },
-                                    "domino splits each rank's batch rows into two halves");
+                                    "domino splits each rank's batch rows into 2 chunks: a batch of 2 over 2 shard(s)");
   o.batch = 4;
+  o.domino_chunks = 1;
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"tp"}, {"tp"}); }, "domino_chunks = 1; expected at least 2");
+  o.domino_chunks = 2;
   testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"fsdp"}); }, "domino with plan 'fsdp'");
   testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"ddp"}); }, "expected a tp or tp_sp dim");
 }

@@ -262,7 +262,8 @@ GPT<X> GPT<X>::init(const GPTConfig& config, std::uint64_t seed, const Parameter
              {},
              {},
              false,
-             true};
+             true,
+             2};
 }
 
 template <TensorOrDTensor X>

@@ -306,6 +306,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   model.reshard_after_forward = o.reshard_after_forward;
   model.domino = o.domino;
   model.domino_started = o.domino_started;
+  model.domino_chunks = o.domino_chunks;
   std::vector<X> params = model.parameters();
   nn::AdamW<X> optimizer(params, {.lr = o.lr,
                                   .weight_decay = o.weight_decay,

@@ -226,20 +226,25 @@ struct GPT {
   /// gradients back in one call. Empty: the root is used as it is laid out.
   std::vector<Layout> root_gathered_layouts;
   /// Domino's tensor-parallel overlap (Wang et al. 2024; off by default):
-  /// a training forward splits each rank's batch rows into two halves and
-  /// runs the blocks on both in turn, starting each half's collective at
-  /// the plan's block points (the all_reduce or reduce_scatter after a
-  /// row-parallel projection, the all_gather, or the gradient's all_reduce,
-  /// before a column-parallel one) and waiting for it only when that half
-  /// needs the result, so one half's collectives run under the other's
-  /// computation, in the forward and, mirrored, in the backward
-  /// (start_redistribute). The same collectives per half as an unsplit
-  /// step's, twice as many at half the bytes. ValueError for MoE blocks,
-  /// fully sharded models, or a batch whose rows per rank are odd.
+  /// a training forward splits each rank's batch rows into chunks (halves
+  /// by default: domino_chunks) and runs the blocks on them in turn,
+  /// starting each chunk's collective at the plan's block points (the
+  /// all_reduce or reduce_scatter after a row-parallel projection, the
+  /// all_gather before a column-parallel one) and waiting for it only when
+  /// that chunk needs the result, so one chunk's collectives run under the
+  /// others' computation, in the forward and, mirrored, in the backward
+  /// (start_redistribute). Each point's calls as an unsplit step's, one per
+  /// chunk, the same bytes in all. ValueError for MoE blocks, fully sharded
+  /// models, or a batch whose rows per rank do not split into the chunks.
   bool domino = false;
-  /// Off: the same halves, the same calls in the same order, each waited
+  /// Off: the same chunks, the same calls in the same order, each waited
   /// for at once (the reference Domino's values equal bit for bit).
   bool domino_started = true;
+  /// Domino's chunks of each rank's rows (2: halves). More chunks hide a
+  /// collective that follows a short stage (tp_sp's all_gather after a
+  /// layer norm) under more of the others' computation, at smaller GEMMs
+  /// and more calls. ValueError below 2.
+  std::int64_t domino_chunks = 2;
 
   /// Parameters made by `make` in named_parameters() order, with GPT-2's
   /// initialisation (normal(0, 0.02), projections into the residual stream

@@ -61,11 +61,12 @@ struct TrainOptions {
   /// for its recomputed backward (nn::GPT::reshard_after_forward); off,
   /// kept gathered from the forward to the backward.
   bool reshard_after_forward = true;
-  /// tp, tp_sp: Domino's overlap, each rank's batch rows in two halves
-  /// whose tensor-parallel collectives run under each other's computation
-  /// (nn::GPT::domino).
+  /// tp, tp_sp: Domino's overlap, each rank's batch rows in chunks (two
+  /// by default) whose tensor-parallel collectives run under each other's
+  /// computation (nn::GPT::domino, nn::GPT::domino_chunks).
   bool domino = false;
-  /// With domino, off: the same halves and calls, each waited for at once
+  std::int64_t domino_chunks = 2;
+  /// With domino, off: the same chunks and calls, each waited for at once
   /// (nn::GPT::domino_started; the reference an overlapped run equals).
   bool domino_started = true;
   /// The buckets the gradients are reduced in, overlapped or not (DDP's
