@@ -300,9 +300,8 @@ int main(int argc, char** argv) {
                "tp and tp_sp rows: each rank's batch rows in chunks whose tensor-parallel collectives run "
                "under each other's computation (nn::GPT::domino)");
   app.add_option("--domino-chunks", o.train.domino_chunks,
-                 "with --domino: the chunks of each rank's rows (more hide a collective after a short stage, "
-                 "as tp_sp's all_gathers, under more computation, at smaller GEMMs)")
-      ->check(CLI::Range(2, 64));
+                 "with --domino: the chunks of each rank's rows; more hide a collective after a short stage "
+                 "(tp_sp's all_gathers) under more computation, at smaller GEMMs (default: 2)");
   app.add_flag("!--no-prefetch", o.train.prefetch_units,
                "fsdp rows: gather each unit when its block runs, not during the block before");
   app.add_flag("!--no-reduce-overlap", o.train.overlap_unit_reduce,

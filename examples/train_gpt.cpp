@@ -143,7 +143,7 @@ struct CommandLine {
   std::string trace_svg_path;
   bool trace_measured = false;
   bool no_param_overlap = false;  // with --overlap: zero1's parameter gather in the step
-  std::string link_text;
+  std::string link_text, budget_text;
   std::string drop_policy = "probs", balance = "aux";
 };
 
@@ -265,13 +265,15 @@ void add_output_options(CLI::App& app, CommandLine& cl) {
   app.add_flag("--no-param-overlap", cl.no_param_overlap,
                "with --overlap: zero1 gathers the updated parameters in the step, not under the next forward "
                "(default: under the next forward)");
+  app.add_option("--budget", cl.budget_text,
+                 "fail an allocation that would hold more than this on any rank (OutOfBudget naming the rank), "
+                 "e.g. 512MiB (default: DTENSOR_MEMORY_BUDGET, else none)");
   app.add_flag("--domino", o.domino,
                "tp, tp_sp: split each rank's batch rows into chunks whose tensor-parallel collectives run under "
-               "each other's computation, forward and backward (Domino, default: off)");
+               "each other's computation, forward and backward, Domino (default: off)");
   app.add_option("--domino-chunks", o.domino_chunks,
-                 "with --domino: the chunks of each rank's rows (more hide a collective after a short stage, "
-                 "as tp_sp's all_gathers, under more computation, at smaller GEMMs; default: 2)")
-      ->check(CLI::Range(2, 64));
+                 "with --domino: the chunks of each rank's rows; more hide a collective after a short stage "
+                 "(tp_sp's all_gathers) under more computation, at smaller GEMMs (default: 2)");
   app.add_flag("!--no-prefetch", o.prefetch_units,
                "fsdp: gather each unit when its block runs, not under the block before (default: prefetch)");
   app.add_flag("!--no-reduce-overlap", o.overlap_unit_reduce,
@@ -312,6 +314,7 @@ void check_command_line(CommandLine& cl) {
   o.model.moe.drop_policy = cl.drop_policy == "position" ? nn::DropPolicy::Position : nn::DropPolicy::Probs;
   o.model.moe.balance = cl.balance == "bias" ? nn::Balance::Bias : nn::Balance::AuxLoss;
   o.plans = split_list(cl.plan_text);
+  if (!cl.budget_text.empty()) o.memory_budget = static_cast<std::size_t>(parse_bytes(cl.budget_text));
   if (!cl.mesh_text.empty()) o.mesh = parse_mesh(cl.mesh_text);
   if (!cl.dims_text.empty()) o.dims = split_list(cl.dims_text);
   const std::size_t ndim = o.mesh.empty() ? o.plans.size() : o.mesh.size();

@@ -781,6 +781,27 @@ BOOST_AUTO_TEST_CASE(clipping_takes_one_all_reduce) {
   }
 }
 
+// A memory budget (TrainOptions::memory_budget, else DTENSOR_MEMORY_BUDGET):
+// a plan whose peak fits trains exactly as without one; below its peak the
+// run stops with an OutOfBudget naming the rank and the budget, from the
+// option or the variable alike.
+BOOST_AUTO_TEST_CASE(a_memory_budget_stops_a_plan_that_does_not_fit) {
+  auto o = small_model(DType::Float32, 2);
+  const auto unbounded = run(o, {2}, {"dp"}, {"zero1"});
+  BOOST_TEST_REQUIRE(unbounded.peak_bytes > 0u);
+  o.memory_budget = 2 * unbounded.peak_bytes;
+  const auto bounded = run(o, {2}, {"dp"}, {"zero1"});
+  BOOST_TEST(bounded.losses == unbounded.losses);
+  o.memory_budget = unbounded.peak_bytes / 2;
+  const std::string refused = fmt::format("past the budget of {}", human_bytes(static_cast<std::int64_t>(o.memory_budget)));
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"zero1"}); }, refused);
+  testing::check_throws<OutOfBudget>([&] { train::train(o, slice(), nullptr); }, "[memory] rank 0: ");
+  ::setenv("DTENSOR_MEMORY_BUDGET", fmt::format("{}B", o.memory_budget).c_str(), 1);
+  o.memory_budget = 0;
+  testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"zero1"}); }, refused);
+  ::unsetenv("DTENSOR_MEMORY_BUDGET");
+}
+
 BOOST_AUTO_TEST_CASE(a_plan_that_does_not_fit_is_named) {
   auto o = small_model(DType::Float64, 1);
   o.model.heads = 2;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "dtensor/core/memory_account.h"
+#include "dtensor/core/units.h"
 #include "dtensor/core/detail/cache_capacity.h"
 #include "dtensor/core/detail/host_blocks.h"
 #include "support.h"
@@ -194,6 +195,45 @@ BOOST_AUTO_TEST_CASE(blocks_freed_on_other_threads) {
   BOOST_TEST(again.get({(1 << 20) - 1}) == 0.0);
   BOOST_TEST(host_blocks::class_size((4 << 20) + 1) == (4u << 20) + (512u << 10));
   BOOST_TEST(host_blocks::class_size(std::size_t{3} << 20) == std::size_t{3} << 20);
+}
+
+// A budget: an allocation that would hold more than it in use is an
+// OutOfBudget naming the owner, the bytes asked for, those it would hold,
+// the budget and the peak, and takes nothing; up to the budget exactly is
+// allowed; 0 lifts it. DTENSOR_MEMORY_BUDGET's text parses as parse_bytes.
+BOOST_AUTO_TEST_CASE(a_budget_refuses_what_would_pass_it) {
+  auto account = std::make_shared<MemoryAccount>();
+  account->set_budget(1000, "rank 3");
+  const ChargeMemoryTo charge(account);
+  const Tensor first = Tensor::empty({100}, DType::Float64);  // 800 bytes
+  testing::check_throws<OutOfBudget>(
+      [] { (void)Tensor::empty({26}, DType::Float64); },
+      "[memory] rank 3: 208 B more would hold 1008 B in use, past the budget of 1000 B (1000 bytes); the peak so far "
+      "800 B");
+  BOOST_TEST(account->bytes_in_use() == 800u);
+  const Tensor exactly = Tensor::empty({25}, DType::Float64);  // 200 bytes: 1000 in all
+  BOOST_TEST(account->bytes_in_use() == 1000u);
+  account->set_budget(0, "rank 3");
+  const Tensor beyond = Tensor::empty({1000}, DType::Float64);
+  BOOST_TEST(account->bytes_in_use() == 9000u);
+}
+
+BOOST_AUTO_TEST_CASE(byte_counts_parse_as_people_write_them) {
+  for (const auto& [text, bytes] : {std::pair{"4096", std::int64_t{4096}}, std::pair{"4096B", std::int64_t{4096}},
+                                    std::pair{"512MiB", std::int64_t{512} << 20}, std::pair{"1.5 GiB", std::int64_t{3} << 29},
+                                    std::pair{"2GB", std::int64_t{2'000'000'000}}, std::pair{"300 mb", std::int64_t{300'000'000}},
+                                    std::pair{"1kib", std::int64_t{1024}}, std::pair{"0.5KiB", std::int64_t{512}}})
+    BOOST_TEST(parse_bytes(text) == bytes, text);
+  for (const char* bad : {"", "MiB", "12XB", "-5MiB", "1.2.3", "1e3", "99999999999TiB", "5 Mi B"})
+    testing::check_throws<ParseError>([&] { (void)parse_bytes(bad); },
+                                      fmt::format("[units] '{}' is not a byte count", bad));
+  ::setenv("DTENSOR_MEMORY_BUDGET", "64KiB", 1);
+  BOOST_TEST(memory_budget_from_environment().value_or(0) == 65536u);
+  ::setenv("DTENSOR_MEMORY_BUDGET", "lots", 1);
+  testing::check_throws<ParseError>([] { (void)memory_budget_from_environment(); },
+                                    "[memory] DTENSOR_MEMORY_BUDGET: [units] 'lots' is not a byte count");
+  ::unsetenv("DTENSOR_MEMORY_BUDGET");
+  BOOST_TEST(!memory_budget_from_environment());
 }
 
 // Thread ranks each see their own bytes: a thread's account is charged what

@@ -30,7 +30,7 @@ OPTIONS = ["--ranks", "--device", "--mesh", "--dims", "--plan", "--layers", "--d
            "--clip", "--seed", "--dtype", "--text", "--eval-every", "--json", "--plot", "--explain", "--trace",
            "--trace-svg", "--generate", "--schedule", "--virtual", "--tie-embeddings",
            "--moe-experts", "--moe-top-k", "--moe-every", "--capacity-factor", "--drop-policy", "--aux-loss", "--z-loss",
-           "--balance"]
+           "--balance", "--budget", "--domino", "--domino-chunks"]
 # A pipeline's run: 4 blocks for up to 4 stages, 2 micro-batches.
 PIPELINE = ["--layers", "4", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--dtype", "f64",
             "--lr", "3e-3", "--micro-batches", "2", "--steps", "4"]
@@ -100,6 +100,15 @@ def check_help(exe, env, cases):
     # An option added later needs its line too.
     bare = [o for o, line in lines.items() if o != "-h,--help" and "(default: " not in line]
     cases.check("every option --help prints gives its default", rc == 0 and not bare, bare)
+    # A budget below what one step holds stops the run with OutOfBudget
+    # naming the rank; the variable does the same; a bad size is refused.
+    rc, _, err = run([exe, "--steps", "1", "--budget", "64KiB"], env)
+    cases.check("--budget 64KiB: the run stops with an OutOfBudget naming rank 0 and the budget",
+                rc != 0 and "[memory] rank 0: " in err and "past the budget of 64 KiB" in err, err[-400:])
+    rc, _, err = run([exe, "--steps", "1"], {**env, "DTENSOR_MEMORY_BUDGET": "64KiB"})
+    cases.check("DTENSOR_MEMORY_BUDGET=64KiB: the same", rc != 0 and "past the budget of 64 KiB" in err, err[-400:])
+    rc, _, err = run([exe, "--budget", "lots"], env)
+    cases.check("--budget lots: refused, naming the text", rc != 0 and "'lots' is not a byte count" in err, err[-400:])
     rc, _, err = run([exe, "--plan", "foo"], env)
     known = err.split("expected one of ")[-1].strip().split(", ") if "expected one of " in err else []
     plan_words = set(re.findall(r"[\w-]+", lines.get("--plan", "")))

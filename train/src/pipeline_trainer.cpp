@@ -235,7 +235,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
                 const pipe::Schedule& schedule, const StepCallback& on_step) {
   using X = typename Stages::X;
   // Everything this rank allocates from here on is charged to it.
-  const auto memory = std::make_shared<MemoryAccount>();
+  const auto memory = rank_account(o, mesh.rank());
   const ChargeMemoryTo charge(memory);
   std::size_t step_peak = 0;
   Communicator& pp = mesh.dim_comm(pp_dim);

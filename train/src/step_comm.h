@@ -1,6 +1,6 @@
 #pragma once
 // What the trainer's two loops (trainer.cpp, pipeline_trainer.cpp) share, not
-// installed: a step's collectives by phase as TrainResult::comm lists them,
+// installed: a rank's memory account, a step's collectives by phase as TrainResult::comm lists them,
 // a scalar's value, the plan's optimizer-state layouts, a checkpoint's
 // names, targets and loads, the throughput.
 #include <map>
@@ -10,12 +10,25 @@
 #include <vector>
 
 #include <dtensor/checkpoint/checkpoint.h>
+#include <dtensor/core/memory_account.h>
+#include <fmt/format.h>
 #include <dtensor/dtensor.h>
 #include <dtensor/nn/parallel_plan.h>
 
 #include "dtensor/train/trainer.h"
 
 namespace dtensor::train::detail {
+
+// This rank's memory account, its budget the options' (else
+// DTENSOR_MEMORY_BUDGET's, else none): an allocation past it is an
+// OutOfBudget naming the rank.
+inline std::shared_ptr<MemoryAccount> rank_account(const TrainOptions& o, int rank) {
+  auto account = std::make_shared<MemoryAccount>();
+  const std::optional<std::size_t> budget =
+      o.memory_budget > 0 ? std::optional<std::size_t>(o.memory_budget) : memory_budget_from_environment();
+  if (budget) account->set_budget(*budget, fmt::format("rank {}", rank));
+  return account;
+}
 
 // The optimizer states where `plan` keeps them (zero1: S(0) over dp); none
 // where every state is in its parameter's layout.

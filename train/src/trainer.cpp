@@ -48,6 +48,7 @@ struct PlainEnv {
         fmt::format("--trace '{}' records the DTensor ops of a run on a mesh; this run has plain tensors", path));
   }
   bool lead() const { return true; }
+  int rank() const { return 0; }
   std::vector<std::string> dim_names() const { return {}; }
   std::uint64_t largest(std::uint64_t v) const { return v; }
   std::vector<Layout> state_layouts(const nn::NamedParameters<Tensor>&) const { return {}; }
@@ -78,6 +79,7 @@ struct MeshEnv {
   void start_trace(std::optional<TraceScope>& trace, const std::string& path) const { trace.emplace(mesh, path); }
   DimsStats stats() const { return detail::mesh_stats(mesh); }
   bool lead() const { return mesh.rank() == 0; }
+  int rank() const { return mesh.rank(); }
   std::vector<std::string> dim_names() const { return mesh.dim_names(); }
   std::vector<Layout> state_layouts(const nn::NamedParameters<DTensor>& named) const {
     return detail::plan_state_layouts(plan, named);
@@ -292,7 +294,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Env& env, con
   const std::int64_t seq = o.model.seq;
   // Everything this rank allocates from here on (parameters, states,
   // gradients, activations, buffers of collectives) is charged to it.
-  const auto memory = std::make_shared<MemoryAccount>();
+  const auto memory = detail::rank_account(o, env.rank());
   const ChargeMemoryTo charge(memory);
   std::size_t step_peak = 0;
   nn::GPT<X> model = nn::GPT<X>::init(o.model, o.seed, env.factory(), env.activations(false));

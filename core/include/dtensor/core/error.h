@@ -74,6 +74,16 @@ class AutogradError : public Error {
   using Error::Error;
 };
 
+/// An allocation that would take a memory account past its budget
+/// (MemoryAccount::set_budget, DTENSOR_MEMORY_BUDGET): names the account's
+/// owner (a rank), the bytes asked for, the bytes then in use, the budget
+/// and the peak so far. "This plan does not fit" as a deterministic
+/// outcome on a machine with plenty of memory.
+class OutOfBudget : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A device runtime call failed (CUDA, cuBLAS): names the call and the
 /// runtime's own message, e.g. "[cuda] cudaMalloc of 8 GiB: out of memory".
 class DeviceError : public Error {

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace dtensor {
 
@@ -21,13 +23,27 @@ class MemoryAccount {
   /// Starts a new peak from the bytes in use now (e.g. at a step's start).
   void reset_peak() { peak_.store(bytes_in_use(), std::memory_order_relaxed); }
 
+  /// Takes `bytes` into the account; OutOfBudget, taking nothing, where
+  /// that would hold more than the budget in use.
   void charge(std::size_t bytes);
   void uncharge(std::size_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  /// From now on no allocation may take the bytes in use past `bytes`
+  /// (0: no budget): charge() throws OutOfBudget naming `owner` ("rank
+  /// 3"). Set it before other threads charge the account.
+  void set_budget(std::size_t bytes, std::string owner);
+  std::size_t budget() const { return budget_.load(std::memory_order_relaxed); }
 
  private:
   std::atomic<std::size_t> in_use_{0};
   std::atomic<std::size_t> peak_{0};
+  std::atomic<std::size_t> budget_{0};
+  std::string owner_;
 };
+
+/// DTENSOR_MEMORY_BUDGET as bytes (parse_bytes: "512MiB"), or none where it
+/// is unset or empty. ParseError naming the variable if it does not parse.
+std::optional<std::size_t> memory_budget_from_environment();
 
 /// Charges this thread's tensor allocations to `account` while alive; the
 /// account before it (or none) comes back at its end. Guards nest.

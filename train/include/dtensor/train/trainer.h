@@ -69,6 +69,10 @@ struct TrainOptions {
   /// With domino, off: the same chunks and calls, each waited for at once
   /// (nn::GPT::domino_started; the reference an overlapped run equals).
   bool domino_started = true;
+  /// The most bytes any rank may hold at once (MemoryAccount's: tensors
+  /// charged to the rank); an allocation past it is an OutOfBudget naming
+  /// the rank. 0: DTENSOR_MEMORY_BUDGET's, else none.
+  std::size_t memory_budget = 0;
   /// The buckets the gradients are reduced in, overlapped or not (DDP's
   /// bucket_cap_mb and first bucket, nn::gradient_buckets()).
   CoalesceOptions gradient_buckets = nn::gradient_buckets();
