@@ -227,37 +227,66 @@ ParameterFactory<DTensor> ParallelPlan::parameter_factory(DType dtype) const {
   };
 }
 
-void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, const GPTConfig& config,
-                     std::int64_t batch) {
+std::vector<Violation> plan_violations(std::span<const DimPlan> per_dim, const Shape& mesh_shape,
+                                       const GPTConfig& config, std::int64_t batch) {
   if (per_dim.size() != mesh_shape.size())
-    throw ValueError(fmt::format("[plan] {} plans for a mesh of {} dims ({}); expected one per mesh dim",
-                                 per_dim.size(), mesh_shape.size(), fmt::join(mesh_shape, "x")));
+    return {{"WORLD", fmt::format("[plan] {} plans for a mesh of {} dims ({}); expected one per mesh dim",
+                                  per_dim.size(), mesh_shape.size(), fmt::join(mesh_shape, "x"))}};
+  std::vector<Violation> out;
+  // ZeRO's states split inside fsdp's shards of another dim: the optimizer
+  // cannot nest a state split of one dim inside a parameter split of
+  // another (AdamW refuses it at the first step).
+  for (std::size_t z = 0; z < per_dim.size(); ++z)
+    for (std::size_t f = 0; f < per_dim.size(); ++f)
+      if (per_dim[z].states && !per_dim[z].fully_shards && per_dim[f].fully_shards && mesh_shape[z] > 1 &&
+          mesh_shape[f] > 1)
+        out.push_back({"STATES",
+                       fmt::format("[plan] {} on mesh dim {} with fsdp on mesh dim {}: ZeRO's optimizer states cannot "
+                                   "split inside fsdp's parameter shards; expected fsdp on both (or ddp,fsdp: HSDP)",
+                                   per_dim[z].name, z, f),
+                       true});
+  std::vector<std::size_t> pipelined;
+  for (std::size_t m = 0; m < per_dim.size(); ++m)
+    if (per_dim[m].pipelines) pipelined.push_back(m);
+  if (pipelined.size() > 1)
+    out.push_back({"PP", fmt::format("[plan] mesh dims {} all have plan pp; expected at most one pipeline dim",
+                                     fmt::join(pipelined, ", "))});
   for (std::size_t m = 0; m < per_dim.size(); ++m) {
     const DimPlan& plan = per_dim[m];
     const std::int64_t n = mesh_shape[m];
-    auto divides = [&](std::int64_t value, const char* what) {
+    auto divides = [&](const char* rule, std::int64_t value, const char* what) {
       if (value % n != 0)
-        throw ValueError(fmt::format("[plan] {} = {} is not divisible by mesh dim {} of size {} (plan {})", what, value,
-                                     m, n, plan.name));
+        out.push_back({rule, fmt::format("[plan] {} = {} is not divisible by mesh dim {} of size {} (plan {})", what,
+                                         value, m, n, plan.name)});
     };
     if (plan.splits_heads) {
-      divides(config.heads, "heads");
-      divides(config.vocab, "vocab");
+      divides("HEADS", config.heads, "heads");
+      divides("VOCAB", config.vocab, "vocab");
     }
-    if (plan.splits_batch) divides(batch, "batch");
-    if (plan.splits_experts && config.moe.enabled()) divides(config.moe.experts, "moe experts");
+    if (plan.splits_batch) divides("BATCH", batch, "batch");
+    if (plan.splits_experts && config.moe.enabled()) divides("EXPERTS", config.moe.experts, "moe experts");
     if (config.moe.enabled() && (plan.fully_shards || plan.pipelines) && n > 1)
-      throw UnsupportedError(fmt::format("[plan] mixture of experts under plan {} (mesh dim {} of size {}); expected "
-                                         "ep, ddp, zero1, tp or tp_sp",
-                                         plan.name, m, n));
+      out.push_back({"MOE",
+                     fmt::format("[plan] mixture of experts under plan {} (mesh dim {} of size {}); expected ep, ddp, "
+                                 "zero1, tp or tp_sp",
+                                 plan.name, m, n),
+                     true});
     if (plan.pipelines && config.layers < n)
-      throw ValueError(
-          fmt::format("[plan] layers = {} over mesh dim {} of size {} (plan pp): every stage needs at "
-                      "least one block",
-                      config.layers, m, n));
+      out.push_back({"LAYERS", fmt::format("[plan] layers = {} over mesh dim {} of size {} (plan pp): every stage "
+                                           "needs at least one block",
+                                           config.layers, m, n)});
     if (plan.activations[static_cast<std::size_t>(Point::TokenEmbedding)] == Placement(S(1)))
-      divides(config.seq, "seq");
+      divides("SEQ", config.seq, "seq");
   }
+  return out;
+}
+
+void check_plans_fit(std::span<const DimPlan> per_dim, const Shape& mesh_shape, const GPTConfig& config,
+                     std::int64_t batch) {
+  const std::vector<Violation> broken = plan_violations(per_dim, mesh_shape, config, batch);
+  if (broken.empty()) return;
+  if (broken.front().unsupported) throw UnsupportedError(broken.front().message);
+  throw ValueError(broken.front().message);
 }
 
 void ParallelPlan::check_fits(const GPTConfig& config, std::int64_t batch) const {

@@ -308,7 +308,7 @@ TrainResult run(const TrainOptions& o, const TextData& data, const Stages& env, 
     dcp::save_parts(o.save_dir,
                     stage_state(named, held.tied_copies, optimizer, o.steps, pp.rank() == schedule.rank_of_stage(0), env),
                     mesh.comm());
-  {
+  if (o.val_batches > 0) {  // none: no validation loss (0), as the unpipelined trainer's
     NoGradGuard no_grad;
     const pipe::StepInputs<X> val = inputs_of(Split::Validation, 0, o.val_batches);
     result.val_loss =
@@ -333,6 +333,9 @@ TrainResult train_pipelined(const TrainOptions& o, const TextData& data, Communi
     throw ValueError(
         "[train] overlap_grad_reduce / overlap_param_gather with plan 'pp': a pipeline's stages reduce their "
         "gradients after the schedule, not overlapped yet");
+  std::vector<nn::DimPlan> all_plans;
+  for (const std::string& name : o.plans) all_plans.push_back(nn::plan_named(name));
+  nn::check_plans_fit(all_plans, o.mesh, o.model, o.batch);  // the whole mesh's rules (one pp dim) first
   const pipe::Schedule schedule = *pipeline_schedule(o, o.mesh);
   DeviceMesh mesh(world, o.mesh, o.dims);
   const int pp_dim = *pipeline_dim(o.plans);

@@ -88,7 +88,23 @@ DimPlan ep();
 /// the text and the known names otherwise.
 DimPlan plan_named(std::string_view name);
 
-/// ValueError naming the value and the mesh dim unless the model and batch
+/// A broken rule: its name (WORLD, NAMES, STATES, PP, HEADS, VOCAB, BATCH,
+/// EXPERTS, MOE, LAYERS, SEQ) and the message a run stops with.
+struct Violation {
+  std::string rule;
+  std::string message;
+  bool unsupported = false;  // a combination this build cannot run (UnsupportedError), not a bad value
+};
+
+/// The plan rules, every one broken, for one plan per dim of a mesh of
+/// `mesh_shape`: STATES (zero1 inside another dim's fsdp), PP (one pipeline
+/// dim at most), then per dim HEADS, VOCAB, BATCH, EXPERTS, MOE, LAYERS
+/// and SEQ.
+std::vector<Violation> plan_violations(std::span<const DimPlan> per_dim, const Shape& mesh_shape,
+                                       const GPTConfig& config, std::int64_t batch);
+
+/// The first of plan_violations() as its error (UnsupportedError or
+/// ValueError); the message names the value and the mesh dim unless the model and batch
 /// divide as the plans need on a mesh of `mesh_shape` (heads and vocab by
 /// tp, batch by dp, the sequence by tp_sp, at least one block per pp rank). For callers that check before they have
 /// a mesh (a command line); ParallelPlan::check_fits calls it.
