@@ -1,8 +1,9 @@
 // StepPlan strings (nn::StepPlan) and validate(): strings round-trip and
 // bad ones are named; every rule has an accepting and a rejecting case with
 // its exact message; and validate() agrees with running one step of the
-// trainer on thread ranks over a grid of strategies for two small GPTs on
-// 1-4 ranks: no false accept, no false reject.
+// trainer on thread ranks over a grid of plans for two small GPTs on 1-4
+// ranks, and over every pipeline schedule: no false accept, no false
+// reject.
 #include <boost/test/unit_test.hpp>
 
 #include <dtensor/nn/step_plan.h>
@@ -34,6 +35,45 @@ std::vector<Shape> meshes_of(std::int64_t world) {
     if (world % a == 0 && world / a > 1) out.push_back({a, world / a});
   return out;
 }
+
+// Runs one trainer step of `plan` on thread ranks and notes in `log` where
+// validate() disagrees with it (a plan accepted whose step fails, or a plan
+// rejected whose step trains); counts the verdicts.
+struct Oracle {
+  const train::TextData data{train::committed_slice_path()};
+  testing::FailureLog log;
+  std::size_t accepted = 0, rejected = 0;
+
+  void check(const nn::StepPlan& plan, const nn::GPTConfig& config, std::int64_t batch) {
+    const std::int64_t world = numel(plan.mesh());
+    const auto broken = nn::validate(plan, config, batch, world);
+    train::TrainOptions o;
+    o.model = config;
+    o.batch = batch;
+    o.micro_batches = plan.micro_batches;
+    o.steps = 1;
+    o.warmup = 0;
+    o.val_batches = 0;
+    o.mesh = plan.mesh();
+    o.dims = plan.dim_names();
+    o.plans = plan.plans();
+    o.schedule = plan.schedule;
+    o.virtual_stages = plan.virtual_stages;
+    std::string error;
+    try {
+      testing::run_ranks(static_cast<int>(world), [&](Communicator& comm) { train::train(o, data, &comm); });
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const std::string what = fmt::format("{} (heads {}, layers {}, seq {}, batch {})", plan.str(), config.heads,
+                                         config.layers, config.seq, batch);
+    if (broken.empty() && !error.empty()) log.add(fmt::format("{}: accepted, but the step failed: {}", what, error));
+    if (!broken.empty() && error.empty())
+      log.add(fmt::format("{}: rejected ({}: {}), but the step trained", what, rules_of(broken),
+                          broken.front().message));
+    (broken.empty() ? accepted : rejected) += 1;
+  }
+};
 
 }  // namespace step_plan_suite
 
@@ -156,16 +196,13 @@ BOOST_AUTO_TEST_CASE(every_rule_accepts_and_rejects_with_its_message) {
 // and pp with 1F1B; 1 or 2 micro-batches), validate() accepts exactly the
 // strategies whose first step trains.
 BOOST_AUTO_TEST_CASE(validate_agrees_with_running_a_step) {
-  const train::TextData data(train::committed_slice_path());
   const std::vector<std::string> plans{"ddp", "zero1", "fsdp", "tp", "tp_sp", "ep", "pp"};
   struct Model {
     nn::GPTConfig config;
     std::int64_t batch;
   };
-  const Model models[] = {{small(), 4}, {small(3, 2, 6), 6}};
-  std::size_t accepted = 0, rejected = 0;
-  testing::FailureLog log;
-  for (const Model& model : models)
+  Oracle oracle;
+  for (const Model& model : {Model{small(), 4}, Model{small(3, 2, 6), 6}})
     for (std::int64_t world = 1; world <= 4; ++world)
       for (const Shape& mesh : meshes_of(world)) {
         std::vector<std::vector<std::string>> choices{{}};
@@ -183,37 +220,33 @@ BOOST_AUTO_TEST_CASE(validate_agrees_with_running_a_step) {
             StepPlan s;
             for (std::size_t d = 0; d < mesh.size(); ++d) s.dims.push_back({fmt::format("d{}", d), mesh[d], chosen[d]});
             s.micro_batches = mb;
-            const auto broken = nn::validate(s, model.config, model.batch, world);
-            train::TrainOptions o;
-            o.model = model.config;
-            o.batch = model.batch;
-            o.micro_batches = mb;
-            o.steps = 1;
-            o.warmup = 0;
-            o.val_batches = 0;
-            o.mesh = mesh;
-            o.dims = s.dim_names();
-            o.plans = s.plans();
-            std::string error;
-            try {
-              testing::run_ranks(static_cast<int>(world), [&](Communicator& comm) { train::train(o, data, &comm); });
-            } catch (const Error& e) {
-              error = e.what();
-            }
-            const std::string what = fmt::format("{} on {} (heads {}, layers {}, seq {}, batch {})", s.str(), world,
-                                                 model.config.heads, model.config.layers, model.config.seq,
-                                                 model.batch);
-            if (broken.empty() && !error.empty()) log.add(fmt::format("{}: accepted, but the step failed: {}", what, error));
-            if (!broken.empty() && error.empty())
-              log.add(fmt::format("{}: rejected ({}: {}), but the step trained", what, rules_of(broken),
-                                  broken.front().message));
-            (broken.empty() ? accepted : rejected) += 1;
+            oracle.check(s, model.config, model.batch);
           }
       }
-  BOOST_TEST_MESSAGE("validate() accepted " << accepted << " strategies and rejected " << rejected);
-  BOOST_TEST(accepted > 50u);
-  BOOST_TEST(rejected > 50u);
-  log.report("validate against a step");
+  BOOST_TEST_MESSAGE("validate() accepted " << oracle.accepted << " plans and rejected " << oracle.rejected);
+  BOOST_TEST(oracle.accepted > 50u);
+  BOOST_TEST(oracle.rejected > 50u);
+  oracle.log.report("validate against a step");
+}
+
+// The oracle for pipelines: every schedule (with its stages per rank) on a
+// pp dim of 2 or 4 ranks, alone or beside a data-parallel dim, for 1, 2, 4
+// and 8 micro-batches and 4 or 6 blocks.
+BOOST_AUTO_TEST_CASE(validate_agrees_with_running_a_pipeline_step) {
+  Oracle oracle;
+  for (std::int64_t layers : {4, 6})
+    for (const char* text : {"pp2.gpipe", "pp2.1f1b", "pp2.interleaved.v2", "pp2.zb-h1", "pp2.zbv.v2",
+                             "pp2.dualpipev.v2", "pp4.1f1b", "pp4.interleaved.v2", "pp4.dualpipev.v2",
+                             "pp2.1f1b,dp2.ddp", "dp2.zero1,pp2.zbv.v2"})
+      for (std::int64_t mb : {1, 2, 4, 8}) {
+        StepPlan s = StepPlan::parse(text);
+        s.micro_batches = mb;
+        oracle.check(s, small(layers), 4);
+      }
+  BOOST_TEST_MESSAGE("validate() accepted " << oracle.accepted << " pipelined plans and rejected " << oracle.rejected);
+  BOOST_TEST(oracle.accepted > 20u);
+  BOOST_TEST(oracle.rejected > 5u);
+  oracle.log.report("validate against a pipelined step");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
