@@ -283,10 +283,14 @@ void Recorder::finish(const std::string& path) {
 
 namespace {
 // A started call's wait on the rank's worker before it began, as an arg.
+// A started call's args: how long it queued on the rank's worker before it
+// began, and when the rank's wait for it returned (now: the record is
+// applied by the wait, on the rank's thread), each after its issue.
 std::string queued_arg(Clock::time_point issued, Clock::time_point start) {
   if (issued == Clock::time_point{}) return {};
-  const std::int64_t waited_ns = std::max<std::int64_t>(nanoseconds(start) - nanoseconds(issued), 0);
-  return fmt::format(", \"queued_us\": {}", microseconds(waited_ns));
+  const std::int64_t queued_ns = std::max<std::int64_t>(nanoseconds(start) - nanoseconds(issued), 0);
+  const std::int64_t returned_ns = std::max<std::int64_t>(nanoseconds(Clock::now()) - nanoseconds(issued), 0);
+  return fmt::format(", \"queued_us\": {}, \"returned_us\": {}", microseconds(queued_ns), microseconds(returned_ns));
 }
 }  // namespace
 

@@ -141,7 +141,10 @@ std::string json_quote(std::string_view text);
 /// the rank waits for it, gives the time it really ended). `issued`, for a
 /// started call: when the rank started it; the event's args then hold
 /// "queued_us", how long it waited on the rank's worker behind earlier calls
-/// before it began (the event itself spans the call's run).
+/// before it began (the event itself spans the call's run), and
+/// "returned_us", when the rank's wait for it returned, both after the
+/// issue: the rank's ops that begin between the issue and the return ran
+/// while the call was in flight, by program order, on any machine load.
 void record_collective(const CommStats* group, CollectiveKind kind, std::uint64_t bytes, Clock::time_point start,
                        Clock::time_point finish = {}, Clock::time_point issued = {});
 
