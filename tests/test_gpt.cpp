@@ -64,6 +64,20 @@ train::TrainResult run(train::TrainOptions o, Shape mesh, std::vector<std::strin
   return out;
 }
 
+// The Chrome trace of the last step of `o` on `mesh` under `plans` (thread
+// ranks), read back; `tag` names its temporary file.
+nlohmann::json traced(train::TrainOptions o, const Shape& mesh, const std::vector<std::string>& dims,
+                      const std::vector<std::string>& plans, const std::string& tag) {
+  const fs::path path = fs::temp_directory_path() / fmt::format("dtensor_gpt_{}_{}.json", tag, ::getpid());
+  o.trace = path.string();
+  run(o, mesh, dims, plans);
+  std::ifstream in(path);
+  BOOST_TEST_REQUIRE(in.good(), "no trace at " << path);
+  nlohmann::json trace = nlohmann::json::parse(in);
+  fs::remove(path);
+  return trace;
+}
+
 void check_same_losses(const train::TrainResult& want, const train::TrainResult& got, double rtol,
                        const std::string& what) {
   BOOST_TEST_REQUIRE(got.losses.size() == want.losses.size(), what);
@@ -141,6 +155,23 @@ std::uint64_t total(const train::TrainResult& r, std::string_view phase) {
   for (const auto& c : r.comm)
     if (c.phase == phase) n += c.count;
   return n;
+}
+
+// The overlap tests' claim "when, never what": the same losses, bit for bit.
+void check_same_bits(const train::TrainResult& want, const train::TrainResult& got, const std::string& what) {
+  BOOST_TEST_REQUIRE(got.losses.size() == want.losses.size(), what);
+  for (std::size_t i = 0; i < want.losses.size(); ++i)
+    BOOST_TEST(got.losses[i] == want.losses[i], what << ": step " << i);
+  BOOST_TEST(got.val_loss == want.val_loss, what);
+}
+
+// A run's collectives, one line per phase, kind and dims, with counts and bytes.
+std::vector<std::string> comm_rows(const train::TrainResult& r) {
+  std::vector<std::string> out;
+  for (const auto& c : r.comm)
+    out.push_back(
+        fmt::format("{} {} over {}: x{} {} bytes", c.phase, c.kind, fmt::join(c.mesh_dims, ","), c.count, c.bytes));
+  return out;
 }
 
 }  // namespace gpt_suite
@@ -417,10 +448,7 @@ BOOST_AUTO_TEST_CASE(overlapped_gradient_reduction_changes_when_not_what) {
     const auto blocking = run(o, c.mesh, c.dims, c.plans);
     o.overlap_grad_reduce = true;
     const auto overlapped = run(o, c.mesh, c.dims, c.plans);
-    BOOST_TEST_REQUIRE(overlapped.losses.size() == blocking.losses.size(), what);
-    for (std::size_t i = 0; i < blocking.losses.size(); ++i)
-      BOOST_TEST(overlapped.losses[i] == blocking.losses[i], what << ": step " << i);
-    BOOST_TEST(overlapped.val_loss == blocking.val_loss, what);
+    check_same_bits(blocking, overlapped, what);
     for (const char* phase : {"forward", "backward", "optimizer"})
       BOOST_TEST(total(overlapped, phase) == total(blocking, phase), what << " " << phase);
     for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"})
@@ -459,10 +487,7 @@ BOOST_AUTO_TEST_CASE(zero_parameter_gather_runs_under_the_next_forward) {
     const auto in_step = run(o, c.mesh, c.dims, c.plans);
     o.overlap_param_gather = true;
     const auto overlapped = run(o, c.mesh, c.dims, c.plans);
-    BOOST_TEST_REQUIRE(overlapped.losses.size() == in_step.losses.size(), what);
-    for (std::size_t i = 0; i < in_step.losses.size(); ++i)
-      BOOST_TEST(overlapped.losses[i] == in_step.losses[i], what << ": step " << i);
-    BOOST_TEST(overlapped.val_loss == in_step.val_loss, what);
+    check_same_bits(in_step, overlapped, what);
     const std::uint64_t gathers = count(in_step, "optimizer", "all_gather");
     BOOST_TEST(gathers > 0u, what);
     BOOST_TEST(count(overlapped, "optimizer", "all_gather") == 0u, what);
@@ -491,13 +516,7 @@ BOOST_AUTO_TEST_CASE(overlapped_buckets_are_issued_inside_the_backward) {
     o.overlap_grad_reduce = true;
     // Buckets of 4 KiB (a 1 KiB first one): a dozen, in backward order.
     o.gradient_buckets = {.bucket_mib = 4.0 / 1024, .first_bucket_mib = 1.0 / 1024, .order = BucketOrder::LastFirst};
-    const fs::path path = fs::temp_directory_path() / fmt::format("dtensor_gpt_overlap_{}_{}.json", ::getpid(), plan);
-    o.trace = path.string();
-    run(o, {2}, {"dp"}, {plan});
-    std::ifstream in(path);
-    BOOST_TEST_REQUIRE(in.good(), "no trace at " << path);
-    const nlohmann::json trace = nlohmann::json::parse(in);
-    fs::remove(path);
+    const nlohmann::json trace = traced(o, {2}, {"dp"}, {plan}, fmt::format("overlap_{}", plan));
     for (int rank = 0; rank < 2; ++rank) {
       const std::string what = fmt::format("{} rank {}", plan, rank);
       std::optional<double> backward_end, optimizer_start;
@@ -536,21 +555,12 @@ BOOST_AUTO_TEST_CASE(fsdp_overlap_changes_when_not_what) {
   const auto prefetched_only = run(o, {2}, {"dp"}, {"fsdp"});
   o.prefetch_units = false;
   const auto blocking = run(o, {2}, {"dp"}, {"fsdp"});
-  auto rows = [](const train::TrainResult& r) {
-    std::vector<std::string> out;
-    for (const auto& c : r.comm)
-      out.push_back(fmt::format("{} {} over {}: x{} {} bytes", c.phase, c.kind, fmt::join(c.mesh_dims, ","), c.count,
-                                c.bytes));
-    return out;
-  };
   for (const auto* run : {&overlapped, &prefetched_only}) {
     const std::string what = run == &overlapped ? "prefetch and reduce overlap" : "prefetch only";
-    BOOST_TEST_REQUIRE(run->losses.size() == blocking.losses.size());
-    for (std::size_t i = 0; i < blocking.losses.size(); ++i)
-      BOOST_TEST(run->losses[i] == blocking.losses[i], what << ", step " << i);
-    BOOST_TEST(run->val_loss == blocking.val_loss, what);
-    BOOST_TEST(rows(*run) == rows(blocking), fmt::format("{}:\n{}\nblocking:\n{}", what, fmt::join(rows(*run), "\n"),
-                                                         fmt::join(rows(blocking), "\n")));
+    check_same_bits(blocking, *run, what);
+    BOOST_TEST(comm_rows(*run) == comm_rows(blocking),
+               fmt::format("{}:\n{}\nblocking:\n{}", what, fmt::join(comm_rows(*run), "\n"),
+                           fmt::join(comm_rows(blocking), "\n")));
   }
   // At most two units gathered: prefetch adds at most one block's gathered
   // unit (12 d^2 + 13 d parameters of 4 bytes) to the peak; the reduction
@@ -564,13 +574,7 @@ BOOST_AUTO_TEST_CASE(fsdp_overlap_changes_when_not_what) {
              "peak " << overlapped.peak_bytes << " bytes overlapped, " << blocking.peak_bytes << " blocking");
 
   o.prefetch_units = o.overlap_unit_reduce = true;
-  const fs::path path = fs::temp_directory_path() / fmt::format("dtensor_gpt_prefetch_{}.json", ::getpid());
-  o.trace = path.string();
-  run(o, {2}, {"dp"}, {"fsdp"});
-  std::ifstream in(path);
-  BOOST_TEST_REQUIRE(in.good(), "no trace at " << path);
-  const nlohmann::json trace = nlohmann::json::parse(in);
-  fs::remove(path);
+  const nlohmann::json trace = traced(o, {2}, {"dp"}, {"fsdp"}, "prefetch");
   for (int rank = 0; rank < 2; ++rank) {
     // The passes' windows (the backward's scope nests inside each
     // recomputation's: the outermost one), the ops' starts, and the issue
@@ -626,13 +630,6 @@ BOOST_AUTO_TEST_CASE(fsdp_overlap_changes_when_not_what) {
 // half. The trace shows computation after each started call before the next
 // is issued, in both passes. Refused where it cannot split.
 BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
-  auto rows = [](const train::TrainResult& r) {
-    std::vector<std::string> out;
-    for (const auto& c : r.comm)
-      out.push_back(fmt::format("{} {} over {}: x{} {} bytes", c.phase, c.kind, fmt::join(c.mesh_dims, ","), c.count,
-                                c.bytes));
-    return out;
-  };
   auto bytes = [](const train::TrainResult& r, std::string_view phase) {
     std::uint64_t n = 0;
     for (const auto& c : r.comm)
@@ -654,13 +651,10 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
     const auto overlapped = run(o, c.mesh, c.dims, c.plans);
     o.domino_started = false;
     const auto reference = run(o, c.mesh, c.dims, c.plans);
-    BOOST_TEST_REQUIRE(overlapped.losses.size() == reference.losses.size(), what);
-    for (std::size_t i = 0; i < reference.losses.size(); ++i)
-      BOOST_TEST(overlapped.losses[i] == reference.losses[i], what << ": step " << i);
-    BOOST_TEST(overlapped.val_loss == reference.val_loss, what);
-    BOOST_TEST(rows(overlapped) == rows(reference), fmt::format("{}:\n{}\nwaited for at once:\n{}", what,
-                                                                fmt::join(rows(overlapped), "\n"),
-                                                                fmt::join(rows(reference), "\n")));
+    check_same_bits(reference, overlapped, what);
+    BOOST_TEST(comm_rows(overlapped) == comm_rows(reference),
+               fmt::format("{}:\n{}\nwaited for at once:\n{}", what, fmt::join(comm_rows(overlapped), "\n"),
+                           fmt::join(comm_rows(reference), "\n")));
     // Per block and micro-batch, tp's two points move in each pass (the
     // input points' layout is the residual's), tp_sp's four.
     const std::uint64_t points = c.plans.back() == "tp" ? 2 : 4;
@@ -669,7 +663,7 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
       BOOST_TEST(bytes(overlapped, phase) == bytes(unsplit, phase), what << " " << phase);
       BOOST_TEST(total(overlapped, phase) == total(unsplit, phase) + extra, what << " " << phase);
     }
-    BOOST_TEST(rows(overlapped).back() == rows(unsplit).back(), what << ": the optimizer's calls");
+    BOOST_TEST(comm_rows(overlapped).back() == comm_rows(unsplit).back(), what << ": the optimizer's calls");
     if (c.dtype == DType::Float64) {
       auto one_rank = o;
       one_rank.domino = false;
@@ -684,13 +678,7 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
   o.domino = true;
   for (const bool started : {true, false}) {
     o.domino_started = started;
-    const fs::path path = fs::temp_directory_path() / fmt::format("dtensor_gpt_domino_{}.json", ::getpid());
-    o.trace = path.string();
-    run(o, {2}, {"tp"}, {"tp_sp"});
-    std::ifstream in(path);
-    BOOST_TEST_REQUIRE(in.good(), "no trace at " << path);
-    const nlohmann::json trace = nlohmann::json::parse(in);
-    fs::remove(path);
+    const nlohmann::json trace = traced(o, {2}, {"tp"}, {"tp_sp"}, "domino");
     for (int rank = 0; rank < 2; ++rank) {
       std::vector<double> ops;
       std::vector<std::pair<double, double>> calls;  // issued, returned
@@ -717,7 +705,6 @@ BOOST_AUTO_TEST_CASE(domino_changes_when_not_what) {
     }
   }
 
-  o.trace.clear();
   o.batch = 2;  // one row per rank on a 2 x 2 dp x tp mesh: nothing to split
   testing::check_throws<RankFailed>([&] { run(o, {2, 2}, {"dp", "tp"}, {"ddp", "tp"}); },
                                     "domino splits each rank's batch rows into 2 chunks: a batch of 2 over 2 shard(s)");
@@ -794,7 +781,8 @@ BOOST_AUTO_TEST_CASE(a_memory_budget_stops_a_plan_that_does_not_fit) {
   const auto bounded = run(o, {2}, {"dp"}, {"zero1"});
   BOOST_TEST(bounded.losses == unbounded.losses);
   o.memory_budget = unbounded.peak_bytes / 2;
-  const std::string refused = fmt::format("past the budget of {}", human_bytes(static_cast<std::int64_t>(o.memory_budget)));
+  const std::string refused =
+      fmt::format("past the budget of {}", human_bytes(static_cast<std::int64_t>(o.memory_budget)));
   testing::check_throws<RankFailed>([&] { run(o, {2}, {"dp"}, {"zero1"}); }, refused);
   testing::check_throws<OutOfBudget>([&] { train::train(o, slice(), nullptr); }, "[memory] rank 0: ");
   ::setenv("DTENSOR_MEMORY_BUDGET", fmt::format("{}B", o.memory_budget).c_str(), 1);

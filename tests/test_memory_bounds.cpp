@@ -219,10 +219,11 @@ BOOST_AUTO_TEST_CASE(a_budget_refuses_what_would_pass_it) {
 }
 
 BOOST_AUTO_TEST_CASE(byte_counts_parse_as_people_write_them) {
-  for (const auto& [text, bytes] : {std::pair{"4096", std::int64_t{4096}}, std::pair{"4096B", std::int64_t{4096}},
-                                    std::pair{"512MiB", std::int64_t{512} << 20}, std::pair{"1.5 GiB", std::int64_t{3} << 29},
-                                    std::pair{"2GB", std::int64_t{2'000'000'000}}, std::pair{"300 mb", std::int64_t{300'000'000}},
-                                    std::pair{"1kib", std::int64_t{1024}}, std::pair{"0.5KiB", std::int64_t{512}}})
+  using Bytes = std::int64_t;
+  for (const auto& [text, bytes] :
+       {std::pair{"4096", Bytes{4096}}, std::pair{"4096B", Bytes{4096}}, std::pair{"512MiB", Bytes{512} << 20},
+        std::pair{"1.5 GiB", Bytes{3} << 29}, std::pair{"2GB", Bytes{2'000'000'000}},
+        std::pair{"300 mb", Bytes{300'000'000}}, std::pair{"1kib", Bytes{1024}}, std::pair{"0.5KiB", Bytes{512}}})
     BOOST_TEST(parse_bytes(text) == bytes, text);
   for (const char* bad : {"", "MiB", "12XB", "-5MiB", "1.2.3", "1e3", "99999999999TiB", "5 Mi B"})
     testing::check_throws<ParseError>([&] { (void)parse_bytes(bad); },

@@ -69,8 +69,8 @@ struct Oracle {
                                          config.layers, config.seq, batch);
     if (broken.empty() && !error.empty()) log.add(fmt::format("{}: accepted, but the step failed: {}", what, error));
     if (!broken.empty() && error.empty())
-      log.add(fmt::format("{}: rejected ({}: {}), but the step trained", what, rules_of(broken),
-                          broken.front().message));
+      log.add(
+          fmt::format("{}: rejected ({}: {}), but the step trained", what, rules_of(broken), broken.front().message));
     (broken.empty() ? accepted : rejected) += 1;
   }
 };
@@ -107,8 +107,9 @@ BOOST_AUTO_TEST_CASE(bad_strings_are_named) {
            std::pair{"dp", "item 'dp' has no positive size after the dim's name"},
            std::pair{"dp0.ddp", "item 'dp0.ddp' has no positive size after the dim's name"},
            std::pair{"dp2", "item 'dp2' has no plan after the size"},
-           std::pair{"dp2.foo", "item 'dp2.foo' names no plan ('foo'; plans: ddp, zero1, fsdp, tp, sp, ep; "
-                                "schedules: gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev)"},
+           std::pair{"dp2.foo",
+                     "item 'dp2.foo' names no plan ('foo'; plans: ddp, zero1, fsdp, tp, sp, ep; "
+                     "schedules: gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev)"},
            std::pair{"dp2.pp", "item 'dp2.pp' names plan pp without its schedule (pp2.1f1b)"},
            std::pair{"pp2.1f1b,pq2.gpipe", "item 'pq2.gpipe' is a second pipeline dim"},
            std::pair{"pp2.interleaved.x2", "item 'pp2.interleaved.x2' ends in something other than vV"},
@@ -235,9 +236,9 @@ BOOST_AUTO_TEST_CASE(validate_agrees_with_running_a_step) {
 BOOST_AUTO_TEST_CASE(validate_agrees_with_running_a_pipeline_step) {
   Oracle oracle;
   for (std::int64_t layers : {4, 6})
-    for (const char* text : {"pp2.gpipe", "pp2.1f1b", "pp2.interleaved.v2", "pp2.zb-h1", "pp2.zbv.v2",
-                             "pp2.dualpipev.v2", "pp4.1f1b", "pp4.interleaved.v2", "pp4.dualpipev.v2",
-                             "pp2.1f1b,dp2.ddp", "dp2.zero1,pp2.zbv.v2"})
+    for (const char* text :
+         {"pp2.gpipe", "pp2.1f1b", "pp2.interleaved.v2", "pp2.zb-h1", "pp2.zbv.v2", "pp2.dualpipev.v2", "pp4.1f1b",
+          "pp4.interleaved.v2", "pp4.dualpipev.v2", "pp2.1f1b,dp2.ddp", "dp2.zero1,pp2.zbv.v2"})
       for (std::int64_t mb : {1, 2, 4, 8}) {
         StepPlan s = StepPlan::parse(text);
         s.micro_batches = mb;

@@ -21,12 +21,12 @@ namespace dtensor {
 struct StartedRedistribute::State {
   bool started = true;
   bool waited = false;
-  std::optional<StartedRedistribution> forward;  // until wait()
-  std::optional<DTensor> forward_value;          // started = false: waited for at once
-  Layout grad_target;                            // x's layout, Partial replaced by Replicate
-  std::optional<StartedRedistribution> backward; // between the two nodes' backwards
+  std::optional<StartedRedistribution> forward;   // until wait()
+  std::optional<DTensor> forward_value;           // started = false: waited for at once
+  Layout grad_target;                             // x's layout, Partial replaced by Replicate
+  std::optional<StartedRedistribution> backward;  // between the two nodes' backwards
   std::optional<DTensor> backward_value;
-  std::shared_ptr<Node> start_node;              // null when not recorded
+  std::shared_ptr<Node> start_node;  // null when not recorded
 };
 
 namespace {

@@ -85,8 +85,7 @@ void run_stage(const Block<DTensor>& block, const Block<DTensor>* before, std::s
       return;
     case 4: chunk.pending.emplace(block.mlp->hidden(chunk.pending->wait())); return;
     default:
-      chunk.pending.emplace(linear(chunk.pending->wait(), block.mlp->proj.weight), layouts, Point::MlpOutput,
-                            started);
+      chunk.pending.emplace(linear(chunk.pending->wait(), block.mlp->proj.weight), layouts, Point::MlpOutput, started);
   }
 }
 
@@ -100,9 +99,10 @@ std::vector<DTensor> split_rows(const DTensor& x, std::int64_t n) {
   for (int m = 0; m < x.mesh().ndim(); ++m)
     if (is_shard(x.placements()[m], 0)) shards *= x.mesh().size(m);
   if (shape[0] % (n * shards) != 0)
-    throw ValueError(fmt::format("[GPT] domino splits each rank's batch rows into {} chunks: a batch of {} over {} "
-                                 "shard(s) does not split so; expected a batch divisible by {}",
-                                 n, shape[0], shards, n * shards));
+    throw ValueError(
+        fmt::format("[GPT] domino splits each rank's batch rows into {} chunks: a batch of {} over {} "
+                    "shard(s) does not split so; expected a batch divisible by {}",
+                    n, shape[0], shards, n * shards));
   const DTensor groups = reshape(x, {shape[0] / n, n, shape[1], shape[2]});
   std::vector<DTensor> out;
   for (std::int64_t c = 0; c < n; ++c)

@@ -45,9 +45,10 @@ bool is_schedule(std::string_view name) {
 
 StepPlan StepPlan::parse(std::string_view text) {
   auto fail = [&](std::string_view item, std::string_view why) {
-    return ParseError(fmt::format("[step plan] '{}': item '{}' {}; expected items such as dp2.zero1, tp4.sp, "
-                                  "pp2.1f1b, pp2.interleaved.v2 or mb4, separated by commas",
-                                  text, item, why));
+    return ParseError(
+        fmt::format("[step plan] '{}': item '{}' {}; expected items such as dp2.zero1, tp4.sp, "
+                    "pp2.1f1b, pp2.interleaved.v2 or mb4, separated by commas",
+                    text, item, why));
   };
   StepPlan out;
   bool micro_batches_given = false, pipelined = false;
@@ -64,7 +65,8 @@ StepPlan StepPlan::parse(std::string_view text) {
     std::size_t digits = 0;
     while (digits < parts[0].size() && !std::isdigit(static_cast<unsigned char>(parts[0][digits]))) ++digits;
     const std::string_view name = parts[0].substr(0, digits);
-    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return std::islower(static_cast<unsigned char>(c)) || c == '_'; }))
+    const auto name_char = [](char c) { return std::islower(static_cast<unsigned char>(c)) || c == '_'; };
+    if (name.empty() || !std::all_of(name.begin(), name.end(), name_char))
       throw fail(item, "does not start with a mesh dim's name (lower-case letters and '_')");
     const auto size = count_of(parts[0].substr(digits));
     if (!size) throw fail(item, "has no positive size after the dim's name");
@@ -145,9 +147,9 @@ std::vector<Violation> validate(const StepPlan& s, const GPTConfig& config, std:
   // has refused a second), as the trainer makes and checks it.
   const auto pp = std::find_if(s.dims.begin(), s.dims.end(), [](const StepPlanDim& d) { return d.plan == "pp"; });
   if (pp != s.dims.end()) try {
-      pipeline::Schedule schedule = pipeline::make_schedule(s.schedule, static_cast<int>(pp->size),
-                                                            static_cast<int>(s.micro_batches),
-                                                            static_cast<int>(s.virtual_stages));
+      pipeline::Schedule schedule =
+          pipeline::make_schedule(s.schedule, static_cast<int>(pp->size), static_cast<int>(s.micro_batches),
+                                  static_cast<int>(s.virtual_stages));
       pipeline::split_layers(config.layers, schedule.stages, {});
       if (pp->size > 1) schedule = pipeline::lower(schedule);
       pipeline::check_runnable(schedule);

@@ -41,7 +41,7 @@ struct StepPlanDim {
 struct StepPlan {
   std::vector<StepPlanDim> dims;
   std::int64_t micro_batches = 1;
-  std::string schedule = "1f1b";   // where a dim's plan is pp
+  std::string schedule = "1f1b";    // where a dim's plan is pp
   std::int64_t virtual_stages = 1;  // pipeline stages per pp rank
 
   /// ParseError naming the text and the item that does not parse.
@@ -58,7 +58,6 @@ struct StepPlan {
 /// plan_violations', then the pipeline schedule's, PP); empty: it runs. It runs the checks the
 /// trainer runs before a step (plan_violations, the pipeline schedule's
 /// own), all of them, and builds nothing.
-std::vector<Violation> validate(const StepPlan& plan, const GPTConfig& config, std::int64_t batch,
-                                std::int64_t world);
+std::vector<Violation> validate(const StepPlan& plan, const GPTConfig& config, std::int64_t batch, std::int64_t world);
 
 }  // namespace dtensor::nn
